@@ -1,0 +1,66 @@
+"""feedline: turn raw data into training-ready tensors and keep accelerators fed.
+
+Examples
+--------
+>>> import feedline as fl
+>>> fl.range(3).count()
+3
+"""
+
+from feedline.dataset import Dataset
+from feedline.engines.base import WriteInfo, get_engine
+from feedline.engines.local import LocalEngine
+from feedline.errors import (
+    ConfigurationError,
+    DataError,
+    FeedlineError,
+    FormatError,
+    IncompleteDatasetError,
+    IntegrityError,
+    MissingDependencyError,
+    SchemaError,
+    UserFunctionError,
+)
+from feedline.io.format import verify
+from feedline.readers import (
+    from_arrow,
+    from_pandas,
+    from_polars,
+    open,  # noqa: A004
+    range,  # noqa: A004
+    read_csv,
+    read_images,
+    read_jsonl,
+    read_parquet,
+    read_text,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "DataError",
+    "Dataset",
+    "FeedlineError",
+    "FormatError",
+    "IncompleteDatasetError",
+    "IntegrityError",
+    "LocalEngine",
+    "MissingDependencyError",
+    "SchemaError",
+    "UserFunctionError",
+    "WriteInfo",
+    "__version__",
+    "from_arrow",
+    "from_pandas",
+    "from_polars",
+    "get_engine",
+    "open",
+    "range",
+    "read_csv",
+    "read_images",
+    "read_jsonl",
+    "read_parquet",
+    "read_text",
+    "verify",
+]

@@ -1,0 +1,382 @@
+"""The lazy :class:`Dataset`: an immutable plan with a fluent API and terminal calls."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from feedline.engines.base import Engine, WriteInfo, WriteOptions, get_engine
+from feedline.engines.fusion import BatchPipeline, rebatch
+from feedline.errors import ConfigurationError
+from feedline.io.source import ExecutionReport, Source
+from feedline.io.storage import resolve
+from feedline.plan import Filter, Limit, MapBatches, Plan, Sample, Select, Transform
+
+if TYPE_CHECKING:
+    from feedline.io.format import Manifest
+
+__all__ = ["Dataset", "infer_schema"]
+
+#: rows of the first input batch used to learn the output schema of user functions
+SCHEMA_SAMPLE_ROWS = 16
+
+
+class Dataset:
+    """A lazy, immutable pipeline. Every method returns a new ``Dataset``; nothing runs
+    until a terminal call (``iter_batches``, ``to_arrow``, ``take``, ``count``, ``write``).
+
+    Examples
+    --------
+    >>> import feedline as fl, pyarrow.compute as pc
+    >>> ds = fl.range(100).filter(pc.field("id") >= 5).limit(3)
+    >>> ds.to_arrow()["id"].to_pylist()
+    [5, 6, 7]
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+
+    @classmethod
+    def from_source(cls, source: Source) -> Dataset:
+        """A dataset reading ``source``."""
+        return cls(Plan(source))
+
+    @property
+    def plan(self) -> Plan:
+        """The logical plan (read-only)."""
+        return self._plan
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The manifest when this dataset reads a committed feedline dataset, else ``None``."""
+        return getattr(self._plan.source, "manifest", None)
+
+    def __repr__(self) -> str:
+        return "Dataset(" + " -> ".join(self._plan.describe()) + ")"
+
+    def _then(self, op: Any) -> Dataset:
+        return Dataset(self._plan.then(op))
+
+    # ------------------------------------------------------------------ transformations
+
+    def select(self, columns: str | Sequence[str]) -> Dataset:
+        """Keep ``columns`` in the given order (pushed into the reader where possible).
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa
+        >>> fl.from_arrow(pa.table({"a": [1], "b": [2]})).select("b").schema().names
+        ['b']
+        """
+        names = (columns,) if isinstance(columns, str) else tuple(columns)
+        if not names or not all(isinstance(c, str) for c in names):
+            raise ConfigurationError(
+                f"select() needs one or more column names, got {columns!r}. Fix: pass a list of "
+                "strings."
+            )
+        return self._then(Select(names))
+
+    def filter(self, predicate: pc.Expression | Callable[[pa.RecordBatch], Any]) -> Dataset:
+        """Keep rows where ``predicate`` holds.
+
+        ``predicate`` is a pyarrow expression (``pc.field("x") > 0``; pushed down to the
+        Parquet reader, which then skips row groups whose statistics rule it out) or a
+        function ``batch -> boolean mask``.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow.compute as pc
+        >>> fl.range(10).filter(pc.field("id") >= 8).count()
+        2
+        >>> fl.range(10).filter(lambda b: pc.less(b["id"], 3)).count()
+        3
+        """
+        if not isinstance(predicate, pc.Expression) and not callable(predicate):
+            raise ConfigurationError(
+                f"filter() takes a pyarrow expression or a function, got {type(predicate).__name__}."
+                " Fix: e.g. ds.filter(pc.field('price') > 0)."
+            )
+        return self._then(Filter(predicate))
+
+    def map_batches(
+        self,
+        fn: Callable[..., Any],
+        *,
+        batch_size: int | None = None,
+        fn_kwargs: Mapping[str, Any] | None = None,
+        fn_constructor_kwargs: Mapping[str, Any] | None = None,
+        output_schema: pa.Schema | None = None,
+        concurrency: int | None = None,
+    ) -> Dataset:
+        """Apply ``fn`` to batches of at most ``batch_size`` rows.
+
+        ``fn(batch: pa.RecordBatch, **fn_kwargs)`` returns a ``RecordBatch``, ``Table``, a
+        dict of column → array (NumPy arrays with more dimensions become fixed-shape tensor
+        columns) or a pandas/polars DataFrame. ``fn`` may be a class: it is constructed
+        once per worker with ``fn_constructor_kwargs`` and called per batch (models).
+        Batches are formed within each read task (file); pass ``output_schema`` to let
+        ``schema()`` answer without running ``fn``.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow.compute as pc
+        >>> ds = fl.range(4).map_batches(lambda b: {"twice": pc.multiply(b["id"], 2)})
+        >>> ds.to_arrow()["twice"].to_pylist()
+        [0, 2, 4, 6]
+        """
+        if not callable(fn):
+            raise ConfigurationError(f"map_batches() needs a function or class, got {fn!r}.")
+        if batch_size is not None and batch_size < 1:
+            raise ConfigurationError(f"batch_size={batch_size} must be >= 1.")
+        if fn_constructor_kwargs and not isinstance(fn, type):
+            raise ConfigurationError(
+                "fn_constructor_kwargs only applies when fn is a class. Fix: drop it or pass a class."
+            )
+        return self._then(
+            MapBatches(
+                fn,
+                batch_size,
+                tuple(sorted((fn_kwargs or {}).items())),
+                tuple(sorted((fn_constructor_kwargs or {}).items())),
+                output_schema,
+                concurrency,
+            )
+        )
+
+    def transform(self, preprocessor: Any) -> Dataset:
+        """Apply a preprocessor; an unfitted one is fitted when the plan first executes."""
+        if not hasattr(preprocessor, "transform_batch"):
+            raise ConfigurationError(
+                f"transform() needs a feedline preprocessor, got {type(preprocessor).__name__}. "
+                "Fix: use e.g. fl.StandardScaler(...) or map_batches for plain functions."
+            )
+        return self._then(Transform(preprocessor))
+
+    def limit(self, n: int) -> Dataset:
+        """Keep the first ``n`` rows (in stored order when order is preserved)."""
+        if not isinstance(n, int) or n < 0:
+            raise ConfigurationError(f"limit() needs a non-negative int, got {n!r}.")
+        return self._then(Limit(n))
+
+    def sample(self, fraction: float, seed: int = 0) -> Dataset:
+        """Keep each row with probability ``fraction`` (the same rows for the same ``seed``).
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> 800 < fl.range(10_000).sample(0.1, seed=1).count() < 1200
+        True
+        """
+        if not 0.0 <= fraction <= 1.0:
+            raise ConfigurationError(f"sample() needs 0 <= fraction <= 1, got {fraction}.")
+        return self._then(Sample(float(fraction), int(seed)))
+
+    # ------------------------------------------------------------------ inspection
+
+    def schema(self) -> pa.Schema:
+        """The output schema; user functions run on at most 16 rows only when needed."""
+        return infer_schema(self._resolved_plan())
+
+    def explain(self, analyze: bool = False, engine: str | Engine | None = None) -> str:
+        """The plan, one operator per line, with what is pushed into the reader.
+
+        With ``analyze=True`` the plan runs (output discarded) and the counters are shown.
+        """
+        from feedline.plan import pushdown
+
+        lines = ["Logical plan:"]
+        lines += [f"  {'  ' * i}{line}" for i, line in enumerate(self._plan.describe())]
+        pushed = pushdown(self._plan)
+        lines.append("Pushed into the reader:")
+        lines.append(f"  columns: {list(pushed.columns) if pushed.columns else 'all'}")
+        lines.append(f"  predicate: {pushed.predicate if pushed.predicate is not None else 'none'}")
+        if analyze:
+            report = self.analyze(engine=engine)
+            lines.append("Execution:")
+            lines += [f"  {k}: {v}" for k, v in report.as_dict().items() if k != "skipped"]
+        return "\n".join(lines)
+
+    def analyze(self, engine: str | Engine | None = None) -> ExecutionReport:
+        """Run the plan, discard the rows, and return the execution counters."""
+        report = ExecutionReport()
+        for _ in self._execute(engine, preserve_order=False, report=report):
+            pass
+        return report
+
+    def count(self, engine: str | Engine | None = None) -> int:
+        """The number of rows (from metadata alone when the plan allows it)."""
+        ops = self._plan.ops
+        if all(isinstance(op, Select | Limit) for op in ops):
+            total = self._plan.source.count_rows()
+            if total is not None:
+                for op in ops:
+                    if isinstance(op, Limit):
+                        total = min(total, op.n)
+                return total
+        return sum(b.num_rows for b in self._execute(engine, preserve_order=False))
+
+    # ------------------------------------------------------------------ execution
+
+    def _resolved_plan(self) -> Plan:
+        """The plan with unfitted preprocessors fitted on the data before them."""
+        ops: list[Any] = []
+        for op in self._plan.ops:
+            if isinstance(op, Transform) and not getattr(op.preprocessor, "is_fitted", True):
+                upstream = Dataset(Plan(self._plan.source, tuple(ops)))
+                op = Transform(op.preprocessor.fit(upstream))
+            ops.append(op)
+        return Plan(self._plan.source, tuple(ops))
+
+    def _execute(
+        self,
+        engine: str | Engine | None,
+        *,
+        preserve_order: bool,
+        report: ExecutionReport | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        return get_engine(engine).execute(
+            self._resolved_plan(), preserve_order=preserve_order, report=report
+        )
+
+    def iter_batches(
+        self,
+        batch_size: int | None = None,
+        *,
+        preserve_order: bool = True,
+        engine: str | Engine | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream the output as record batches of exactly ``batch_size`` rows (last may be
+        short), or as produced when ``batch_size`` is ``None``.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> [b.num_rows for b in fl.range(10).iter_batches(4)]
+        [4, 4, 2]
+        """
+        if batch_size is not None and batch_size < 1:
+            raise ConfigurationError(f"batch_size={batch_size} must be >= 1.")
+        stream = self._execute(engine, preserve_order=preserve_order)
+        return rebatch(stream, batch_size) if batch_size else stream
+
+    def to_arrow(self, engine: str | Engine | None = None) -> pa.Table:
+        """Run the plan and collect the result as a ``pyarrow.Table``."""
+        batches = list(self._execute(engine, preserve_order=True))
+        if not batches:
+            return self.schema().empty_table()
+        return pa.Table.from_batches(batches)
+
+    def to_pandas(self, engine: str | Engine | None = None) -> Any:
+        """Run the plan and collect the result as a pandas DataFrame."""
+        return self.to_arrow(engine).to_pandas()
+
+    def take(self, n: int = 20, engine: str | Engine | None = None) -> list[dict[str, Any]]:
+        """The first ``n`` rows as a list of dicts (reads only what it needs)."""
+        return self.limit(n).to_arrow(engine).to_pylist()
+
+    def write(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        engine: str | Engine | None = None,
+        rows_per_shard: int | None = None,
+        bytes_per_shard: int | str | None = "256MiB",
+        row_group_rows: int | None = None,
+        compression: str | None = "zstd",
+        preserve_order: bool = True,
+        storage_options: dict[str, Any] | None = None,
+        on_rows: Callable[[int], None] | None = None,
+    ) -> WriteInfo:
+        """Materialize the dataset as a feedline dataset (shards + manifest) at ``path``.
+
+        Many small inputs become few right-sized shards: a shard closes after
+        ``rows_per_shard`` rows or about ``bytes_per_shard`` bytes. The manifest is
+        committed last, so an interrupted write never leaves a dataset that opens.
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> info = fl.range(1000).write(tempfile.mkdtemp() + "/out", rows_per_shard=400)
+        >>> info.rows, info.shards
+        (1000, 3)
+        """
+        from feedline.engines.local import parse_bytes
+
+        options = WriteOptions(
+            rows_per_shard=rows_per_shard,
+            bytes_per_shard=parse_bytes(bytes_per_shard) if bytes_per_shard else None,
+            row_group_rows=row_group_rows,
+            compression=compression,
+        )
+        plan = self._resolved_plan()
+        states = [
+            {"name": type(op.preprocessor).__name__, "state": op.preprocessor.state}
+            for op in plan.ops
+            if isinstance(op, Transform) and hasattr(op.preprocessor, "state")
+        ]
+        return get_engine(engine).write(
+            plan,
+            resolve(path, storage_options),
+            options,
+            preserve_order=preserve_order,
+            on_rows=on_rows,
+            preprocessors=states,
+        )
+
+    def loader(self, **kwargs: Any) -> Any:
+        """A training loader over this dataset (see :class:`feedline.loader.Loader`)."""
+        from feedline.loader import Loader
+
+        return Loader(self, **kwargs)
+
+
+def infer_schema(plan: Plan) -> pa.Schema:
+    """The plan's output schema.
+
+    Derived from metadata while the operators allow it; a user function without an
+    ``output_schema`` is run on the first ``SCHEMA_SAMPLE_ROWS`` rows of the first
+    non-empty input batch (on an empty batch when the input is empty).
+    """
+    schema = plan.source.schema()
+    for position, op in enumerate(plan.ops):
+        if isinstance(op, Select):
+            from feedline.io.source import check_columns
+
+            check_columns(schema, op.columns, "the dataset")
+            schema = pa.schema([schema.field(c) for c in op.columns])
+        elif isinstance(op, MapBatches) and op.output_schema is not None:
+            schema = op.output_schema
+        elif isinstance(op, MapBatches | Transform) or (
+            isinstance(op, Filter) and not op.is_expression
+        ):
+            if isinstance(op, Filter):
+                continue
+            return _schema_by_sampling(plan, position, schema)
+    return schema
+
+
+def _schema_by_sampling(plan: Plan, position: int, schema: pa.Schema) -> pa.Schema:
+    head = Plan(plan.source, tuple(plan.ops[:position]))
+    sample = None
+    for batch in get_engine("local").execute(head.then(Limit(SCHEMA_SAMPLE_ROWS))):
+        sample = batch
+        break
+    if sample is None:
+        sample = schema.empty_table().to_batches() or [
+            pa.RecordBatch.from_pylist([], schema=schema)
+        ]
+        sample = sample[0]
+    rest = [op for op in plan.ops[position:] if not isinstance(op, Limit)]
+    out = None
+    for out in BatchPipeline(rest)([sample], "the schema sample"):
+        break
+    if out is None:
+        raise ConfigurationError(
+            "Cannot infer the output schema: the user function returned no rows for the "
+            "sample. Fix: pass output_schema= to map_batches."
+        )
+    return out.schema

@@ -1,0 +1,144 @@
+"""The engine protocol and the registry of engines (name → lazy import + install hint)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from feedline.errors import ConfigurationError, MissingDependencyError
+from feedline.io.source import ExecutionReport
+from feedline.io.storage import Location
+from feedline.plan import Plan
+
+__all__ = ["Engine", "WriteInfo", "WriteOptions", "get_engine", "register_engine"]
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How ``Dataset.write`` lays out shards."""
+
+    rows_per_shard: int | None = None
+    bytes_per_shard: int | None = 256 << 20
+    row_group_rows: int | None = None
+    row_group_bytes: int = 32 << 20
+    compression: str | None = "zstd"
+
+    def writer_kwargs(self) -> dict[str, Any]:
+        return {
+            "rows_per_shard": self.rows_per_shard,
+            "bytes_per_shard": self.bytes_per_shard,
+            "row_group_rows": self.row_group_rows,
+            "row_group_bytes": self.row_group_bytes,
+            "compression": self.compression,
+        }
+
+
+@dataclass(frozen=True)
+class WriteInfo:
+    """What a write produced.
+
+    Attributes
+    ----------
+    path, rows, shards, bytes:
+        Where the dataset is, its row count, number of shards and bytes on storage.
+    seconds:
+        Wall time of the write.
+    report:
+        Execution counters (files and row groups read, records skipped and why, ...).
+    """
+
+    path: str
+    rows: int
+    shards: int
+    bytes: int
+    seconds: float
+    engine: str
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Executes plans. Implementations: ``local`` (default), ``spark``, ``ray``."""
+
+    name: str
+
+    def execute(
+        self, plan: Plan, *, preserve_order: bool = True, report: ExecutionReport | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream the plan's output batches."""
+        ...
+
+    def write(
+        self,
+        plan: Plan,
+        target: Location,
+        options: WriteOptions,
+        *,
+        preserve_order: bool = True,
+        on_rows: Callable[[int], None] | None = None,
+    ) -> WriteInfo:
+        """Materialize the plan as a feedline dataset at ``target``."""
+        ...
+
+
+# name -> (module:attribute, pip package, extra)
+_REGISTRY: dict[str, tuple[str, str | None, str | None]] = {
+    "local": ("feedline.engines.local:LocalEngine", None, None),
+    "spark": ("feedline.engines.spark:SparkEngine", "pyspark", "spark"),
+    "ray": ("feedline.engines.ray:RayEngine", "ray", "ray"),
+}
+
+
+def register_engine(name: str, target: str, package: str | None = None, extra: str | None = None):
+    """Register an engine class by import path (``"module:Class"``)."""
+    _REGISTRY[name] = (target, package, extra)
+
+
+def get_engine(engine: str | Engine | None = None, **options: Any) -> Engine:
+    """Resolve an engine name (or pass an engine instance through).
+
+    Examples
+    --------
+    >>> get_engine("local").name
+    'local'
+    >>> get_engine("nope")
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: Unknown engine 'nope'. Fix: use one of local, ray, spark.
+    """
+    if engine is None:
+        engine = "local"
+    if not isinstance(engine, str):
+        if options:
+            raise ConfigurationError(
+                "Engine options were given together with an engine instance. Fix: configure "
+                "the instance instead."
+            )
+        return engine
+    if engine not in _REGISTRY:
+        names = ", ".join(sorted(_REGISTRY))
+        raise ConfigurationError(f"Unknown engine {engine!r}. Fix: use one of {names}.")
+    target, package, extra = _REGISTRY[engine]
+    module_name, attribute = target.split(":")
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise MissingDependencyError(package, extra or engine, f"engine={engine!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if package is not None and exc.name and exc.name.split(".")[0] == package:
+            raise MissingDependencyError(package, extra or engine, f"engine={engine!r}") from exc
+        raise ConfigurationError(
+            f"The {engine!r} engine is not available in this feedline version ({exc}). "
+            "Fix: use engine='local'."
+        ) from exc
+    factory: Callable[..., Engine] = getattr(module, attribute)
+    return factory(**options)

@@ -1,0 +1,165 @@
+"""Reading CSV files with pyarrow's streaming, multi-threaded CSV reader."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from feedline.errors import ConfigurationError, DataError, SchemaError
+from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.io.storage import Location, expand_paths
+
+__all__ = ["CsvSource"]
+
+CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
+_BLOCK_SIZE = 16 << 20
+
+
+class CsvSource(Source):
+    """CSV files read as a stream of blocks, one task per file.
+
+    The schema is inferred from the first block of the first file unless ``schema`` is
+    given; every other file is read with that schema, so a file with different columns
+    raises :class:`SchemaError` naming both files, and a value that does not convert raises
+    :class:`DataError` naming the file. Rows with the wrong number of fields follow
+    ``on_error``: ``"raise"`` stops with the file and line, ``"skip"`` drops and counts them.
+    """
+
+    kind = "csv"
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        schema: pa.Schema | None = None,
+        column_types: Mapping[str, pa.DataType] | None = None,
+        delimiter: str = ",",
+        on_error: Literal["raise", "skip"] = "raise",
+        storage_options: dict[str, Any] | None = None,
+        block_size: int = _BLOCK_SIZE,
+    ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ConfigurationError(
+                f"on_error={on_error!r} is not valid for read_csv. Fix: use 'raise' or 'skip'."
+            )
+        self._files = expand_paths(paths, CSV_SUFFIXES, storage_options, what="CSV file")
+        self._schema = schema
+        self._column_types = dict(column_types or {})
+        self._delimiter = delimiter
+        self._on_error = on_error
+        self._block_size = block_size
+
+    def _read_options(self) -> pacsv.ReadOptions:
+        return pacsv.ReadOptions(block_size=self._block_size, use_threads=True)
+
+    def _parse_options(self, report: ExecutionReport | None, where: str) -> pacsv.ParseOptions:
+        handler = None
+        if self._on_error == "skip":
+
+            def handler(row: pacsv.InvalidRow) -> str:
+                if report is not None:
+                    report.record_skip(
+                        f"{where}:{row.number}" if row.number is not None else where,
+                        f"expected {row.expected_columns} fields, got {row.actual_columns}",
+                    )
+                return "skip"
+
+        return pacsv.ParseOptions(delimiter=self._delimiter, invalid_row_handler=handler)
+
+    def schema(self) -> pa.Schema:
+        if self._schema is None:
+            first = self._files[0]
+            with _open(first) as handle:
+                try:
+                    reader = pacsv.open_csv(
+                        handle,
+                        read_options=self._read_options(),
+                        parse_options=self._parse_options(None, first.url),
+                        convert_options=pacsv.ConvertOptions(column_types=self._column_types),
+                    )
+                except pa.ArrowInvalid as exc:
+                    raise DataError(
+                        f"Cannot parse the CSV file {first.url!r}: {exc}. Fix: check the "
+                        "delimiter and the header line."
+                    ) from exc
+                self._schema = reader.schema
+        return self._schema
+
+    def describe(self) -> str:
+        more = f" (+{len(self._files) - 1} more)" if len(self._files) > 1 else ""
+        return f"csv: {self._files[0].url}{more}"
+
+    def fingerprint(self) -> str:
+        return fingerprint_of(*[(f.url, f.fs.size(f.path)) for f in self._files])
+
+    def read_tasks(
+        self, columns: Sequence[str] | None, predicate: pc.Expression | None
+    ) -> list[ReadTask]:
+        schema = self.schema()
+        if columns is not None:
+            check_columns(schema, columns, f"the CSV input {self.describe()}")
+        return [
+            ReadTask(label=loc.url, read=self._reader(loc, schema, columns, predicate))
+            for loc in self._files
+        ]
+
+    def _reader(
+        self,
+        loc: Location,
+        schema: pa.Schema,
+        columns: Sequence[str] | None,
+        predicate: pc.Expression | None,
+    ):
+        reference = self._files[0]
+
+        def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
+            convert = pacsv.ConvertOptions(
+                column_types={f.name: f.type for f in schema},
+                include_columns=list(columns) if columns is not None else None,
+            )
+            with _open(loc) as handle:
+                try:
+                    reader = pacsv.open_csv(
+                        handle,
+                        read_options=self._read_options(),
+                        parse_options=self._parse_options(report, loc.url),
+                        convert_options=convert,
+                    )
+                    report.add(files_read=1)
+                    header = _header_names(reader, columns, schema)
+                    if header is not None:
+                        raise SchemaError(
+                            f"Schema drift: {loc.url!r} has columns {header} but "
+                            f"{reference.url!r} has {schema.names}. Fix: make the files agree "
+                            "or read them as separate datasets."
+                        )
+                    for batch in reader:
+                        report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
+                        yield batch.filter(predicate) if predicate is not None else batch
+                except pa.ArrowInvalid as exc:
+                    raise DataError(
+                        f"Cannot parse the CSV file {loc.url!r}: {exc}. Fix: correct the file, "
+                        "pass schema=/column_types= with wider types, or on_error='skip' for "
+                        "rows with a wrong number of fields."
+                    ) from exc
+
+        return read
+
+
+def _header_names(
+    reader: pacsv.CSVStreamingReader, columns: Sequence[str] | None, schema: pa.Schema
+) -> list[str] | None:
+    """The file's columns when they differ from the reference schema, else ``None``."""
+    expected = list(columns) if columns is not None else schema.names
+    names = reader.schema.names
+    return None if names == expected else names
+
+
+def _open(loc: Location):
+    compression = "gzip" if loc.path.endswith(".gz") else None
+    return loc.fs.open(loc.path, "rb", compression=compression)

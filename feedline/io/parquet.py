@@ -1,0 +1,176 @@
+"""Reading Parquet files: column projection and predicate pushdown with row-group pruning."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from feedline.errors import DataError, SchemaError
+from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns
+from feedline.io.storage import Location, expand_paths
+
+__all__ = ["PARQUET_SUFFIXES", "ParquetSource", "read_footer", "same_schema"]
+
+PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+_FORMAT = pads.ParquetFileFormat()
+#: rows per batch handed downstream by the Parquet scanner
+SCAN_BATCH_ROWS = 64 * 1024
+
+
+def same_schema(a: pa.Schema, b: pa.Schema) -> bool:
+    """True when two schemas have the same fields (metadata ignored)."""
+    return a.equals(b, check_metadata=False)
+
+
+def read_footer(location: Location) -> pq.FileMetaData:
+    """Read a Parquet footer, raising :class:`DataError` naming the file when it is corrupt."""
+    try:
+        with location.fs.open(location.path, "rb") as handle:
+            return pq.ParquetFile(handle).metadata
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(
+            f"Cannot read the Parquet footer of {location.url!r}: {exc}. The file is corrupt, "
+            "truncated or not Parquet. Fix: re-create it or exclude it from the input."
+        ) from exc
+
+
+class ParquetSource(Source):
+    """Parquet files (or folders of them) read in parallel, one task per file.
+
+    The first file's schema is the dataset's schema; any file whose schema differs raises
+    :class:`SchemaError` naming both files. A pyarrow expression predicate is pushed into the
+    scan: row groups whose statistics rule it out are never read (``row_groups_skipped``).
+    """
+
+    kind = "parquet"
+    prunes_with_predicate = True
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        storage_options: dict[str, Any] | None = None,
+        files: Sequence[Location] | None = None,
+        schema: pa.Schema | None = None,
+        row_counts: Sequence[int] | None = None,
+    ) -> None:
+        self._paths = paths
+        self._files = (
+            list(files)
+            if files is not None
+            else expand_paths(paths, PARQUET_SUFFIXES, storage_options, what="Parquet file")
+        )
+        self._schema = schema
+        self._row_counts = list(row_counts) if row_counts is not None else None
+
+    @property
+    def files(self) -> list[Location]:
+        """The Parquet files, in order."""
+        return list(self._files)
+
+    def schema(self) -> pa.Schema:
+        if self._schema is None:
+            self._schema = read_footer(self._files[0]).schema.to_arrow_schema()
+        return self._schema
+
+    def describe(self) -> str:
+        first = self._files[0].url
+        more = f" (+{len(self._files) - 1} more)" if len(self._files) > 1 else ""
+        return f"parquet: {first}{more}"
+
+    def fingerprint(self) -> str:
+        from feedline.io.source import fingerprint_of
+
+        infos = []
+        for loc in self._files:
+            info = loc.fs.info(loc.path)
+            infos.append((loc.url, info.get("size"), info.get("mtime") or info.get("LastModified")))
+        return fingerprint_of(*infos)
+
+    def count_rows(self) -> int | None:
+        if self._row_counts is None:
+            self._row_counts = [read_footer(loc).num_rows for loc in self._files]
+        return int(sum(self._row_counts))
+
+    def read_tasks(
+        self, columns: Sequence[str] | None, predicate: pc.Expression | None
+    ) -> list[ReadTask]:
+        schema = self.schema()
+        if columns is not None:
+            check_columns(schema, columns, f"the Parquet input {self.describe()}")
+        reference = self._files[0]
+        tasks = []
+        for loc in self._files:
+            tasks.append(
+                ReadTask(
+                    label=loc.url,
+                    read=_file_reader(loc, reference, schema, columns, predicate),
+                )
+            )
+        return tasks
+
+
+def _file_reader(
+    loc: Location,
+    reference: Location,
+    schema: pa.Schema,
+    columns: Sequence[str] | None,
+    predicate: pc.Expression | None,
+):
+    def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
+        filesystem = loc.arrow_filesystem()
+        try:
+            fragment = _FORMAT.make_fragment(loc.path, filesystem=filesystem)
+            file_schema = fragment.physical_schema
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise DataError(
+                f"Cannot read the Parquet file {loc.url!r}: {exc}. It is corrupt, truncated or "
+                "not Parquet. Fix: re-create it or exclude it from the input."
+            ) from exc
+        if not same_schema(file_schema, schema):
+            raise SchemaError(
+                f"Schema drift: {loc.url!r} has schema {_short(file_schema)} but "
+                f"{reference.url!r} has {_short(schema)}. Fix: make the files agree (cast or "
+                "rename columns) or read them as separate datasets."
+            )
+        fragment.ensure_complete_metadata()
+        total = fragment.num_row_groups
+        piece = fragment
+        if predicate is not None:
+            piece = fragment.subset(filter=predicate, schema=schema)
+        kept = piece.num_row_groups
+        report.add(
+            files_read=1,
+            row_groups_total=total,
+            row_groups_read=kept,
+            row_groups_skipped=total - kept,
+        )
+        if kept == 0:
+            return
+        try:
+            batches = piece.to_batches(
+                schema=schema,
+                columns=list(columns) if columns is not None else None,
+                filter=predicate,
+                batch_size=SCAN_BATCH_ROWS,
+                use_threads=True,
+            )
+            for batch in batches:
+                report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
+                yield batch
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise DataError(
+                f"Cannot decode {loc.url!r}: {exc}. The file is corrupt or truncated. "
+                "Fix: re-create it or exclude it from the input."
+            ) from exc
+
+    return read
+
+
+def _short(schema: pa.Schema) -> str:
+    return "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"

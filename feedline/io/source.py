@@ -1,0 +1,140 @@
+"""What every source of rows provides to the engines: a schema and parallel read tasks."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from feedline.errors import SchemaError
+
+__all__ = ["ExecutionReport", "ReadTask", "Source", "check_columns", "fingerprint_of"]
+
+
+@dataclass
+class ExecutionReport:
+    """Counters filled while a plan executes (thread-safe through :meth:`add`).
+
+    Examples
+    --------
+    >>> report = ExecutionReport()
+    >>> report.add(rows_read=10, files_read=1)
+    >>> report.rows_read
+    10
+    """
+
+    files_read: int = 0
+    row_groups_total: int = 0
+    row_groups_read: int = 0
+    row_groups_skipped: int = 0
+    rows_read: int = 0
+    bytes_read: int = 0
+    rows_out: int = 0
+    batches_out: int = 0
+    records_skipped: int = 0
+    function_calls: int = 0
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        """Add ``counts`` to the named counters."""
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def record_skip(self, where: str, reason: str) -> None:
+        """Count one skipped record and remember where and why (kept for the write report)."""
+        with self._lock:
+            self.records_skipped += 1
+            if len(self.skipped) < 10_000:
+                self.skipped.append({"where": where, "reason": reason})
+
+    def as_dict(self) -> dict[str, object]:
+        """The counters as a JSON-safe dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """One unit of parallel reading: usually a file or a group of row groups.
+
+    Attributes
+    ----------
+    label:
+        Where the rows come from (a file path or URL), named in error messages.
+    read:
+        Called with the execution report; yields the task's record batches.
+    estimated_bytes:
+        A size hint for scheduling, or ``None``.
+    """
+
+    label: str
+    read: Callable[[ExecutionReport], Iterator[pa.RecordBatch]]
+    estimated_bytes: int | None = None
+
+
+class Source(ABC):
+    """A source of rows. Implementations live in ``feedline.io``."""
+
+    #: short name shown by ``explain()``
+    kind: str = "source"
+
+    @abstractmethod
+    def schema(self) -> pa.Schema:
+        """The schema of the rows, without reading the data where possible."""
+
+    @abstractmethod
+    def read_tasks(
+        self, columns: Sequence[str] | None, predicate: pc.Expression | None
+    ) -> list[ReadTask]:
+        """Tasks reading ``columns`` (all when ``None``) of rows matching ``predicate``."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for ``explain()`` and the manifest's lineage."""
+
+    def fingerprint(self) -> str:
+        """A stable identifier of the input (paths, sizes, modification times)."""
+        return fingerprint_of(self.describe())
+
+    def count_rows(self) -> int | None:
+        """The number of rows from metadata alone, or ``None`` when it needs a scan."""
+        return None
+
+    #: True when ``read_tasks`` uses the predicate to skip data (not just to filter rows)
+    prunes_with_predicate: bool = False
+
+
+def fingerprint_of(*parts: object) -> str:
+    """A short sha256 hex digest of ``parts``.
+
+    Examples
+    --------
+    >>> len(fingerprint_of("a", 1))
+    16
+    """
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(repr(part).encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()[:16]
+
+
+def check_columns(schema: pa.Schema, columns: Sequence[str], where: str) -> None:
+    """Raise :class:`SchemaError` when a column in ``columns`` is not in ``schema``."""
+    missing = [c for c in columns if schema.get_field_index(c) < 0]
+    if missing:
+        raise SchemaError(
+            f"Column(s) {missing} not found in {where}. Available columns: {schema.names}. "
+            "Fix: check the spelling or select existing columns."
+        )
+
+
+def filter_batch(batch: pa.RecordBatch, predicate: pc.Expression) -> pa.RecordBatch:
+    """Rows of ``batch`` for which ``predicate`` is true (nulls count as false)."""
+    return batch.filter(predicate)

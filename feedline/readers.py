@@ -1,0 +1,248 @@
+"""Constructors of datasets: files, folders, URLs and in-memory frames."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from feedline.dataset import Dataset
+from feedline.errors import ConfigurationError
+from feedline.io.csv import CsvSource
+from feedline.io.images import ImageFolderSource
+from feedline.io.jsonl import JsonlSource
+from feedline.io.memory import ArrowSource, RangeSource, table_from_pandas
+from feedline.io.parquet import ParquetSource
+from feedline.io.text import TextSource
+
+__all__ = [
+    "from_arrow",
+    "from_pandas",
+    "from_polars",
+    "open",
+    "range",
+    "read_csv",
+    "read_images",
+    "read_jsonl",
+    "read_parquet",
+    "read_text",
+]
+
+PathsLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def read_parquet(
+    paths: PathsLike,
+    columns: Sequence[str] | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Read Parquet files, folders, globs or URLs.
+
+    Examples
+    --------
+    >>> import feedline as fl, pyarrow as pa, pyarrow.parquet as pq, tempfile
+    >>> path = tempfile.mkdtemp() + "/a.parquet"
+    >>> pq.write_table(pa.table({"x": [1, 2]}), path)
+    >>> fl.read_parquet(path).count()
+    2
+    """
+    ds = Dataset.from_source(ParquetSource(paths, storage_options=storage_options))
+    return ds.select(columns) if columns is not None else ds
+
+
+def read_csv(
+    paths: PathsLike,
+    columns: Sequence[str] | None = None,
+    *,
+    schema: pa.Schema | None = None,
+    column_types: Mapping[str, pa.DataType] | None = None,
+    delimiter: str = ",",
+    on_error: Literal["raise", "skip"] = "raise",
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Read CSV files (``.csv``, ``.tsv``, gzipped too) with a streaming parallel reader.
+
+    Types are inferred from the first block of the first file unless ``schema`` or
+    ``column_types`` say otherwise. ``on_error="skip"`` drops rows with the wrong number
+    of fields and counts them in the execution report.
+
+    Examples
+    --------
+    >>> import feedline as fl, tempfile
+    >>> path = tempfile.mkdtemp() + "/a.csv"
+    >>> _ = open(path, "w").write("x,y\\n1,a\\n2,b\\n")
+    >>> fl.read_csv(path).to_arrow()["x"].to_pylist()
+    [1, 2]
+    """
+    source = CsvSource(
+        paths,
+        schema=schema,
+        column_types=column_types,
+        delimiter=delimiter,
+        on_error=on_error,
+        storage_options=storage_options,
+    )
+    ds = Dataset.from_source(source)
+    return ds.select(columns) if columns is not None else ds
+
+
+def read_jsonl(
+    paths: PathsLike,
+    columns: Sequence[str] | None = None,
+    *,
+    schema: pa.Schema | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Read newline-delimited JSON files.
+
+    Examples
+    --------
+    >>> import feedline as fl, tempfile
+    >>> path = tempfile.mkdtemp() + "/a.jsonl"
+    >>> _ = open(path, "w").write('{"x": 1}\\n{"x": 2}\\n')
+    >>> fl.read_jsonl(path).count()
+    2
+    """
+    ds = Dataset.from_source(JsonlSource(paths, schema=schema, storage_options=storage_options))
+    return ds.select(columns) if columns is not None else ds
+
+
+def read_text(
+    paths: PathsLike,
+    *,
+    per: Literal["line", "file"] = "line",
+    encoding: str = "utf-8",
+    include_paths: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Read text files into a ``text`` column: one row per line (default) or per file.
+
+    Examples
+    --------
+    >>> import feedline as fl, tempfile
+    >>> path = tempfile.mkdtemp() + "/a.txt"
+    >>> _ = open(path, "w").write("hello\\nworld\\n")
+    >>> fl.read_text(path).to_arrow()["text"].to_pylist()
+    ['hello', 'world']
+    """
+    return Dataset.from_source(
+        TextSource(
+            paths,
+            per=per,
+            encoding=encoding,
+            include_paths=include_paths,
+            storage_options=storage_options,
+        )
+    )
+
+
+def read_images(
+    paths: PathsLike,
+    *,
+    label: str | re.Pattern[str] | None = "parent",
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Read a folder tree of image files into rows ``path``, ``label``, ``bytes``.
+
+    ``label="parent"`` takes the name of the folder holding each file (``cats/1.jpg`` →
+    ``cats``); a regular expression takes its first group from the relative path; ``None``
+    omits the column. Decoding is done later by ``fl.DecodeImages``.
+
+    Examples
+    --------
+    >>> import feedline as fl, tempfile, os
+    >>> root = tempfile.mkdtemp()
+    >>> os.makedirs(root + "/cats")
+    >>> _ = open(root + "/cats/1.png", "wb").write(b"not really a png")
+    >>> fl.read_images(root).take(1)[0]["label"]
+    'cats'
+    """
+    return Dataset.from_source(
+        ImageFolderSource(paths, label=label, storage_options=storage_options)
+    )
+
+
+def from_arrow(table: pa.Table | pa.RecordBatch) -> Dataset:
+    """A dataset over an in-memory Arrow table (zero-copy slices).
+
+    Examples
+    --------
+    >>> import feedline as fl, pyarrow as pa
+    >>> fl.from_arrow(pa.table({"x": [1, 2, 3]})).count()
+    3
+    """
+    return Dataset.from_source(ArrowSource(table))
+
+
+def from_pandas(df: Any) -> Dataset:
+    """A dataset over a pandas DataFrame (converted once to Arrow; a default index is dropped).
+
+    Examples
+    --------
+    >>> import feedline as fl, pandas as pd
+    >>> fl.from_pandas(pd.DataFrame({"x": [1, 2]})).schema().names
+    ['x']
+    """
+    if type(df).__name__ != "DataFrame" or not hasattr(df, "iloc"):
+        raise ConfigurationError(
+            f"from_pandas() needs a pandas DataFrame, got {type(df).__name__}."
+        )
+    return Dataset.from_source(ArrowSource(table_from_pandas(df), name="pandas DataFrame"))
+
+
+def from_polars(df: Any) -> Dataset:
+    """A dataset over a Polars DataFrame or LazyFrame (collected) via Arrow.
+
+    Examples
+    --------
+    >>> import feedline as fl, polars as pl
+    >>> fl.from_polars(pl.DataFrame({"x": [1, 2]})).count()
+    2
+    """
+    if hasattr(df, "collect") and not hasattr(df, "to_arrow"):
+        df = df.collect()
+    if not hasattr(df, "to_arrow"):
+        raise ConfigurationError(
+            f"from_polars() needs a Polars DataFrame, got {type(df).__name__}."
+        )
+    return Dataset.from_source(ArrowSource(df.to_arrow(), name="polars DataFrame"))
+
+
+def range(n: int, *, rows_per_task: int = 64 * 1024) -> Dataset:  # noqa: A001
+    """A dataset of ``n`` rows with an ``id`` column ``0..n-1``, generated lazily.
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> fl.range(3).to_arrow()["id"].to_pylist()
+    [0, 1, 2]
+    """
+    return Dataset.from_source(RangeSource(n, rows_per_task=rows_per_task))
+
+
+def open(  # noqa: A001
+    path: str | os.PathLike[str],
+    *,
+    verify: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Open a feedline dataset (or a plain Parquet folder without a manifest).
+
+    ``verify=True`` checks every shard's size and checksum first. A folder holding an
+    interrupted write raises :class:`~feedline.errors.IncompleteDatasetError`.
+
+    Examples
+    --------
+    >>> import feedline as fl, tempfile
+    >>> out = tempfile.mkdtemp() + "/ds"
+    >>> _ = fl.range(5).write(out)
+    >>> fl.open(out, verify=True).count()
+    5
+    """
+    from feedline.io.format import open_source
+
+    return Dataset.from_source(open_source(path, verify=verify, storage_options=storage_options))
