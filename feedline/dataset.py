@@ -97,8 +97,8 @@ class Dataset:
         """
         if not isinstance(predicate, pc.Expression) and not callable(predicate):
             raise ConfigurationError(
-                f"filter() takes a pyarrow expression or a function, got {type(predicate).__name__}."
-                " Fix: e.g. ds.filter(pc.field('price') > 0)."
+                "filter() takes a pyarrow expression or a function, got "
+                f"{type(predicate).__name__}. Fix: e.g. ds.filter(pc.field('price') > 0)."
             )
         return self._then(Filter(predicate))
 
@@ -129,12 +129,18 @@ class Dataset:
         [0, 2, 4, 6]
         """
         if not callable(fn):
-            raise ConfigurationError(f"map_batches() needs a function or class, got {fn!r}.")
+            raise ConfigurationError(
+                f"map_batches() needs a function or class, got {fn!r}. Fix: pass a callable "
+                "taking a pa.RecordBatch, or a class whose instances are callable."
+            )
         if batch_size is not None and batch_size < 1:
-            raise ConfigurationError(f"batch_size={batch_size} must be >= 1.")
+            raise ConfigurationError(
+                f"batch_size={batch_size} must be >= 1. Fix: pass a positive int or None."
+            )
         if fn_constructor_kwargs and not isinstance(fn, type):
             raise ConfigurationError(
-                "fn_constructor_kwargs only applies when fn is a class. Fix: drop it or pass a class."
+                "fn_constructor_kwargs only applies when fn is a class. Fix: drop it or pass a "
+                "class."
             )
         return self._then(
             MapBatches(
@@ -159,7 +165,9 @@ class Dataset:
     def limit(self, n: int) -> Dataset:
         """Keep the first ``n`` rows (in stored order when order is preserved)."""
         if not isinstance(n, int) or n < 0:
-            raise ConfigurationError(f"limit() needs a non-negative int, got {n!r}.")
+            raise ConfigurationError(
+                f"limit() needs a non-negative int, got {n!r}. Fix: pass e.g. ds.limit(100)."
+            )
         return self._then(Limit(n))
 
     def sample(self, fraction: float, seed: int = 0) -> Dataset:
@@ -172,7 +180,9 @@ class Dataset:
         True
         """
         if not 0.0 <= fraction <= 1.0:
-            raise ConfigurationError(f"sample() needs 0 <= fraction <= 1, got {fraction}.")
+            raise ConfigurationError(
+                f"sample() needs 0 <= fraction <= 1, got {fraction}. Fix: pass e.g. 0.1 for 10%."
+            )
         return self._then(Sample(float(fraction), int(seed)))
 
     # ------------------------------------------------------------------ inspection
@@ -259,7 +269,9 @@ class Dataset:
         [4, 4, 2]
         """
         if batch_size is not None and batch_size < 1:
-            raise ConfigurationError(f"batch_size={batch_size} must be >= 1.")
+            raise ConfigurationError(
+                f"batch_size={batch_size} must be >= 1. Fix: pass a positive int or None."
+            )
         stream = self._execute(engine, preserve_order=preserve_order)
         return rebatch(stream, batch_size) if batch_size else stream
 
@@ -371,9 +383,7 @@ def _schema_by_sampling(plan: Plan, position: int, schema: pa.Schema) -> pa.Sche
         ]
         sample = sample[0]
     rest = [op for op in plan.ops[position:] if not isinstance(op, Limit)]
-    out = None
-    for out in BatchPipeline(rest)([sample], "the schema sample"):
-        break
+    out = next(iter(BatchPipeline(rest)([sample], "the schema sample")), None)
     if out is None:
         raise ConfigurationError(
             "Cannot infer the output schema: the user function returned no rows for the "

@@ -125,7 +125,7 @@ class Plan:
 
     def describe(self) -> list[str]:
         """One line per operator, source first."""
-        return [f"Read[{self.source.describe()}]", *(op.describe() for op in self.ops)]
+        return [f"Read({self.source.describe()})", *(op.describe() for op in self.ops)]
 
     def fingerprint(self) -> str:
         """Identifies the input and the chain of operators (for caching and lineage)."""

@@ -189,7 +189,8 @@ def from_pandas(df: Any) -> Dataset:
     """
     if type(df).__name__ != "DataFrame" or not hasattr(df, "iloc"):
         raise ConfigurationError(
-            f"from_pandas() needs a pandas DataFrame, got {type(df).__name__}."
+            f"from_pandas() needs a pandas DataFrame, got {type(df).__name__}. Fix: use "
+            "fl.from_arrow() for Arrow tables or fl.from_polars() for Polars frames."
         )
     return Dataset.from_source(ArrowSource(table_from_pandas(df), name="pandas DataFrame"))
 
@@ -207,7 +208,8 @@ def from_polars(df: Any) -> Dataset:
         df = df.collect()
     if not hasattr(df, "to_arrow"):
         raise ConfigurationError(
-            f"from_polars() needs a Polars DataFrame, got {type(df).__name__}."
+            f"from_polars() needs a Polars DataFrame, got {type(df).__name__}. Fix: use "
+            "fl.from_pandas() for pandas frames or fl.from_arrow() for Arrow tables."
         )
     return Dataset.from_source(ArrowSource(df.to_arrow(), name="polars DataFrame"))
 

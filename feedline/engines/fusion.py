@@ -59,8 +59,8 @@ class InstancePool:
             except Exception as exc:
                 raise UserFunctionError(
                     f"Constructing {callable_name(cls)}({_kwargs_text(kwargs)}) raised "
-                    f"{type(exc).__name__}: {exc}. Fix the class's __init__ or its "
-                    "fn_constructor_kwargs; the original traceback is chained above."
+                    f"{type(exc).__name__}: {exc}. The original traceback is chained above. "
+                    "Fix: correct the class's __init__ or its fn_constructor_kwargs."
                 ) from exc
         return cache[key]
 
@@ -237,8 +237,8 @@ class BatchPipeline:
 def _user_error(where: str, exc: BaseException, label: str) -> UserFunctionError:
     return UserFunctionError(
         f"{where} raised {type(exc).__name__}: {exc} — on a batch read from {label}. "
-        "The original traceback is chained above. Fix the function, or filter out the rows "
-        "it cannot handle."
+        "The original traceback is chained above. Fix: correct the function, or filter out "
+        "the rows it cannot handle."
     )
 
 

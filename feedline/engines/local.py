@@ -58,7 +58,7 @@ def parse_bytes(value: int | str) -> int:
             )
         size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     if size < 1:
-        raise ConfigurationError(f"The size {value!r} must be positive.")
+        raise ConfigurationError(f"The size {value!r} must be positive. Fix: pass e.g. '512MB'.")
     return size
 
 
@@ -85,7 +85,9 @@ class LocalEngine:
 
     def __init__(self, parallelism: int | None = None, memory_budget: int | str = "1GB") -> None:
         if parallelism is not None and parallelism < 1:
-            raise ConfigurationError(f"parallelism={parallelism} must be >= 1.")
+            raise ConfigurationError(
+                f"parallelism={parallelism} must be >= 1. Fix: pass a positive int or None."
+            )
         self.parallelism = parallelism or max(2, os.cpu_count() or 2)
         self.memory_budget = parse_bytes(memory_budget)
 

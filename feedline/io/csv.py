@@ -18,6 +18,8 @@ __all__ = ["CsvSource"]
 
 CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
 _BLOCK_SIZE = 16 << 20
+#: files larger than this are read as several byte ranges in parallel
+_SPLIT_BYTES = 16 << 20
 
 
 class CsvSource(Source):
@@ -42,6 +44,8 @@ class CsvSource(Source):
         on_error: Literal["raise", "skip"] = "raise",
         storage_options: dict[str, Any] | None = None,
         block_size: int = _BLOCK_SIZE,
+        newlines_in_values: bool = False,
+        split_bytes: int = _SPLIT_BYTES,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ConfigurationError(
@@ -53,6 +57,8 @@ class CsvSource(Source):
         self._delimiter = delimiter
         self._on_error = on_error
         self._block_size = block_size
+        self._newlines_in_values = newlines_in_values
+        self._split_bytes = split_bytes
 
     def _read_options(self) -> pacsv.ReadOptions:
         return pacsv.ReadOptions(block_size=self._block_size, use_threads=True)
@@ -69,7 +75,11 @@ class CsvSource(Source):
                     )
                 return "skip"
 
-        return pacsv.ParseOptions(delimiter=self._delimiter, invalid_row_handler=handler)
+        return pacsv.ParseOptions(
+            delimiter=self._delimiter,
+            invalid_row_handler=handler,
+            newlines_in_values=self._newlines_in_values,
+        )
 
     def schema(self) -> pa.Schema:
         if self._schema is None:
@@ -103,10 +113,66 @@ class CsvSource(Source):
         schema = self.schema()
         if columns is not None:
             check_columns(schema, columns, f"the CSV input {self.describe()}")
-        return [
-            ReadTask(label=loc.url, read=self._reader(loc, schema, columns, predicate))
-            for loc in self._files
-        ]
+        tasks = []
+        for loc in self._files:
+            size = loc.fs.size(loc.path) if not loc.path.endswith(".gz") else 0
+            if self._newlines_in_values or size <= self._split_bytes:
+                tasks.append(ReadTask(loc.url, self._reader(loc, schema, columns, predicate)))
+                continue
+            # Lines never contain newlines (pyarrow's own assumption unless
+            # newlines_in_values=True), so byte ranges can be parsed independently.
+            count = -(-size // self._split_bytes)
+            step = -(-size // count)
+            for start in range(0, size, step):
+                end = min(size, start + step)
+                tasks.append(
+                    ReadTask(
+                        f"{loc.url} (bytes {start}-{end})",
+                        self._range_reader(loc, start, end, schema, columns, predicate),
+                        end - start,
+                    )
+                )
+        return tasks
+
+    def _range_reader(self, loc, start, end, schema, columns, predicate):
+        reference = self._files[0]
+
+        def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
+            header, data = _read_line_range(loc, start, end, self._delimiter)
+            if data is None:
+                return
+            where = f"{loc.url} (bytes {start}-{end})"
+            if header != schema.names:
+                raise SchemaError(
+                    f"Schema drift: {loc.url!r} has columns {header} but {reference.url!r} has "
+                    f"{schema.names}. Fix: make the files agree or read them separately."
+                )
+            options = pacsv.ReadOptions(
+                column_names=header, block_size=self._block_size, use_threads=False
+            )
+            convert = pacsv.ConvertOptions(
+                column_types={f.name: f.type for f in schema},
+                include_columns=_parsed_columns(columns, predicate),
+            )
+            try:
+                table = pacsv.read_csv(
+                    pa.BufferReader(data),
+                    read_options=options,
+                    parse_options=self._parse_options(report, where),
+                    convert_options=convert,
+                )
+            except pa.ArrowInvalid as exc:
+                raise DataError(
+                    f"Cannot parse the CSV file {where}: {exc}. Fix: correct the file, pass "
+                    "schema=/column_types= with wider types, newlines_in_values=True when quoted "
+                    "values span lines, or on_error='skip' for rows with a wrong number of fields."
+                ) from exc
+            report.add(files_read=1 if start == 0 else 0, bytes_read=len(data))
+            for batch in table.to_batches(max_chunksize=64 * 1024):
+                report.add(rows_read=batch.num_rows)
+                yield _finish(batch, columns, predicate)
+
+        return read
 
     def _reader(
         self,
@@ -120,7 +186,7 @@ class CsvSource(Source):
         def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
             convert = pacsv.ConvertOptions(
                 column_types={f.name: f.type for f in schema},
-                include_columns=list(columns) if columns is not None else None,
+                include_columns=_parsed_columns(columns, predicate),
             )
             with _open(loc) as handle:
                 try:
@@ -131,7 +197,7 @@ class CsvSource(Source):
                         convert_options=convert,
                     )
                     report.add(files_read=1)
-                    header = _header_names(reader, columns, schema)
+                    header = _header_names(reader, _parsed_columns(columns, predicate), schema)
                     if header is not None:
                         raise SchemaError(
                             f"Schema drift: {loc.url!r} has columns {header} but "
@@ -140,7 +206,7 @@ class CsvSource(Source):
                         )
                     for batch in reader:
                         report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
-                        yield batch.filter(predicate) if predicate is not None else batch
+                        yield _finish(batch, columns, predicate)
                 except pa.ArrowInvalid as exc:
                     raise DataError(
                         f"Cannot parse the CSV file {loc.url!r}: {exc}. Fix: correct the file, "
@@ -158,6 +224,52 @@ def _header_names(
     expected = list(columns) if columns is not None else schema.names
     names = reader.schema.names
     return None if names == expected else names
+
+
+def _read_line_range(
+    loc: Location, start: int, end: int, delimiter: str = ","
+) -> tuple[list[str], bytes | None]:
+    """The header names and the bytes of the lines that *start* in ``[start, end)``.
+
+    Line 0 (the header) is excluded. Returns ``None`` data when no line starts in the range.
+    """
+    with loc.fs.open(loc.path, "rb") as handle:
+        first = handle.readline()
+        parse = pacsv.ParseOptions(delimiter=delimiter)
+        names = pacsv.read_csv(pa.BufferReader(first), parse_options=parse).column_names
+        begin = max(start, len(first))
+        if begin > 0:
+            handle.seek(begin - 1)
+            if handle.read(1) != b"\n":
+                handle.readline()  # finish the line that started before the range
+        if handle.tell() >= end:
+            return names, None
+        data = handle.read(end - handle.tell())
+        if not data.endswith(b"\n"):
+            data += handle.readline()
+    return names, data
+
+
+def _parsed_columns(
+    columns: Sequence[str] | None, predicate: pc.Expression | None
+) -> list[str] | None:
+    """The columns to parse: all of them when a predicate may read columns not selected.
+
+    Examples
+    --------
+    >>> _parsed_columns(["a"], None), _parsed_columns(["a"], pc.field("b") > 0)
+    (['a'], None)
+    """
+    return list(columns) if columns is not None and predicate is None else None
+
+
+def _finish(
+    batch: pa.RecordBatch, columns: Sequence[str] | None, predicate: pc.Expression | None
+) -> pa.RecordBatch:
+    """Filter ``batch`` by ``predicate``, then keep ``columns`` (in that order)."""
+    if predicate is not None:
+        batch = batch.filter(predicate)
+    return batch.select(list(columns)) if columns is not None else batch
 
 
 def _open(loc: Location):

@@ -124,7 +124,11 @@ class Manifest:
         if not isinstance(doc, dict) or doc.get("format") != "feedline":
             raise FormatError(f"{where} is not a feedline manifest. {_REWRITE}")
         version = doc.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        if (
+            not isinstance(version, int)
+            or isinstance(version, bool)
+            or not 1 <= version <= FORMAT_VERSION
+        ):
             raise FormatError(
                 f"{where} has format version {version!r}; this feedline reads versions 1 to "
                 f"{FORMAT_VERSION}. Fix: upgrade feedline or rewrite the dataset."
@@ -271,7 +275,7 @@ class ShardWriter:
         self._rows_per_shard = rows_per_shard
         self._bytes_per_shard = bytes_per_shard
         self._row_group_rows = row_group_rows
-        self._row_group_bytes = row_group_bytes
+        self._row_group_bytes = min(row_group_bytes, bytes_per_shard or row_group_bytes)
         self._compression = "none" if compression in (None, "none") else compression
         self._next_index = first_shard
         self._on_rows = on_rows
@@ -325,7 +329,9 @@ class ShardWriter:
         if self._on_rows is not None:
             self._on_rows(table.num_rows)
         full_rows = self._rows_per_shard is not None and sum(self._groups) >= self._rows_per_shard
-        full_bytes = self._bytes_per_shard is not None and self._file.size >= self._bytes_per_shard
+        full_bytes = (
+            self._bytes_per_shard is not None and self._stream.tell() >= self._bytes_per_shard
+        )
         if full_rows or full_bytes:
             self._close_shard()
 
@@ -335,13 +341,16 @@ class ShardWriter:
         self._path = name
         self._folder.fs.makedirs(self._folder.path, exist_ok=True)
         self._file = _HashingFile(self._folder.fs.open(self._folder.join(name), "wb"))
+        # Parquet emits many small writes (page headers); buffer them before Python sees them.
+        self._stream = pa.BufferedOutputStream(pa.PythonFile(self._file, mode="w"), 4 << 20)
         self._writer = pq.ParquetWriter(
-            self._file, self._schema, compression=self._compression, write_statistics=True
+            self._stream, self._schema, compression=self._compression, write_statistics=True
         )
         self._groups = []
 
     def _close_shard(self) -> None:
         self._writer.close()
+        self._stream.close()
         self._file.close()
         self.shards.append(
             ShardInfo(
@@ -367,6 +376,7 @@ class ShardWriter:
         if self._writer is not None:
             try:
                 self._writer.close()
+                self._stream.close()
                 self._file.close()
             except Exception:  # noqa: BLE001 - already failing; keep the first error
                 pass

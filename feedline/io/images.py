@@ -128,7 +128,10 @@ class ImageFolderSource(Source):
                     try:
                         blobs.append(loc.fs.cat_file(loc.path))
                     except OSError as exc:
-                        raise DataError(f"Cannot read the image file {loc.url!r}: {exc}.") from exc
+                        raise DataError(
+                            f"Cannot read the image file {loc.url!r}: {exc}. Fix: check that "
+                            "the file exists and is readable, or remove it from the folder."
+                        ) from exc
             arrays: dict[str, pa.Array] = {"path": pa.array(paths, pa.string())}
             if self._label_mode is not None:
                 arrays["label"] = pa.array(labels, pa.string())

@@ -54,7 +54,6 @@ class ArrowSource(Source):
         table = self._table
         if columns is not None:
             check_columns(table.schema, columns, self._name)
-            table = table.select(list(columns))
         step = self._rows_per_task
         starts = range(0, table.num_rows, step) if table.num_rows else []
 
@@ -62,7 +61,10 @@ class ArrowSource(Source):
             def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
                 for batch in piece.to_batches():
                     report.add(rows_read=batch.num_rows)
-                    yield batch.filter(predicate) if predicate is not None else batch
+                    # filter first: the predicate may use columns that are not selected
+                    if predicate is not None:
+                        batch = batch.filter(predicate)
+                    yield batch.select(list(columns)) if columns is not None else batch
 
             return read
 

@@ -1,0 +1,224 @@
+"""The ``feedline`` command: inspect, convert, verify, bench-loader and demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from feedline.errors import FeedlineError
+
+__all__ = ["main"]
+
+_READERS = {"parquet", "csv", "jsonl", "images", "text"}
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _guess_format(path: str) -> str:
+    import os
+
+    lower = path.lower().rstrip("/")
+    for suffix, name in ((".csv", "csv"), (".csv.gz", "csv"), (".tsv", "csv"), (".jsonl", "jsonl"),
+                         (".ndjson", "jsonl"), (".json", "jsonl"), (".txt", "text"),
+                         (".parquet", "parquet")):
+        if lower.endswith(suffix):
+            return name
+    if os.path.isdir(path):
+        names = [n.lower() for _, _, files in os.walk(path) for n in files]
+        for name in ("csv", "jsonl", "parquet"):
+            if any(n.endswith("." + name) for n in names):
+                return name
+        from feedline.io.images import IMAGE_SUFFIXES
+
+        if any(n.endswith(IMAGE_SUFFIXES) for n in names):
+            return "images"
+    return "parquet"
+
+
+def _reader(fmt: str, src: str):
+    import feedline as fl
+
+    return {
+        "parquet": fl.read_parquet,
+        "csv": fl.read_csv,
+        "jsonl": fl.read_jsonl,
+        "images": fl.read_images,
+        "text": fl.read_text,
+    }[fmt](src)
+
+
+def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
+    import feedline as fl
+
+    ds = fl.open(args.path)
+    manifest = ds.manifest
+    schema = ds.schema()
+    summary = Table(title=f"feedline dataset: {args.path}", show_header=False)
+    summary.add_column("key", style="bold")
+    summary.add_column("value")
+    if manifest is not None:
+        summary.add_row("rows", f"{manifest.rows:,}")
+        summary.add_row("shards", str(len(manifest.shards)))
+        summary.add_row("row groups", str(len(manifest.row_group_sizes)))
+        summary.add_row("bytes", _human(manifest.bytes))
+        summary.add_row("format version", str(manifest.format_version))
+        summary.add_row("created", manifest.created)
+        for key in ("source", "source_fingerprint", "plan_fingerprint", "engine",
+                    "feedline_version"):
+            if key in manifest.lineage:
+                summary.add_row(f"lineage.{key}", str(manifest.lineage[key]))
+        if manifest.lineage.get("plan"):
+            summary.add_row("lineage.plan", " -> ".join(manifest.lineage["plan"]))
+        skipped = manifest.write.get("report", {}).get("records_skipped", 0)
+        summary.add_row("records skipped at write", str(skipped))
+    else:
+        summary.add_row("rows", f"{ds.count():,}")
+        summary.add_row("manifest", "none (plain Parquet folder)")
+    console.print(summary)
+    fields = Table(title="schema")
+    fields.add_column("column", style="bold")
+    fields.add_column("type")
+    fields.add_column("nullable")
+    for field in schema:
+        fields.add_row(field.name, str(field.type), str(field.nullable))
+    console.print(fields)
+    if manifest is not None:
+        shards = Table(title="shards")
+        for name in ("path", "rows", "bytes", "row groups", "checksum"):
+            shards.add_column(name)
+        for shard in manifest.shards[: args.max_shards]:
+            shards.add_row(shard.path, f"{shard.rows:,}", _human(shard.bytes),
+                           str(len(shard.row_groups)), shard.checksum[:23] + "…")
+        if len(manifest.shards) > args.max_shards:
+            shards.add_row(f"… {len(manifest.shards) - args.max_shards} more", "", "", "", "")
+        console.print(shards)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace, console: Console) -> int:
+    fmt = args.format or _guess_format(args.src)
+    if fmt not in _READERS:
+        raise FeedlineError(f"--format {fmt!r} is not known. Fix: use one of {sorted(_READERS)}.")
+    ds = _reader(fmt, args.src)
+    total = ds.count() if fmt in ("parquet", "images") else None
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed:,} rows"), TimeElapsedColumn(),
+                  console=console, transient=False, disable=args.quiet) as progress:
+        task = progress.add_task(f"{fmt} → feedline", total=total)
+        info = ds.write(
+            args.dst,
+            rows_per_shard=args.rows_per_shard,
+            compression=args.compression,
+            on_rows=lambda n: progress.advance(task, n),
+        )
+    console.print(
+        f"[green]Wrote {info.rows:,} rows in {info.shards} shard(s), {_human(info.bytes)}, "
+        f"in {info.seconds:.2f} s ({info.rows_per_second:,.0f} rows/s) → {info.path}"
+    )
+    skipped = info.report.get("records_skipped", 0)
+    if skipped:
+        console.print(f"[yellow]{skipped} record(s) skipped; see `feedline inspect {args.dst}`")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    from feedline.io.format import read_manifest, verify_manifest
+    from feedline.io.storage import resolve
+
+    target = resolve(args.path)
+    manifest = read_manifest(target)
+    if manifest is None:
+        raise FeedlineError(f"{args.path!r} has no feedline manifest, so there is nothing to "
+                            "verify. Fix: point at a dataset written by feedline.")
+    with Progress(TextColumn("verifying"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  console=console, disable=args.quiet) as progress:
+        task = progress.add_task("verify", total=len(manifest.shards))
+        verify_manifest(target, manifest, on_shard=lambda _s: progress.advance(task))
+    console.print(f"[green]OK: {len(manifest.shards)} shard(s), {manifest.rows:,} rows, "
+                  "checksums match")
+    return 0
+
+
+def cmd_bench_loader(args: argparse.Namespace, console: Console) -> int:
+    from feedline.loader.bench import bench_loader
+
+    result = bench_loader(args.path, batch_size=args.batch_size, step_ms=args.step_ms,
+                          epochs=args.epochs)
+    table = Table(title=f"loader benchmark: {args.path}")
+    table.add_column("metric", style="bold")
+    table.add_column("value")
+    for key, value in result.items():
+        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from feedline.demo import run_demo
+
+    return run_demo(args.output, console=console)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``feedline`` command."""
+    parser = argparse.ArgumentParser(prog="feedline", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="schema, rows, shards, sizes and lineage of a dataset")
+    p.add_argument("path")
+    p.add_argument("--max-shards", type=int, default=20)
+    p.set_defaults(run=cmd_inspect)
+
+    p = sub.add_parser("convert", help="convert csv/jsonl/parquet/images/text to a feedline dataset")
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.add_argument("--format", choices=sorted(_READERS), default=None,
+                   help="input format (guessed from the path when omitted)")
+    p.add_argument("--rows-per-shard", type=int, default=None)
+    p.add_argument("--compression", default="zstd")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(run=cmd_convert)
+
+    p = sub.add_parser("verify", help="check every shard against the manifest's checksums")
+    p.add_argument("path")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(run=cmd_verify)
+
+    p = sub.add_parser("bench-loader", help="samples/s and data-wait of the training loader")
+    p.add_argument("path")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--step-ms", type=float, default=0.0)
+    p.add_argument("--epochs", type=int, default=1)
+    p.set_defaults(run=cmd_bench_loader)
+
+    p = sub.add_parser("demo", help="the end-to-end demo on real data")
+    p.add_argument("--output", default="demo-output")
+    p.set_defaults(run=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``feedline`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        return int(args.run(args, console) or 0)
+    except FeedlineError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {type(exc).__name__}: {exc}")
+        return 2
+
+
+def _entry() -> Any:  # pragma: no cover - console script
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""How Arrow columns become loader arrays: the dtype mapping, size estimates and conversion.
+
+The mapping (one place, used by the cache, the streaming reader and ``to_tf_dataset``):
+
+=========================================  ==================================================
+Arrow type                                 loader array (NumPy dtype, shape per row)
+=========================================  ==================================================
+bool                                       ``bool`` → ``torch.bool``
+int8/16/32/64, uint8, float16/32/64        the same dtype → the same torch dtype
+uint16, uint32                             widened to int32 / int64 when ``widen_unsigned``
+                                           (``format="torch"``: torch has no arithmetic on
+                                           them); kept for ``format="numpy"``/``"tf"``
+uint64                                     refused for torch (:class:`SchemaError`, cast to int64)
+``arrow.fixed_shape_tensor`` / fixed-size  an N-d array ``(rows, *shape)`` of the value type
+list of the above
+string / binary                            refused (:class:`SchemaError`) unless
+                                           ``strings="list"``: then a ``list`` of str / bytes
+anything else (timestamps, decimals,       refused (:class:`SchemaError`) with the cast to make
+variable-length lists, structs)
+=========================================  ==================================================
+
+Nulls are refused with a :class:`DataError` naming the column and where the null was found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from feedline.errors import ConfigurationError, DataError, SchemaError
+
+__all__ = ["ColumnSpec", "chunk_to_numpy", "column_specs", "estimate_bytes", "parse_budget"]
+
+#: bytes per row assumed for a string column read as a Python list (object + text)
+STRING_ROW_BYTES = 80
+_WIDEN = {np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64)}
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One loader column: its name, kind and the NumPy array it becomes.
+
+    ``kind`` is ``"numeric"`` (1-d), ``"tensor"`` (N-d, ``shape`` per row) or ``"string"``
+    (a Python list per batch, ``dtype=object``).
+    """
+
+    name: str
+    kind: str
+    dtype: np.dtype
+    shape: tuple[int, ...] = ()
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one row takes in the loader's array (an estimate for strings)."""
+        if self.kind == "string":
+            return STRING_ROW_BYTES
+        return int(self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)))
+
+
+def _numeric_dtype(name: str, arrow_type: pa.DataType, widen_unsigned: bool) -> np.dtype:
+    ok = (
+        pa.types.is_boolean(arrow_type)
+        or pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+    )
+    if not ok:
+        raise SchemaError(
+            f"Column {name!r} has type {arrow_type}, which the loader cannot turn into a tensor. "
+            "Fix: cast it to a numeric type (e.g. timestamps to int64) with map_batches, or leave "
+            "it out with columns=[...]."
+        )
+    dtype = np.dtype(arrow_type.to_pandas_dtype())
+    if widen_unsigned and dtype == np.uint64:
+        raise SchemaError(
+            f"Column {name!r} is uint64, which torch cannot compute with and which does not fit a "
+            "wider integer. Fix: cast it to int64 (pc.cast(col, pa.int64())) before writing, or "
+            "use format='numpy'."
+        )
+    return _WIDEN.get(dtype, dtype) if widen_unsigned else dtype
+
+
+def column_specs(
+    schema: pa.Schema,
+    columns: Sequence[str] | None = None,
+    *,
+    strings: str = "raise",
+    widen_unsigned: bool = False,
+) -> list[ColumnSpec]:
+    """The loader arrays the ``columns`` of ``schema`` become (all columns when ``None``).
+
+    Raises
+    ------
+    SchemaError
+        For a missing column, a string column with ``strings="raise"``, or an unsupported type.
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> [(s.name, s.kind, str(s.dtype)) for s in column_specs(pa.schema({"x": pa.uint16()}),
+    ...                                                       widen_unsigned=True)]
+    [('x', 'numeric', 'int32')]
+    """
+    if strings not in ("raise", "list"):
+        raise ConfigurationError(f"strings={strings!r} must be 'raise' or 'list'.")
+    names = list(schema.names) if columns is None else list(columns)
+    missing = [c for c in names if schema.get_field_index(c) < 0]
+    if missing:
+        raise SchemaError(
+            f"Loader column(s) {missing} are not in the dataset. Available: {schema.names}. "
+            "Fix: check columns=[...]."
+        )
+    specs = []
+    for name in names:
+        t = schema.field(name).type
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t):
+            if strings != "list":
+                raise SchemaError(
+                    f"Column {name!r} holds {t} values, which cannot become a tensor. Fix: encode "
+                    "it first (fl.StringIndexer / fl.Tokenize), leave it out with columns=[...], "
+                    "or pass strings='list' to get a Python list per batch."
+                )
+            specs.append(ColumnSpec(name, "string", np.dtype(object)))
+        elif isinstance(t, pa.FixedShapeTensorType):
+            if list(t.permutation or range(len(t.shape))) != list(range(len(t.shape))):
+                raise SchemaError(
+                    f"Column {name!r} is a fixed-shape tensor with permutation {t.permutation}. "
+                    "Fix: store it in row-major order (permutation=None)."
+                )
+            dtype = _numeric_dtype(name, t.value_type, widen_unsigned)
+            specs.append(ColumnSpec(name, "tensor", dtype, tuple(int(d) for d in t.shape)))
+        elif pa.types.is_fixed_size_list(t):
+            dtype = _numeric_dtype(name, t.value_type, widen_unsigned)
+            specs.append(ColumnSpec(name, "tensor", dtype, (int(t.list_size),)))
+        else:
+            specs.append(ColumnSpec(name, "numeric", _numeric_dtype(name, t, widen_unsigned)))
+    return specs
+
+
+def estimate_bytes(specs: Sequence[ColumnSpec], rows: int) -> int:
+    """Bytes the loader arrays of ``specs`` take for ``rows`` rows (from the schema alone).
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> estimate_bytes(column_specs(pa.schema({"a": pa.float32(), "b": pa.int64()})), 1000)
+    12000
+    """
+    return int(rows) * sum(spec.row_bytes for spec in specs)
+
+
+def parse_budget(value: int | str) -> int:
+    """A memory budget in bytes from an int or a size such as ``"2GB"`` / ``"512MiB"``.
+
+    Examples
+    --------
+    >>> parse_budget("2GB")
+    2000000000
+    """
+    from feedline.engines.local import parse_bytes
+
+    return parse_bytes(value)
+
+
+def chunk_to_numpy(chunk: pa.Array, spec: ColumnSpec, where: str) -> np.ndarray:
+    """One Arrow chunk as an array matching ``spec`` (zero-copy where Arrow allows it).
+
+    ``where`` (file, row group) is named in the error raised for nulls.
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> spec = column_specs(pa.schema({"v": pa.list_(pa.float32(), 2)}))[0]
+    >>> chunk_to_numpy(pa.array([[1, 2], [3, 4]], pa.list_(pa.float32(), 2)), spec, "x").shape
+    (2, 2)
+    """
+    if chunk.null_count:
+        first = int(np.flatnonzero(~np.asarray(chunk.is_valid()))[0])
+        raise DataError(
+            f"Column {spec.name!r} has {chunk.null_count} null value(s) in {where} (the first at "
+            f"row {first} of that piece); loader tensors cannot hold nulls. Fix: fill them "
+            "(fl.Imputer) or filter the rows out before writing."
+        )
+    if spec.kind == "string":
+        return np.asarray(chunk.to_numpy(zero_copy_only=False), dtype=object)
+    if spec.kind == "tensor":
+        if isinstance(chunk, pa.ExtensionArray):
+            chunk = chunk.storage
+        values = chunk.flatten()  # honours the slice offset
+        if values.null_count:
+            raise DataError(
+                f"Column {spec.name!r} has null tensor elements in {where}. Fix: fill them "
+                "before writing."
+            )
+        flat = values.to_numpy(zero_copy_only=False)
+        out = flat.reshape((len(chunk), *spec.shape))
+    else:
+        out = chunk.to_numpy(zero_copy_only=False)
+    return out if out.dtype == spec.dtype else out.astype(spec.dtype)
