@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -216,7 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args, console) or 0)
     except FeedlineError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {type(exc).__name__}: {exc}")
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}", soft_wrap=True
+        )
         return 2
 
 

@@ -1,0 +1,6 @@
+"""``python -m feedline`` runs the command-line interface."""
+
+from feedline.cli import _entry
+
+if __name__ == "__main__":
+    _entry()
