@@ -39,6 +39,7 @@ class Dataset:
 
     def __init__(self, plan: Plan) -> None:
         self._plan = plan
+        self._fitted: Plan | None = None
 
     @classmethod
     def from_source(cls, source: Source) -> Dataset:
@@ -232,14 +233,20 @@ class Dataset:
     # ------------------------------------------------------------------ execution
 
     def _resolved_plan(self) -> Plan:
-        """The plan with unfitted preprocessors fitted on the data before them."""
+        """The plan with unfitted preprocessors fitted on the data before them.
+
+        Fitting happens once per ``Dataset`` object (the fitted plan is memoized).
+        """
+        if self._fitted is not None:
+            return self._fitted
         ops: list[Any] = []
         for op in self._plan.ops:
             if isinstance(op, Transform) and not getattr(op.preprocessor, "is_fitted", True):
                 upstream = Dataset(Plan(self._plan.source, tuple(ops)))
                 op = Transform(op.preprocessor.fit(upstream))
             ops.append(op)
-        return Plan(self._plan.source, tuple(ops))
+        self._fitted = Plan(self._plan.source, tuple(ops))
+        return self._fitted
 
     def _execute(
         self,

@@ -128,6 +128,54 @@ class LocalEngine:
                 stream = apply_limit(stream, limit)
         return _counted(stream, report)
 
+    def aggregate(
+        self,
+        plan: Plan,
+        partial: Callable[[pa.RecordBatch], Any],
+        merge: Callable[[Any, Any], Any],
+    ) -> Any:
+        """Compute ``partial`` on every output batch in the workers and ``merge`` the results.
+
+        Returns ``None`` when the plan yields no rows. Used to fit preprocessors and to
+        compute statistics; ``merge`` must be associative and commutative.
+        """
+        pushed = pushdown(plan)
+        segments = split_at_limits(pushed.remaining)
+        if len(segments) > 1:  # a limit needs the merged stream: aggregate serially
+            result = None
+            for batch in self.execute(plan, preserve_order=True):
+                if batch.num_rows:
+                    part = partial(batch)
+                    result = part if result is None else merge(result, part)
+            return result
+        report = ExecutionReport()
+        pipeline = BatchPipeline(segments[0][0], report, InstancePool())
+        read_tasks = plan.source.read_tasks(pushed.columns, pushed.predicate)
+
+        def make_task(index: int) -> Callable[[], Iterator[Any]]:
+            task = read_tasks[index]
+
+            def run() -> Iterator[Any]:
+                result = None
+                for batch in pipeline(task.read(report), task.label, index):
+                    if batch.num_rows:
+                        part = partial(batch)
+                        result = part if result is None else merge(result, part)
+                if result is not None:
+                    yield _Partial(result)
+
+            return run
+
+        merged = None
+        for item in run_tasks(
+            [make_task(i) for i in range(len(read_tasks))],
+            parallelism=self.parallelism,
+            memory_budget=self.memory_budget,
+            preserve_order=True,
+        ):
+            merged = item.value if merged is None else merge(merged, item.value)
+        return merged
+
     def write(
         self,
         plan: Plan,
@@ -165,6 +213,15 @@ class LocalEngine:
             engine=self.name,
             report=report.as_dict(),
         )
+
+
+class _Partial:
+    """A partial aggregate travelling through the executor's queues (counted as 0 bytes)."""
+
+    nbytes = 0
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 def lineage_of(plan: Plan, engine: str) -> dict[str, Any]:

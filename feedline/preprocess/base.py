@@ -1,0 +1,207 @@
+"""The preprocessor contract: mergeable partial statistics, pure vectorized transforms, JSON state.
+
+A preprocessor is fitted in three steps that every engine can run:
+
+1. ``partial(batch)`` computes partial statistics of one batch (in parallel, anywhere);
+2. ``merge(a, b)`` combines two partials (associative and commutative);
+3. ``finish(partial)`` turns the merged partial into fitted parameters (JSON-safe).
+
+``transform_batch`` is then a pure function of a batch and the fitted parameters, and
+``transform_record`` applies exactly the same code to one dict record (serving), so there
+is no training/serving skew. ``state`` is a JSON-safe dict stored in the dataset manifest;
+:func:`from_state` rebuilds the fitted preprocessor from it without running any code
+other than feedline's own.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+
+from feedline.errors import ConfigurationError, FormatError
+
+if TYPE_CHECKING:
+    from feedline.dataset import Dataset
+    from feedline.engines.base import Engine
+
+__all__ = ["Preprocessor", "from_state", "register"]
+
+_REGISTRY: dict[str, type[Preprocessor]] = {}
+
+
+def register(cls: type[Preprocessor]) -> type[Preprocessor]:
+    """Class decorator: make ``cls`` rebuildable by :func:`from_state` under its class name."""
+    _REGISTRY[cls.__name__] = cls
+    return cls
+
+
+def from_state(state: dict[str, Any]) -> Preprocessor:
+    """Rebuild a fitted preprocessor from its JSON-safe ``state``.
+
+    The registry maps class names to feedline's own classes; a state never names code
+    to import, so loading one from a manifest runs nothing foreign.
+    """
+    if not isinstance(state, dict) or "type" not in state:
+        raise FormatError(
+            f"Not a preprocessor state: {str(state)[:200]!r}. Fix: pass the dict from `.state`."
+        )
+    kind = state["type"]
+    if kind not in _REGISTRY:
+        import feedline.preprocess  # noqa: F401 - registers the built-in preprocessors
+
+    if kind not in _REGISTRY:
+        raise FormatError(
+            f"Unknown preprocessor type {kind!r} in a saved state (known: {sorted(_REGISTRY)}). "
+            "Fix: import the module that defines it, or upgrade feedline."
+        )
+    return _REGISTRY[kind]._from_state(state)
+
+
+class Preprocessor(ABC):
+    """Base class of feedline preprocessors.
+
+    Parameters
+    ----------
+    columns:
+        The input column name(s).
+    output:
+        Output column name(s); by default the results replace the input columns.
+
+    Subclasses set ``needs_fit = False`` when they have nothing to learn (hashing,
+    tokenizing, decoding), and implement ``partial``/``merge``/``finish`` otherwise.
+    """
+
+    #: False for stateless preprocessors (nothing to fit)
+    needs_fit: ClassVar[bool] = True
+
+    def __init__(self, columns: str | Sequence[str], output: str | Sequence[str] | None = None):
+        self.columns: tuple[str, ...] = (columns,) if isinstance(columns, str) else tuple(columns)
+        if not self.columns or not all(isinstance(c, str) for c in self.columns):
+            raise ConfigurationError(
+                f"{type(self).__name__} needs one or more column names, got {columns!r}."
+            )
+        if output is None:
+            self.output: tuple[str, ...] = self.columns
+        else:
+            self.output = (output,) if isinstance(output, str) else tuple(output)
+        self.fitted: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ fitting
+
+    @property
+    def is_fitted(self) -> bool:
+        """True when ``transform_batch`` can run."""
+        return not self.needs_fit or self.fitted is not None
+
+    def partial(self, batch: pa.RecordBatch) -> Any:
+        """Partial statistics of one batch (override when ``needs_fit``)."""
+        raise NotImplementedError
+
+    def merge(self, a: Any, b: Any) -> Any:
+        """Combine two partials (associative, commutative)."""
+        raise NotImplementedError
+
+    def finish(self, partial: Any) -> dict[str, Any]:
+        """Fitted parameters (JSON-safe) from the merged partial."""
+        raise NotImplementedError
+
+    def fit(
+        self,
+        ds: Dataset,
+        *,
+        fraction: float | None = None,
+        seed: int = 0,
+        engine: str | Engine | None = None,
+    ) -> Preprocessor:
+        """Return a fitted copy, computed on ``ds`` (or a ``fraction`` sample of it).
+
+        Partial statistics are computed per batch in parallel and merged, so the same fit
+        runs on any engine.
+        """
+        from feedline.engines.base import get_engine
+
+        fitted = copy.copy(self)
+        if not self.needs_fit:
+            return fitted
+        data = ds.sample(fraction, seed) if fraction is not None else ds
+        data = data.select(list(self.fit_columns()))
+        merged = get_engine(engine).aggregate(
+            data._resolved_plan(), self.partial, self.merge
+        )
+        if merged is None:
+            raise ConfigurationError(
+                f"{type(self).__name__}({', '.join(self.columns)}) cannot be fitted: the data "
+                "(or the sample) has no rows. Fix: fit on a larger fraction or check the filter."
+            )
+        fitted.fitted = self.finish(merged)
+        return fitted
+
+    def fit_columns(self) -> tuple[str, ...]:
+        """The columns ``fit`` reads (default: the input columns)."""
+        return self.columns
+
+    # ------------------------------------------------------------------ applying
+
+    @abstractmethod
+    def _transform(self, batch: pa.RecordBatch, report: Any, where: str) -> pa.RecordBatch:
+        """Transform one batch with the fitted parameters."""
+
+    def transform_batch(
+        self, batch: pa.RecordBatch, report: Any = None, where: str = "a batch"
+    ) -> pa.RecordBatch:
+        """Apply the preprocessor to a ``RecordBatch`` (pure and vectorized)."""
+        if not self.is_fitted:
+            raise ConfigurationError(
+                f"{self!r} is not fitted. Fix: call .fit(ds) first, or use ds.transform(p), "
+                "which fits it when the pipeline first runs."
+            )
+        missing = [c for c in self.columns if batch.schema.get_field_index(c) < 0]
+        if missing:
+            from feedline.errors import SchemaError
+
+            raise SchemaError(
+                f"{type(self).__name__} needs column(s) {missing}, which are not in {where} "
+                f"(columns: {batch.schema.names}). Fix: check the column names."
+            )
+        return self._transform(batch, report, where)
+
+    def transform_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Apply exactly the batch code path to one record (for serving)."""
+        batch = pa.RecordBatch.from_pylist([record])
+        out = self.transform_batch(batch, where="the record")
+        rows = out.to_pylist()
+        return rows[0] if rows else {}
+
+    # ------------------------------------------------------------------ state
+
+    def params(self) -> dict[str, Any]:
+        """Constructor arguments (JSON-safe); override to add your own."""
+        return {"columns": list(self.columns), "output": list(self.output)}
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """JSON-safe description: type, constructor parameters, fitted parameters."""
+        state = {"type": type(self).__name__, "params": self.params(), "fitted": self.fitted}
+        json.dumps(state, allow_nan=False)  # fail here, not when the manifest is written
+        return state
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any]) -> Preprocessor:
+        try:
+            obj = cls(**state["params"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(
+                f"Cannot rebuild {cls.__name__} from its saved state: {exc}. Fix: re-fit it."
+            ) from exc
+        obj.fitted = state.get("fitted")
+        return obj
+
+    def __repr__(self) -> str:
+        status = "fitted" if self.fitted is not None else ("stateless" if not self.needs_fit
+                                                          else "unfitted")
+        return f"{type(self).__name__}({', '.join(self.columns)}; {status})"
