@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +22,28 @@ import pyarrow as pa
 __all__ = ["run_tasks"]
 
 _POLL_SECONDS = 0.05
+
+# Stop events of executions still running. At interpreter exit, an abandoned (never
+# closed) stream would leave workers waiting on a full queue while Python joins them;
+# the hook below, registered on first use, tells them to stop first.
+_ACTIVE: weakref.WeakSet[threading.Event] = weakref.WeakSet()
+_HOOK_REGISTERED = False
+_HOOK_LOCK = threading.Lock()
+
+
+def _stop_all_at_exit() -> None:
+    for event in list(_ACTIVE):
+        event.set()
+
+
+def _track(stop: threading.Event) -> None:
+    global _HOOK_REGISTERED
+    with _HOOK_LOCK:
+        if not _HOOK_REGISTERED:
+            # runs before concurrent.futures joins its workers (hooks run in reverse order)
+            threading._register_atexit(_stop_all_at_exit)  # type: ignore[attr-defined]
+            _HOOK_REGISTERED = True
+        _ACTIVE.add(stop)
 
 
 class _Stopped(Exception):
@@ -88,6 +111,7 @@ def run_tasks(
         return
     parallelism = max(1, min(parallelism, len(tasks)))
     stop = threading.Event()
+    _track(stop)
     pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="feedline-task")
 
     def work(index: int, queue: _ByteQueue) -> None:
