@@ -31,9 +31,16 @@ def _guess_format(path: str) -> str:
     import os
 
     lower = path.lower().rstrip("/")
-    for suffix, name in ((".csv", "csv"), (".csv.gz", "csv"), (".tsv", "csv"), (".jsonl", "jsonl"),
-                         (".ndjson", "jsonl"), (".json", "jsonl"), (".txt", "text"),
-                         (".parquet", "parquet")):
+    for suffix, name in (
+        (".csv", "csv"),
+        (".csv.gz", "csv"),
+        (".tsv", "csv"),
+        (".jsonl", "jsonl"),
+        (".ndjson", "jsonl"),
+        (".json", "jsonl"),
+        (".txt", "text"),
+        (".parquet", "parquet"),
+    ):
         if lower.endswith(suffix):
             return name
     if os.path.isdir(path):
@@ -76,8 +83,13 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
         summary.add_row("bytes", _human(manifest.bytes))
         summary.add_row("format version", str(manifest.format_version))
         summary.add_row("created", manifest.created)
-        for key in ("source", "source_fingerprint", "plan_fingerprint", "engine",
-                    "feedline_version"):
+        for key in (
+            "source",
+            "source_fingerprint",
+            "plan_fingerprint",
+            "engine",
+            "feedline_version",
+        ):
             if key in manifest.lineage:
                 summary.add_row(f"lineage.{key}", str(manifest.lineage[key]))
         if manifest.lineage.get("plan"):
@@ -100,8 +112,13 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
         for name in ("path", "rows", "bytes", "row groups", "checksum"):
             shards.add_column(name)
         for shard in manifest.shards[: args.max_shards]:
-            shards.add_row(shard.path, f"{shard.rows:,}", _human(shard.bytes),
-                           str(len(shard.row_groups)), shard.checksum[:23] + "…")
+            shards.add_row(
+                shard.path,
+                f"{shard.rows:,}",
+                _human(shard.bytes),
+                str(len(shard.row_groups)),
+                shard.checksum[:23] + "…",
+            )
         if len(manifest.shards) > args.max_shards:
             shards.add_row(f"… {len(manifest.shards) - args.max_shards} more", "", "", "", "")
         console.print(shards)
@@ -114,9 +131,16 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
         raise FeedlineError(f"--format {fmt!r} is not known. Fix: use one of {sorted(_READERS)}.")
     ds = _reader(fmt, args.src)
     total = ds.count() if fmt in ("parquet", "images") else None
-    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed:,} rows"), TimeElapsedColumn(),
-                  console=console, transient=False, disable=args.quiet) as progress:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,} rows"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+        disable=args.quiet,
+    ) as progress:
         task = progress.add_task(f"{fmt} → feedline", total=total)
         info = ds.write(
             args.dst,
@@ -141,22 +165,31 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     target = resolve(args.path)
     manifest = read_manifest(target)
     if manifest is None:
-        raise FeedlineError(f"{args.path!r} has no feedline manifest, so there is nothing to "
-                            "verify. Fix: point at a dataset written by feedline.")
-    with Progress(TextColumn("verifying"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  console=console, disable=args.quiet) as progress:
+        raise FeedlineError(
+            f"{args.path!r} has no feedline manifest, so there is nothing to "
+            "verify. Fix: point at a dataset written by feedline."
+        )
+    with Progress(
+        TextColumn("verifying"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        console=console,
+        disable=args.quiet,
+    ) as progress:
         task = progress.add_task("verify", total=len(manifest.shards))
         verify_manifest(target, manifest, on_shard=lambda _s: progress.advance(task))
-    console.print(f"[green]OK: {len(manifest.shards)} shard(s), {manifest.rows:,} rows, "
-                  "checksums match")
+    console.print(
+        f"[green]OK: {len(manifest.shards)} shard(s), {manifest.rows:,} rows, checksums match"
+    )
     return 0
 
 
 def cmd_bench_loader(args: argparse.Namespace, console: Console) -> int:
     from feedline.loader.bench import bench_loader
 
-    result = bench_loader(args.path, batch_size=args.batch_size, step_ms=args.step_ms,
-                          epochs=args.epochs)
+    result = bench_loader(
+        args.path, batch_size=args.batch_size, step_ms=args.step_ms, epochs=args.epochs
+    )
     table = Table(title=f"loader benchmark: {args.path}")
     table.add_column("metric", style="bold")
     table.add_column("value")
@@ -164,6 +197,45 @@ def cmd_bench_loader(args: argparse.Namespace, console: Console) -> int:
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
     console.print(table)
     return 0
+
+
+def cmd_stats(args: argparse.Namespace, console: Console) -> int:
+    import json
+
+    import feedline as fl
+    from feedline.preprocess.drift import compare
+    from feedline.preprocess.stats import stats, stored_stats
+
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+
+    def load(path: str):
+        fmt = _guess_format(path)
+        ds = fl.open(path) if fmt == "parquet" else _reader(fmt, path)
+        found = None if args.recompute else stored_stats(ds, columns)
+        if found is not None:
+            console.print(f"[dim]{path}: statistics stored in the manifest[/]")
+        return found if found is not None else stats(ds, columns)
+
+    result = load(args.path)
+    for table in result.tables():
+        console.print(table)
+    document, status = result.to_dict(), 0
+    if args.against:
+        report = compare(result, load(args.against), columns=columns)
+        console.print(report.table())
+        drifted = report.drifted
+        console.print(
+            f"[bold red]DRIFT in {len(drifted)} of {len(report.columns)} column(s): "
+            f"{', '.join(drifted)}[/]"
+            if drifted
+            else f"[green]No drift in {len(report.columns)} column(s)[/]"
+        )
+        document["drift"] = report.to_dict()
+        status = 1 if drifted and args.fail_on_drift else 0
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1, allow_nan=False)
+    return status
 
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
@@ -182,11 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shards", type=int, default=20)
     p.set_defaults(run=cmd_inspect)
 
-    p = sub.add_parser("convert", help="convert csv/jsonl/parquet/images/text to a feedline dataset")
+    p = sub.add_parser("convert", help="convert csv/jsonl/parquet/images/text to feedline")
     p.add_argument("src")
     p.add_argument("dst")
-    p.add_argument("--format", choices=sorted(_READERS), default=None,
-                   help="input format (guessed from the path when omitted)")
+    p.add_argument(
+        "--format",
+        choices=sorted(_READERS),
+        default=None,
+        help="input format (guessed from the path when omitted)",
+    )
     p.add_argument("--rows-per-shard", type=int, default=None)
     p.add_argument("--compression", default="zstd")
     p.add_argument("--quiet", action="store_true")
@@ -203,6 +279,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-ms", type=float, default=0.0)
     p.add_argument("--epochs", type=int, default=1)
     p.set_defaults(run=cmd_bench_loader)
+
+    p = sub.add_parser("stats", help="column statistics; with --against, drift from a reference")
+    p.add_argument("path")
+    p.add_argument("--columns", default=None, help="comma-separated column names")
+    p.add_argument("--json", default=None, help="also write the statistics to this JSON file")
+    p.add_argument("--against", default=None, help="reference dataset to check drift against")
+    p.add_argument("--fail-on-drift", action="store_true", help="exit with 1 when a column drifted")
+    p.add_argument("--recompute", action="store_true", help="ignore statistics in the manifest")
+    p.set_defaults(run=cmd_stats)
 
     p = sub.add_parser("demo", help="the end-to-end demo on real data")
     p.add_argument("--output", default="demo-output")

@@ -222,6 +222,7 @@ class Dataset:
         """The number of rows (from metadata alone when the plan allows it)."""
         ops = self._plan.ops
         if all(isinstance(op, Select | Limit) for op in ops):
+            infer_schema(self._plan)  # validates selected columns without reading data
             total = self._plan.source.count_rows()
             if total is not None:
                 for op in ops:
@@ -309,12 +310,16 @@ class Dataset:
         preserve_order: bool = True,
         storage_options: dict[str, Any] | None = None,
         on_rows: Callable[[int], None] | None = None,
+        stats: bool = False,
     ) -> WriteInfo:
         """Materialize the dataset as a feedline dataset (shards + manifest) at ``path``.
 
         Many small inputs become few right-sized shards: a shard closes after
         ``rows_per_shard`` rows or about ``bytes_per_shard`` bytes. The manifest is
         committed last, so an interrupted write never leaves a dataset that opens.
+        ``stats=True`` then stores ``fl.stats`` of the committed data in the manifest's
+        ``statistics`` (a second, parallel read of the shards on the same engine, and an
+        atomic manifest replacement; see :func:`feedline.preprocess.stats.store_stats`).
 
         Examples
         --------
@@ -337,7 +342,7 @@ class Dataset:
             for op in plan.ops
             if isinstance(op, Transform) and hasattr(op.preprocessor, "state")
         ]
-        return get_engine(engine).write(
+        info = get_engine(engine).write(
             plan,
             resolve(path, storage_options),
             options,
@@ -345,6 +350,11 @@ class Dataset:
             on_rows=on_rows,
             preprocessors=states,
         )
+        if stats:
+            from feedline.preprocess.stats import store_stats
+
+            store_stats(path, storage_options=storage_options, engine=engine)
+        return info
 
     def loader(self, **kwargs: Any) -> Any:
         """A training loader over this dataset (see :class:`feedline.loader.Loader`)."""
@@ -358,10 +368,20 @@ def infer_schema(plan: Plan) -> pa.Schema:
 
     Derived from metadata while the operators allow it; a user function without an
     ``output_schema`` is run on the first ``SCHEMA_SAMPLE_ROWS`` rows of the first
-    non-empty input batch (on an empty batch when the input is empty).
+    non-empty input batch (on an empty batch when the input is empty). A later
+    ``map_batches`` with an ``output_schema`` decides the schema from there on, so the
+    functions before it are not run at all.
     """
+    typed = [
+        i
+        for i, op in enumerate(plan.ops)
+        if isinstance(op, MapBatches) and op.output_schema is not None
+    ]
     schema = plan.source.schema()
+    skip_to = -1
     for position, op in enumerate(plan.ops):
+        if position < skip_to:
+            continue
         if isinstance(op, Select):
             from feedline.io.source import check_columns
 
@@ -373,6 +393,10 @@ def infer_schema(plan: Plan) -> pa.Schema:
             isinstance(op, Filter) and not op.is_expression
         ):
             if isinstance(op, Filter):
+                continue
+            later = [i for i in typed if i > position]
+            if later:
+                skip_to = later[-1]
                 continue
             return _schema_by_sampling(plan, position, schema)
     return schema

@@ -72,9 +72,9 @@ def read_csv(
 
     Examples
     --------
-    >>> import feedline as fl, tempfile
+    >>> import feedline as fl, pathlib, tempfile
     >>> path = tempfile.mkdtemp() + "/a.csv"
-    >>> _ = open(path, "w").write("x,y\\n1,a\\n2,b\\n")
+    >>> _ = pathlib.Path(path).write_text("x,y\\n1,a\\n2,b\\n")
     >>> fl.read_csv(path).to_arrow()["x"].to_pylist()
     [1, 2]
     """
@@ -101,9 +101,9 @@ def read_jsonl(
 
     Examples
     --------
-    >>> import feedline as fl, tempfile
+    >>> import feedline as fl, pathlib, tempfile
     >>> path = tempfile.mkdtemp() + "/a.jsonl"
-    >>> _ = open(path, "w").write('{"x": 1}\\n{"x": 2}\\n')
+    >>> _ = pathlib.Path(path).write_text('{"x": 1}\\n{"x": 2}\\n')
     >>> fl.read_jsonl(path).count()
     2
     """
@@ -123,9 +123,9 @@ def read_text(
 
     Examples
     --------
-    >>> import feedline as fl, tempfile
+    >>> import feedline as fl, pathlib, tempfile
     >>> path = tempfile.mkdtemp() + "/a.txt"
-    >>> _ = open(path, "w").write("hello\\nworld\\n")
+    >>> _ = pathlib.Path(path).write_text("hello\\nworld\\n")
     >>> fl.read_text(path).to_arrow()["text"].to_pylist()
     ['hello', 'world']
     """
@@ -154,10 +154,10 @@ def read_images(
 
     Examples
     --------
-    >>> import feedline as fl, tempfile, os
+    >>> import feedline as fl, os, pathlib, tempfile
     >>> root = tempfile.mkdtemp()
     >>> os.makedirs(root + "/cats")
-    >>> _ = open(root + "/cats/1.png", "wb").write(b"not really a png")
+    >>> _ = pathlib.Path(root + "/cats/1.png").write_bytes(b"not really a png")
     >>> fl.read_images(root).take(1)[0]["label"]
     'cats'
     """

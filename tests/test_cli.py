@@ -18,7 +18,9 @@ def csv_folder(tmp_path):
     folder = tmp_path / "csv"
     folder.mkdir()
     for i in range(5):
-        table = pa.table({"id": list(range(i * 10, i * 10 + 10)), "name": [f"n{j}" for j in range(10)]})
+        table = pa.table(
+            {"id": list(range(i * 10, i * 10 + 10)), "name": [f"n{j}" for j in range(10)]}
+        )
         pacsv.write_csv(table, folder / f"part{i}.csv")
     return folder
 
@@ -72,7 +74,10 @@ def test_console_script_entry_point(csv_folder, tmp_path) -> None:
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "feedline", "convert", str(csv_folder), str(out), "--quiet"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert fl.open(out).count() == 50

@@ -417,7 +417,10 @@ def prepare_target(target: Location) -> None:
             f"{target.url!r} is a file; a feedline dataset is a folder. Fix: choose another path."
         )
     names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(target.path, detail=False)]
-    foreign = [n for n in names if not _ours(n)]
+    # part files belong to feedline only beside a manifest or an interrupted feedline write:
+    # a plain folder of part-*.parquet (pyarrow's default names) is the user's data
+    feedline_folder = any(n == MANIFEST_NAME or n.startswith(STAGING_PREFIX) for n in names)
+    foreign = [n for n in names if not _ours(n, feedline_folder)]
     if foreign:
         raise ConfigurationError(
             f"{target.url!r} holds files that are not part of a feedline dataset "
@@ -426,11 +429,12 @@ def prepare_target(target: Location) -> None:
         )
 
 
-def _ours(name: str) -> bool:
+def _ours(name: str, feedline_folder: bool) -> bool:
+    """True for the names a feedline write may replace (shards only in a feedline folder)."""
     return (
         name == MANIFEST_NAME
         or name.startswith((STAGING_PREFIX, MANIFEST_NAME + ".tmp"))
-        or (name.startswith("part-") and name.endswith(".parquet"))
+        or (feedline_folder and name.startswith("part-") and name.endswith(".parquet"))
     )
 
 

@@ -42,21 +42,25 @@ class JsonlSource(Source):
         self._schema = schema
         self._block_size = block_size
 
-    def _open_reader(self, loc: Location, handle: Any, schema: pa.Schema | None):
+    def _open_reader(self, handle: Any, schema: pa.Schema | None) -> Any:
+        """A streaming reader; bad input raises ``pa.ArrowInvalid`` for the caller to classify.
+
+        ``open_json`` already parses the first block, so drift in a small file shows up here.
+        """
         parse = pajson.ParseOptions(
             explicit_schema=schema, unexpected_field_behavior="error" if schema else "infer"
         )
         read = pajson.ReadOptions(block_size=self._block_size, use_threads=True)
-        try:
-            return pajson.open_json(handle, read_options=read, parse_options=parse)
-        except pa.ArrowInvalid as exc:
-            raise _parse_error(loc, exc) from exc
+        return pajson.open_json(handle, read_options=read, parse_options=parse)
 
     def schema(self) -> pa.Schema:
         if self._schema is None:
             first = self._files[0]
             with _open(first) as handle:
-                self._schema = self._open_reader(first, handle, None).schema
+                try:
+                    self._schema = self._open_reader(handle, None).schema
+                except pa.ArrowInvalid as exc:
+                    raise _parse_error(first, exc) from exc
         return self._schema
 
     def describe(self) -> str:
@@ -77,9 +81,9 @@ class JsonlSource(Source):
         def reader(loc: Location):
             def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
                 with _open(loc) as handle:
-                    stream = self._open_reader(loc, handle, schema)
-                    report.add(files_read=1)
                     try:
+                        stream = self._open_reader(handle, schema)
+                        report.add(files_read=1)
                         for batch in stream:
                             report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
                             if predicate is not None:

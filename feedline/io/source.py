@@ -39,6 +39,8 @@ class ExecutionReport:
     records_skipped: int = 0
     function_calls: int = 0
     skipped: list[dict[str, str]] = field(default_factory=list)
+    #: free-form named counters (e.g. ``"imputed:price"``), added with :meth:`count`
+    counters: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -46,6 +48,11 @@ class ExecutionReport:
         with self._lock:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
+
+    def count(self, name: str, value: int = 1) -> None:
+        """Add ``value`` to the free-form counter ``name`` (created at 0)."""
+        with self._lock:
+            self.counters[name] = self.counters.get(name, 0) + value
 
     def record_skip(self, where: str, reason: str) -> None:
         """Count one skipped record and remember where and why (kept for the write report)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob as _glob
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,7 +108,7 @@ def expand_paths(
     >>> expand_paths([], (".csv",))
     Traceback (most recent call last):
     ...
-    feedline.errors.ConfigurationError: No input paths were given. Fix: pass at least one file or folder.
+    feedline.errors.ConfigurationError: No input paths were given. Fix: ...
     """
     items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if not items:
@@ -153,8 +152,3 @@ def _wanted(path: str, root: str, suffixes: tuple[str, ...]) -> bool:
     if any(part.startswith((".", "_")) for part in rel.split("/")):
         return False
     return path.lower().endswith(suffixes) if suffixes else True
-
-
-def local_glob(pattern: str) -> list[str]:
-    """Sorted local glob (helper for tests and the CLI)."""
-    return sorted(_glob.glob(pattern))
