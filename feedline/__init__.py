@@ -7,6 +7,7 @@ Examples
 3
 """
 
+from feedline import preprocess
 from feedline.dataset import Dataset
 from feedline.engines.base import WriteInfo, get_engine
 from feedline.engines.local import LocalEngine
@@ -22,6 +23,19 @@ from feedline.errors import (
     UserFunctionError,
 )
 from feedline.io.format import verify
+from feedline.preprocess import (
+    Bucketizer,
+    Chain,
+    Concat,
+    HashingEncoder,
+    Imputer,
+    MinMaxScaler,
+    OneHotEncoder,
+    QuantileDiscretizer,
+    RobustScaler,
+    StandardScaler,
+    StringIndexer,
+)
 from feedline.readers import (
     from_arrow,
     from_pandas,
@@ -38,16 +52,27 @@ from feedline.readers import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Bucketizer",
+    "Chain",
+    "Concat",
     "ConfigurationError",
     "DataError",
     "Dataset",
     "FeedlineError",
     "FormatError",
+    "HashingEncoder",
+    "Imputer",
     "IncompleteDatasetError",
     "IntegrityError",
     "LocalEngine",
+    "MinMaxScaler",
     "MissingDependencyError",
+    "OneHotEncoder",
+    "QuantileDiscretizer",
+    "RobustScaler",
     "SchemaError",
+    "StandardScaler",
+    "StringIndexer",
     "UserFunctionError",
     "WriteInfo",
     "__version__",
@@ -56,6 +81,7 @@ __all__ = [
     "from_polars",
     "get_engine",
     "open",
+    "preprocess",
     "range",
     "read_csv",
     "read_images",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +38,11 @@ class Dataset:
     [5, 6, 7]
     """
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, _fits: _FitCache | None = None) -> None:
         self._plan = plan
-        self._fitted: Plan | None = None
+        # Fitted preprocessors, shared with every dataset derived from this one (their
+        # plans extend this plan, so a preprocessor at the same position saw the same data).
+        self._fits = _fits if _fits is not None else _FitCache()
 
     @classmethod
     def from_source(cls, source: Source) -> Dataset:
@@ -60,7 +63,7 @@ class Dataset:
         return "Dataset(" + " -> ".join(self._plan.describe()) + ")"
 
     def _then(self, op: Any) -> Dataset:
-        return Dataset(self._plan.then(op))
+        return Dataset(self._plan.then(op), self._fits)
 
     # ------------------------------------------------------------------ transformations
 
@@ -236,18 +239,15 @@ class Dataset:
     def _resolved_plan(self) -> Plan:
         """The plan with unfitted preprocessors fitted on the data before them.
 
-        Fitting happens once per ``Dataset`` object (the fitted plan is memoized).
+        Each preprocessor is fitted once for a dataset and all datasets derived from it.
         """
-        if self._fitted is not None:
-            return self._fitted
         ops: list[Any] = []
-        for op in self._plan.ops:
+        for position, op in enumerate(self._plan.ops):
             if isinstance(op, Transform) and not getattr(op.preprocessor, "is_fitted", True):
-                upstream = Dataset(Plan(self._plan.source, tuple(ops)))
-                op = Transform(op.preprocessor.fit(upstream))
+                upstream = Dataset(Plan(self._plan.source, tuple(ops)), self._fits)
+                op = self._fits.get(position, op, lambda o=op, u=upstream: o.preprocessor.fit(u))
             ops.append(op)
-        self._fitted = Plan(self._plan.source, tuple(ops))
-        return self._fitted
+        return Plan(self._plan.source, tuple(ops))
 
     def _execute(
         self,
@@ -361,6 +361,22 @@ class Dataset:
         from feedline.loader import Loader
 
         return Loader(self, **kwargs)
+
+
+class _FitCache:
+    """Fitted ``Transform`` operators by (position in the plan, operator identity)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._fitted: dict[tuple[int, int], tuple[Transform, Transform]] = {}
+
+    def get(self, position: int, op: Transform, fit: Callable[[], Any]) -> Transform:
+        key = (position, id(op))
+        with self._lock:
+            if key not in self._fitted:
+                # the original op is kept in the value so its id cannot be reused
+                self._fitted[key] = (op, Transform(fit()))
+            return self._fitted[key][1]
 
 
 def infer_schema(plan: Plan) -> pa.Schema:

@@ -1,5 +1,31 @@
-"""Fit-on-sample preprocessors: scalers, encoders, imputers, tokenizers, images, statistics."""
+"""Fit-on-sample preprocessors: scalers, encoders, imputers, tokenizers, images, statistics.
+
+Importing this package registers the built-in preprocessors with :func:`from_state`.
+"""
 
 from feedline.preprocess.base import Preprocessor, from_state, register
+from feedline.preprocess.chain import Chain, Concat
+from feedline.preprocess.discretize import Bucketizer, QuantileDiscretizer
+from feedline.preprocess.encoders import OneHotEncoder, StringIndexer
+from feedline.preprocess.hashing import HashingEncoder
+from feedline.preprocess.imputer import Imputer
+from feedline.preprocess.scalers import MinMaxScaler, RobustScaler, StandardScaler
+from feedline.preprocess.sketch import QuantileSketch
 
-__all__ = ["Preprocessor", "from_state", "register"]
+__all__ = [
+    "Bucketizer",
+    "Chain",
+    "Concat",
+    "HashingEncoder",
+    "Imputer",
+    "MinMaxScaler",
+    "OneHotEncoder",
+    "Preprocessor",
+    "QuantileDiscretizer",
+    "QuantileSketch",
+    "RobustScaler",
+    "StandardScaler",
+    "StringIndexer",
+    "from_state",
+    "register",
+]
