@@ -8,6 +8,7 @@ from feedline.preprocess.chain import Chain, Concat
 from feedline.preprocess.discretize import Bucketizer, QuantileDiscretizer
 from feedline.preprocess.encoders import OneHotEncoder, StringIndexer
 from feedline.preprocess.hashing import HashingEncoder
+from feedline.preprocess.images import DecodeImages, Normalize
 from feedline.preprocess.imputer import Imputer
 from feedline.preprocess.scalers import MinMaxScaler, RobustScaler, StandardScaler
 from feedline.preprocess.sketch import QuantileSketch
@@ -16,9 +17,11 @@ __all__ = [
     "Bucketizer",
     "Chain",
     "Concat",
+    "DecodeImages",
     "HashingEncoder",
     "Imputer",
     "MinMaxScaler",
+    "Normalize",
     "OneHotEncoder",
     "Preprocessor",
     "QuantileDiscretizer",
