@@ -38,6 +38,8 @@ from feedline.preprocess import (
     StandardScaler,
     StringIndexer,
 )
+from feedline.preprocess.drift import DriftReport, compare
+from feedline.preprocess.stats import Stats, stats
 from feedline.readers import (
     from_arrow,
     from_pandas,
@@ -61,6 +63,7 @@ __all__ = [
     "DataError",
     "Dataset",
     "DecodeImages",
+    "DriftReport",
     "FeedlineError",
     "FormatError",
     "HashingEncoder",
@@ -76,10 +79,12 @@ __all__ = [
     "RobustScaler",
     "SchemaError",
     "StandardScaler",
+    "Stats",
     "StringIndexer",
     "UserFunctionError",
     "WriteInfo",
     "__version__",
+    "compare",
     "from_arrow",
     "from_pandas",
     "from_polars",
@@ -92,5 +97,6 @@ __all__ = [
     "read_jsonl",
     "read_parquet",
     "read_text",
+    "stats",
     "verify",
 ]
