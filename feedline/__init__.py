@@ -23,6 +23,7 @@ from feedline.errors import (
     UserFunctionError,
 )
 from feedline.io.format import verify
+from feedline.loader import Loader, Windows
 from feedline.preprocess import (
     Bucketizer,
     Chain,
@@ -70,6 +71,7 @@ __all__ = [
     "Imputer",
     "IncompleteDatasetError",
     "IntegrityError",
+    "Loader",
     "LocalEngine",
     "MinMaxScaler",
     "MissingDependencyError",
@@ -82,6 +84,7 @@ __all__ = [
     "Stats",
     "StringIndexer",
     "UserFunctionError",
+    "Windows",
     "WriteInfo",
     "__version__",
     "compare",

@@ -95,7 +95,7 @@ def _train_if_possible(dataset: fl.Dataset, console: Console) -> None:
         return
     torch.manual_seed(0)
     data = dataset.to_arrow()
-    x = np.asarray(data["features"].combine_chunks().to_numpy_ndarray())
+    x = np.array(data["features"].combine_chunks().to_numpy_ndarray())  # writable copy
     mean, std = x.mean(axis=0), x.std(axis=0)
     model = torch.nn.Linear(4, 3)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)

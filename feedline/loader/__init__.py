@@ -1,0 +1,15 @@
+"""The training loader: order functions, cache, streaming, prefetch and framework outputs.
+
+Examples
+--------
+>>> import feedline as fl
+>>> from feedline.loader import Loader
+>>> [b["id"].tolist() for b in Loader(fl.range(4), batch_size=2, shuffle=False, format="numpy")]
+[[0, 1], [2, 3]]
+"""
+
+from feedline.loader.bench import bench_loader
+from feedline.loader.loader import Loader
+from feedline.loader.windows import Windows
+
+__all__ = ["Loader", "Windows", "bench_loader"]

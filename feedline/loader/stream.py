@@ -1,0 +1,144 @@
+"""Streaming reads for data over the memory budget: one pool of row groups at a time.
+
+The two-level shuffle of :func:`feedline.loader.order.block_shuffle_order` permutes the row
+groups, cuts them into pools of ``window`` groups and permutes rows inside each pool. A
+:class:`PoolReader` serves batches of global row indices by loading the pools they fall in
+(whole pools, each row group read once per epoch in order) and evicting the pools the batch
+no longer needs. Batches walk the global order forwards, so at most the two pools a batch
+straddles are resident: memory is bounded by ``2 * window`` row groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from feedline.loader.cache import FileLayout, fill_arrays, take_rows
+from feedline.loader.columns import ColumnSpec
+
+__all__ = ["PoolReader", "StreamStats", "sequential_pools"]
+
+
+@dataclass
+class StreamStats:
+    """Counters of a streaming epoch (read by tests and ``Loader.stats()``)."""
+
+    pools_loaded: int = 0
+    row_groups_read: int = 0
+    max_resident_rows: int = 0
+    pool_rows: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "pools_loaded": self.pools_loaded,
+            "row_groups_read": self.row_groups_read,
+            "max_resident_rows": self.max_resident_rows,
+            "max_pool_rows": max(self.pool_rows, default=0),
+        }
+
+
+def sequential_pools(num_groups: int, window: int) -> list[np.ndarray]:
+    """Pools of ``window`` consecutive row groups in stored order (``shuffle=False``).
+
+    Examples
+    --------
+    >>> [p.tolist() for p in sequential_pools(5, 2)]
+    [[0, 1], [2, 3], [4]]
+    """
+    groups = np.arange(num_groups, dtype=np.int64)
+    return [groups[i : i + window] for i in range(0, num_groups, max(1, window))]
+
+
+class PoolReader:
+    """Serves rows by global index from the pools of one epoch, reading pools on demand.
+
+    Parameters
+    ----------
+    layout:
+        The Parquet files and row groups.
+    specs:
+        The columns to read.
+    pools:
+        Row-group ids of each pool (``block_shuffle_pools`` or :func:`sequential_pools`).
+    stats:
+        Counters to update (a fresh :class:`StreamStats` when ``None``).
+    """
+
+    def __init__(
+        self,
+        layout: FileLayout,
+        specs: Sequence[ColumnSpec],
+        pools: Sequence[np.ndarray],
+        stats: StreamStats | None = None,
+    ) -> None:
+        self._layout = layout
+        self._specs = list(specs)
+        self._file_of, self._local, self._starts = layout.locate()
+        self._sizes = np.asarray(layout.row_group_sizes, dtype=np.int64)
+        groups = self._sizes.size
+        self._pool_of = np.full(groups, -1, dtype=np.int64)
+        self._offset = np.zeros(groups, dtype=np.int64)  # first row of the group in its pool
+        self._read_plan: list[list[tuple[int, list[int]]]] = []
+        self._pool_rows: list[int] = []
+        for p, pool in enumerate(pools):
+            plan, row = [], 0
+            for f in dict.fromkeys(int(x) for x in self._file_of[pool]):  # file order of the pool
+                mine = sorted(int(g) for g in pool if self._file_of[g] == f)
+                for g in mine:
+                    self._pool_of[g], self._offset[g] = p, row
+                    row += int(self._sizes[g])
+                plan.append((f, [int(self._local[g]) for g in mine]))
+            self._read_plan.append(plan)
+            self._pool_rows.append(row)
+        self._loaded: dict[int, dict[str, np.ndarray]] = {}
+        self.stats = stats if stats is not None else StreamStats()
+
+    def _load(self, p: int) -> dict[str, np.ndarray]:
+        arrays = {
+            s.name: np.empty((self._pool_rows[p], *s.shape), dtype=s.dtype) for s in self._specs
+        }
+        names = [s.name for s in self._specs]
+        row = 0
+        for f, local_groups in self._read_plan[p]:
+            where = f"shard {self._layout.files[f].url!r}, row groups {local_groups}"
+            pieces = self._layout.iter_read(f, local_groups, names)
+            row += fill_arrays(arrays, pieces, self._specs, row, where)
+            self.stats.row_groups_read += len(local_groups)
+        self.stats.pools_loaded += 1
+        self.stats.pool_rows.append(self._pool_rows[p])
+        return arrays
+
+    def resident_rows(self) -> int:
+        """Rows currently held in memory."""
+        return sum(self._pool_rows[p] for p in self._loaded)
+
+    def gather(
+        self, indices: np.ndarray, out: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Rows ``indices`` (global row numbers) of every column, loading pools as needed."""
+        idx = np.asarray(indices, dtype=np.int64)
+        group = np.searchsorted(self._starts, idx, side="right") - 1
+        pool = self._pool_of[group]
+        if idx.size and pool.min() < 0:
+            raise IndexError("rows outside every pool were requested")
+        needed = [int(p) for p in np.unique(pool)]
+        for p in [p for p in self._loaded if p not in needed]:
+            del self._loaded[p]  # batches walk forwards: an unneeded pool is done with
+        for p in needed:
+            if p not in self._loaded:
+                self._loaded[p] = self._load(p)
+        self.stats.max_resident_rows = max(self.stats.max_resident_rows, self.resident_rows())
+        local = self._offset[group] + idx - self._starts[group]
+        result = {}
+        for s in self._specs:
+            if len(needed) == 1:
+                result[s.name] = take_rows(self._loaded[needed[0]][s.name], local, out, s.name)
+                continue
+            dst = out[s.name] if out and s.name in out else np.empty((idx.size, *s.shape), s.dtype)
+            for p in needed:
+                mask = pool == p
+                dst[mask] = self._loaded[p][s.name][local[mask]]
+            result[s.name] = dst
+        return result
