@@ -14,7 +14,7 @@ $(PY):
 $(STAMP): pyproject.toml $(PY)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "torch==2.13.0"
-	$(PIP) install --quiet -e ".[dev,torch,demo]"
+	$(PIP) install --quiet -e ".[dev,torch,tf,text,images,demo]"
 	touch $(STAMP)
 
 demo: $(STAMP)
