@@ -1,4 +1,4 @@
-"""Distributions: the mergeable sketches behind ``stats`` (quantiles, HyperLogLog), and drift.
+"""Drift: a new dataset's column distributions against a reference's.
 
 :func:`compare` checks a new dataset against a reference (datasets, :class:`Stats`, or
 their ``to_dict()`` as stored in a manifest), column by column:
@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from feedline.errors import ConfigurationError
 
@@ -44,161 +43,10 @@ if TYPE_CHECKING:
     from feedline.engines.base import Engine
     from feedline.preprocess.stats import Stats
 
-__all__ = [
-    "CompactorSketch",
-    "DriftReport",
-    "compare",
-    "hash_values",
-    "hll_estimate",
-    "hll_registers",
-    "ks_pvalue",
-]
+__all__ = ["DriftReport", "compare", "ks_pvalue"]
 
-SKETCH_K = 8192
-HLL_BITS = 12
 PSI_BINS = 10
 _FLOOR = 1e-4
-
-
-class CompactorSketch:
-    """Mergeable quantile sketch: sorted compactor levels whose items weigh ``2**level``.
-
-    Exact while it holds at most ``SKETCH_K`` values; the rank-error bound is in the
-    :mod:`feedline.preprocess.stats` docstring. (Kept here, independent of
-    :class:`feedline.preprocess.sketch.QuantileSketch`, whose design is the same family.)
-
-    Examples
-    --------
-    >>> s = CompactorSketch.of(np.arange(100.0)).merge(CompactorSketch.of(np.arange(100.0, 201)))
-    >>> s.quantiles([0.5]).tolist(), s.exact
-    ([100.0], True)
-    """
-
-    __slots__ = ("_items_cache", "err", "levels", "n")
-
-    def __init__(self, levels: list[np.ndarray], n: int, err: int = 0) -> None:
-        self.levels, self.n, self.err = levels, n, err
-        self._items_cache: tuple[np.ndarray, np.ndarray] | None = None
-        h = 0
-        while h < len(self.levels):
-            level = self.levels[h]
-            if len(level) > SKETCH_K:  # keep every other item of sorted pairs, at double weight
-                even = len(level) - len(level) % 2
-                up = level[(self.n >> h) & 1 : even : 2]  # offset: a function of n (symmetric)
-                self.levels[h] = level[even:]
-                if h + 1 == len(self.levels):
-                    self.levels.append(up)
-                else:
-                    self.levels[h + 1] = np.sort(np.concatenate([self.levels[h + 1], up]))
-                self.err += 1 << h
-            h += 1
-
-    @classmethod
-    def of(cls, values: np.ndarray) -> CompactorSketch:
-        """A sketch of ``values`` (no NaN)."""
-        return cls([np.sort(np.asarray(values, np.float64))], len(values))
-
-    def merge(self, other: CompactorSketch) -> CompactorSketch:
-        """A new sketch of both inputs' values (the inputs are not changed)."""
-        depth = max(len(self.levels), len(other.levels))
-        pick = [
-            s.levels[h] if h < len(s.levels) else np.empty(0)
-            for s in (self, other)
-            for h in range(depth)
-        ]
-        levels = [np.sort(np.concatenate([pick[h], pick[depth + h]])) for h in range(depth)]
-        return CompactorSketch(levels, self.n + other.n, self.err + other.err)
-
-    @property
-    def exact(self) -> bool:
-        return self.err == 0
-
-    @property
-    def rank_error(self) -> float:
-        """Worst-case error of any rank, as a fraction of ``n``."""
-        return self.err / self.n if self.n else 0.0
-
-    def _items(self) -> tuple[np.ndarray, np.ndarray]:
-        """All items sorted, with their cumulative weights (computed once: queries repeat)."""
-        if self._items_cache is None:
-            values = np.concatenate(self.levels)
-            weights = np.concatenate([np.full(len(v), 2.0**h) for h, v in enumerate(self.levels)])
-            order = np.argsort(values, kind="stable")
-            self._items_cache = values[order], np.cumsum(weights[order])
-        return self._items_cache
-
-    def quantiles(self, ps: Sequence[float]) -> np.ndarray:
-        """Quantiles at probabilities ``ps`` (NumPy's ``linear`` method on the weighted items)."""
-        values, cum = self._items()
-        if not len(values):
-            return np.full(len(ps), np.nan)
-        t = np.asarray(ps, np.float64) * (cum[-1] - 1)
-        low = np.floor(t)
-        a = values[np.minimum(np.searchsorted(cum, low, "right"), len(values) - 1)]
-        b = values[np.minimum(np.searchsorted(cum, low + 1, "right"), len(values) - 1)]
-        with np.errstate(invalid="ignore"):
-            return np.where(t > low, a + (b - a) * (t - low), a)
-
-    def midranks(self, x: np.ndarray) -> np.ndarray:
-        """Average ranks (1-based, ties averaged) of ``x`` among the sketched values (NaN for
-        NaN and ±inf)."""
-        values, cum = self._items()
-        cum = np.concatenate([[0.0], cum])
-        order = np.argsort(x)  # sorted queries make searchsorted several times faster
-        ordered, ranks = x[order], np.empty(len(x))
-        below = cum[np.searchsorted(values, ordered, "left")]
-        ranks[order] = (below + cum[np.searchsorted(values, ordered, "right")] + 1) / 2
-        ranks[~np.isfinite(x)] = np.nan
-        return ranks
-
-
-# ------------------------------------------------------------------- distinct values (HyperLogLog)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer, vectorized (uint64 arithmetic wraps)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def hash_values(values: pa.Array) -> np.ndarray:
-    """Stable 64-bit hashes of strings (or values cast to string), without a Python loop."""
-    arr = values.cast(pa.large_string()).cast(pa.large_binary())
-    buffers = arr.buffers()
-    offsets = np.frombuffer(buffers[1], np.int64)[arr.offset : arr.offset + len(arr) + 1]
-    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
-    data, offsets = data[offsets[0] : offsets[-1]], offsets - offsets[0]
-    lengths = np.diff(offsets)
-    pos = np.arange(len(data), dtype=np.int64) - np.repeat(offsets[:-1], lengths)
-    terms = _mix(data.astype(np.uint64) | (pos.astype(np.uint64) << np.uint64(8)))
-    cum = np.concatenate([np.zeros(1, np.uint64), np.cumsum(terms, dtype=np.uint64)])
-    total = cum[offsets[1:]] - cum[offsets[:-1]]
-    return _mix(total + lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-
-
-def hll_registers(hashes: np.ndarray) -> np.ndarray:
-    """HyperLogLog registers (max of trailing-zero runs) of 64-bit hashes."""
-    registers = np.zeros(1 << HLL_BITS, np.uint8)
-    rest = hashes & np.uint64((1 << (64 - HLL_BITS)) - 1)
-    lowest = rest & (~rest + np.uint64(1))
-    rho = np.log2(np.maximum(lowest, np.uint64(1)).astype(np.float64)).astype(np.uint8) + 1
-    rho[rest == 0] = 64 - HLL_BITS + 1
-    np.maximum.at(registers, (hashes >> np.uint64(64 - HLL_BITS)).astype(np.intp), rho)
-    return registers
-
-
-def hll_estimate(registers: np.ndarray) -> int:
-    """Distinct values from HyperLogLog registers (Flajolet et al. 2007, small-range fix)."""
-    m = len(registers)
-    estimate = 0.7213 / (1 + 1.079 / m) * m * m / float(np.sum(np.exp2(-registers.astype(float))))
-    zeros = int(np.count_nonzero(registers == 0))
-    if estimate <= 2.5 * m and zeros:
-        estimate = m * np.log(m / zeros)  # small-range (linear counting) correction
-    return round(estimate)
-
-
-# ----------------------------------------------------------------------------- drift
 
 
 def _cdf(grid: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -379,7 +227,7 @@ def compare(
 
     Examples
     --------
-    >>> import feedline as fl, numpy as np
+    >>> import feedline as fl, numpy as np, pyarrow as pa
     >>> rng = np.random.default_rng(0)
     >>> ref = fl.from_arrow(pa.table({"x": rng.normal(0, 1, 5000)}))
     >>> new = fl.from_arrow(pa.table({"x": rng.normal(1, 1, 5000)}))

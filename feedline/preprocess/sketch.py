@@ -67,7 +67,18 @@ class QuantileSketch:
     (False, True, True)
     """
 
-    __slots__ = ("_chunks", "_flips", "count", "error", "exact_limit", "k", "levels", "max", "min")
+    __slots__ = (
+        "_chunks",
+        "_flips",
+        "_sorted_cache",
+        "count",
+        "error",
+        "exact_limit",
+        "k",
+        "levels",
+        "max",
+        "min",
+    )
 
     def __init__(self, k: int = DEFAULT_K, exact_limit: int = EXACT_LIMIT) -> None:
         if k < 8 or k % 2 or exact_limit < k:
@@ -84,6 +95,7 @@ class QuantileSketch:
         self.error = 0  # guaranteed bound on the absolute rank error
         self.min = float("inf")
         self.max = float("-inf")
+        self._sorted_cache: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def of(cls, values: Any, k: int = DEFAULT_K, exact_limit: int = EXACT_LIMIT) -> QuantileSketch:
@@ -92,7 +104,7 @@ class QuantileSketch:
         x = x[~np.isnan(x)]
         sketch = cls(k, exact_limit)
         if x.size:
-            sketch._chunks = [x]
+            sketch._chunks = [np.sort(x)]  # sorted here (in the workers): merges sort runs
             sketch.count = int(x.size)
             sketch.min, sketch.max = float(x.min()), float(x.max())
             sketch._compress()
@@ -119,6 +131,7 @@ class QuantileSketch:
         return out
 
     def _compress(self) -> None:
+        self._sorted_cache = None
         if sum(c.size for c in self._chunks) > self.exact_limit:
             kept = self._compact(0, _concat(self._chunks))
             self._chunks = [kept] if kept.size else []
@@ -128,7 +141,7 @@ class QuantileSketch:
 
     def _compact(self, h: int, items: np.ndarray) -> np.ndarray:
         """Promote every other sorted item to level ``h + 1``; return what stays at ``h``."""
-        items = np.sort(items)
+        items = np.sort(items, kind="stable")  # timsort: fast on the sorted runs merged here
         keep = items[-1:] if items.size % 2 else items[:0]
         pairs = items[: items.size - keep.size]
         promoted = pairs[self._flips[h] % 2 :: 2]
@@ -153,13 +166,16 @@ class QuantileSketch:
         return self.error / self.count if self.count else 0.0
 
     def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
-        parts = [_concat(self._chunks), *self.levels[1:]]
-        values = _concat(parts)
-        weights = np.concatenate(
-            [np.full(p.size, 2**h, dtype=np.int64) for h, p in enumerate(parts)]
-        )
-        order = np.argsort(values, kind="stable")
-        return values[order], np.cumsum(weights[order])
+        """All values sorted, with cumulative weights (computed once: queries repeat)."""
+        if self._sorted_cache is None:
+            parts = [_concat(self._chunks), *self.levels[1:]]
+            values = _concat(parts)
+            weights = np.concatenate(
+                [np.full(p.size, 2**h, dtype=np.int64) for h, p in enumerate(parts)]
+            )
+            order = np.argsort(values, kind="stable")
+            self._sorted_cache = values[order], np.cumsum(weights[order])
+        return self._sorted_cache
 
     def quantile(self, q: float | Any) -> Any:
         """Quantile(s) ``q`` in [0, 1], interpolated linearly like ``numpy.quantile``.
@@ -192,6 +208,27 @@ class QuantileSketch:
         idx = np.searchsorted(values, np.asarray(x, dtype=np.float64), side="right")
         cum0 = np.concatenate([[0], cum])
         return cum0[idx]
+
+    def midrank(self, x: Any) -> np.ndarray:
+        """Estimated average rank (1-based, ties averaged) of each ``x`` among the values: the
+        ranks of Spearman's correlation. Exact while :attr:`is_exact`, else within
+        :attr:`error`; NaN for NaN.
+
+        Examples
+        --------
+        >>> QuantileSketch.of([10.0, 20.0, 20.0, 30.0]).midrank([20.0, 5.0, 30.0]).tolist()
+        [2.5, 0.5, 4.0]
+        """
+        values, cum = self._sorted()
+        cum0 = np.concatenate([[0], cum])
+        xs = np.asarray(x, dtype=np.float64)
+        flat = xs.ravel()
+        order = np.argsort(flat)  # sorted queries make searchsorted several times faster
+        ordered, ranks = flat[order], np.empty(flat.size)
+        below = cum0[np.searchsorted(values, ordered, side="left")]
+        ranks[order] = (below + cum0[np.searchsorted(values, ordered, side="right")] + 1) / 2
+        ranks[np.isnan(flat)] = np.nan
+        return ranks.reshape(xs.shape)
 
     def __repr__(self) -> str:
         mode = "exact" if self.is_exact else f"rank error <= {self.relative_error:.2e}"

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import feedline as fl
 from feedline.cli import main
 from feedline.errors import ConfigurationError
-from feedline.preprocess.drift import SKETCH_K, compare, ks_pvalue
+from feedline.preprocess.drift import compare, ks_pvalue
+from feedline.preprocess.sketch import DEFAULT_K, EXACT_LIMIT
 from feedline.preprocess.stats import QUANTILES, Profiler, Stats, stats
 
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -96,7 +97,7 @@ def test_beyond_the_sketch_quantiles_and_spearman_stay_within_the_bound() -> Non
     result = stats(fl.from_arrow(pa.table({"x": x, "y": y})))
     s = result["x"]
     assert not s["quantiles_exact"]
-    assert 0 < s["rank_error"] <= (math.log2(n / SKETCH_K) + 1) / SKETCH_K
+    assert 0 < s["rank_error"] <= 1 / EXACT_LIMIT + math.ceil(math.log2(n / DEFAULT_K)) / DEFAULT_K
     ordered = np.sort(x)
     for p, q in zip(QUANTILES.values(), s["quantiles"].values(), strict=True):
         rank = np.searchsorted(ordered, q, "right") / n
