@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent(
         payload = ids[:, None].astype(np.float32) + offsets  # (n, 256) float32, built from ids
         return {"id": ids, "payload": payload}
 
-    engine = fl.LocalEngine(parallelism=8, memory_budget="256MB")
+    engine = fl.LocalEngine(parallelism=4, memory_budget="256MB")  # 2x the cores
     start = time.perf_counter()
     info = fl.range(rows).map_batches(add_payload).write(out, engine=engine)
     seconds = time.perf_counter() - start
