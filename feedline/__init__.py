@@ -27,6 +27,7 @@ from feedline.loader import Loader, Windows
 from feedline.preprocess import (
     Bucketizer,
     Chain,
+    ClipTokenizer,
     Concat,
     DecodeImages,
     HashingEncoder,
@@ -38,6 +39,7 @@ from feedline.preprocess import (
     RobustScaler,
     StandardScaler,
     StringIndexer,
+    Tokenize,
 )
 from feedline.preprocess.drift import DriftReport, compare
 from feedline.preprocess.stats import Stats, stats
@@ -59,6 +61,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Bucketizer",
     "Chain",
+    "ClipTokenizer",
     "Concat",
     "ConfigurationError",
     "DataError",
@@ -83,6 +86,7 @@ __all__ = [
     "StandardScaler",
     "Stats",
     "StringIndexer",
+    "Tokenize",
     "UserFunctionError",
     "Windows",
     "WriteInfo",

@@ -5,6 +5,7 @@ Importing this package registers the built-in preprocessors with :func:`from_sta
 
 from feedline.preprocess.base import Preprocessor, from_state, register
 from feedline.preprocess.chain import Chain, Concat
+from feedline.preprocess.clip_bpe import ClipTokenizer
 from feedline.preprocess.discretize import Bucketizer, QuantileDiscretizer
 from feedline.preprocess.encoders import OneHotEncoder, StringIndexer
 from feedline.preprocess.hashing import HashingEncoder
@@ -12,10 +13,12 @@ from feedline.preprocess.images import DecodeImages, Normalize
 from feedline.preprocess.imputer import Imputer
 from feedline.preprocess.scalers import MinMaxScaler, RobustScaler, StandardScaler
 from feedline.preprocess.sketch import QuantileSketch
+from feedline.preprocess.text import Tokenize
 
 __all__ = [
     "Bucketizer",
     "Chain",
+    "ClipTokenizer",
     "Concat",
     "DecodeImages",
     "HashingEncoder",
@@ -29,6 +32,7 @@ __all__ = [
     "RobustScaler",
     "StandardScaler",
     "StringIndexer",
+    "Tokenize",
     "from_state",
     "register",
 ]

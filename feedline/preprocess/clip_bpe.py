@@ -1,0 +1,396 @@
+"""CLIP's byte-level BPE tokenizer (OpenAI ``simple_tokenizer``, as in open_clip), exact and fast.
+
+Same vocabulary layout, clean-up, split pattern, byte-to-unicode map and merge order as the
+published code, so the ids match it. Fast because each space-separated chunk of the cleaned
+text is split once (with Python's ``regex``, the published engine; ASCII chunks with an
+equivalent pattern and ``re``), byte-mapped, merged by the Rust BPE model of ``tokenizers``
+and cached: a typical row costs a split and one dict lookup per word. Rust's ``Split``
+pre-tokenizer is not used: Oniguruma and ``regex`` disagree on ~1 900 code points (mostly
+unassigned ones, and U+0345 under case folding), and the full Rust pipeline was slower.
+
+Deliberate differences: ``ftfy.fix_text`` runs only with ``fix_text=True`` (it also repairs
+mojibake, applies NFC, straightens quotes and expands ligatures); otherwise only HTML
+unescaping (twice), whitespace clean-up and lower-casing are applied. Blank lines of the
+merges file are ignored (the published code turns a short file's trailing newline into an
+empty vocabulary entry; it cuts the 16e6 file at merge 48 894, before its end).
+Also home of the array helpers :mod:`feedline.preprocess.text` uses.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import html
+import re as std_re
+from collections.abc import Iterable, Sequence
+from functools import lru_cache, partial
+from itertools import chain
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+
+from feedline.errors import ConfigurationError, DataError, IntegrityError, MissingDependencyError
+
+__all__ = ["WORDS_PATTERN", "ClipTokenizer", "bytes_to_unicode", "clean_text", "frame", "pack",
+           "pack_chunks", "read_source", "tensor_array"]
+
+#: OpenAI's names of the start/end tokens (open_clip's: ``<start_of_text>``, ``<end_of_text>``)
+SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>")
+#: CLIP's split pattern after the special tokens (compiled with IGNORECASE, as published)
+WORDS_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+# After clean-up an ASCII text is lower-case with single spaces: there the pattern reduces to
+_ASCII_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d|[a-z]+|[0-9]|[^ a-z0-9]+"
+#: Entries of the per-tokenizer cache of chunk -> ids (emptied when full)
+CACHE_SIZE = 1 << 18
+#: CLIP keeps merges[1 : 49152 - 256 - 2 + 1] of the vocabulary file
+DEFAULT_NUM_MERGES = 49152 - 256 - 2
+
+
+def read_source(path: str, sha256: str | None = None, what: str = "tokenizer") -> tuple[bytes, str]:
+    """Read a file through fsspec; return its bytes and SHA-256 (checked against ``sha256``)."""
+    try:
+        with fsspec.open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError as exc:
+        raise ConfigurationError(
+            f"The {what} file {path!r} does not exist. Fix: check the path (any fsspec URL "
+            "works, e.g. s3://bucket/tokenizer.json)."
+        ) from exc
+    except (OSError, ValueError, ImportError) as exc:
+        raise ConfigurationError(
+            f"Cannot read the {what} file {path!r}: {type(exc).__name__}: {exc}. Fix: check "
+            "the path and that the filesystem's fsspec package is installed."
+        ) from exc
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and digest != sha256:
+        raise IntegrityError(
+            f"The {what} file {path!r} has changed since this preprocessor was defined: its "
+            f"SHA-256 is {digest[:16]}…, the saved state expects {sha256[:16]}…. Token ids "
+            "would no longer match training. Fix: restore the original file, or re-create the "
+            "preprocessor with the new file (and re-tokenize the data)."
+        )
+    return data, digest
+
+
+def pack(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged id lists as one ``int32`` array of all ids and an ``int64`` array of lengths.
+
+    Examples
+    --------
+    >>> [a.tolist() for a in pack([[5, 6], [], [7]])]
+    [[5, 6, 7], [2, 0, 1]]
+    """
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter(chain.from_iterable(seqs), dtype=np.int32, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def tensor_array(matrix: np.ndarray) -> pa.Array:
+    """An ``arrow.fixed_shape_tensor`` array of the rows of a 2-d array (empty ones too)."""
+    storage = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
+    kind = pa.fixed_shape_tensor(pa.from_numpy_dtype(matrix.dtype), [matrix.shape[1]])
+    return pa.ExtensionArray.from_storage(kind, storage)
+
+
+def pack_chunks(lists: Sequence[Sequence[int]], counts: Iterable[int],
+                rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Like :func:`pack` for rows made of ``counts[i]`` consecutive id lists each."""
+    sizes = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    ends = np.concatenate([[0], np.cumsum(sizes)])
+    flat = np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=int(ends[-1]))
+    per_row = np.fromiter(counts, dtype=np.int64, count=rows)
+    return flat, np.diff(ends[np.concatenate([[0], np.cumsum(per_row)])])
+
+
+def frame(
+    flat: np.ndarray,
+    lengths: np.ndarray,
+    length: int,
+    pad_id: int,
+    *,
+    prefix: Sequence[int] = (),
+    suffix: Sequence[int] = (),
+    truncate: bool = True,
+    left: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lay out packed ids (see :func:`pack`) as a padded matrix, vectorized.
+
+    Each row is ``prefix + ids + suffix``; with ``truncate`` the ids are cut so the row fits
+    in ``length`` (the prefix and suffix are kept, as CLIP keeps its end token). Without
+    ``truncate`` the matrix widens to the longest row.
+
+    Returns
+    -------
+    ids, mask, lengths:
+        ``int32 (n, width)`` ids, boolean ``(n, width)`` mask of real tokens, row lengths.
+
+    Examples
+    --------
+    >>> ids, mask, n = frame(*pack([[5, 6, 7], [8]]), 4, 0, prefix=[1], suffix=[2])
+    >>> ids.tolist(), n.tolist()
+    ([[1, 5, 6, 2], [1, 8, 2, 0]], [4, 3])
+    >>> frame(*pack([[5, 6]]), 3, 0, left=True)[0].tolist()
+    [[0, 5, 6]]
+    """
+    n = len(lengths)
+    extra = len(prefix) + len(suffix)
+    if truncate and extra > length:
+        raise ConfigurationError(
+            f"max_length={length} leaves no room for the {extra} special tokens. Fix: use a "
+            "larger max_length."
+        )
+    keep = np.minimum(lengths, length - extra) if truncate else lengths
+    if truncate and bool((keep < lengths).any()):
+        starts = np.cumsum(lengths) - lengths
+        position = np.arange(flat.size) - np.repeat(starts, lengths)
+        flat = flat[position < np.repeat(keep, lengths)]
+    total = keep + extra
+    width = length if truncate else int(max(length, total.max(initial=0)))
+    offset = width - total if left else np.zeros(n, dtype=np.int64)
+    column = np.arange(width)[None, :] - offset[:, None]
+    mask = (column >= 0) & (column < total[:, None])
+    ids = np.full((n, width), pad_id, dtype=np.int32)
+    start = len(prefix)
+    ids[(column >= start) & (column < (start + keep)[:, None])] = flat
+    rows = np.arange(n)
+    for j, token in enumerate(prefix):
+        ids[rows, offset + j] = token
+    for j, token in enumerate(suffix):
+        ids[rows, offset + start + keep + j] = token
+    return ids, mask, total
+
+
+@lru_cache
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2/CLIP's reversible map from the 256 byte values to printable characters.
+
+    Examples
+    --------
+    >>> table = bytes_to_unicode()
+    >>> table[ord("a")], table[ord(" ")], len(table)
+    ('a', 'Ġ', 256)
+    """
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+          *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+def clean_text(text: str, fix_text: bool = False) -> str:
+    """CLIP's clean-up: (ftfy), HTML-unescape twice, collapse whitespace, lower-case.
+
+    Examples
+    --------
+    >>> clean_text("  A &amp;amp; B\\n\\tC  ")
+    'a & b c'
+    """
+    if fix_text:
+        text = _ftfy().fix_text(text)
+    return " ".join(html.unescape(html.unescape(text)).split()).lower()
+
+
+def _ftfy() -> Any:
+    try:
+        import ftfy
+    except ImportError as exc:
+        raise ConfigurationError(
+            "ClipTokenizer(fix_text=True) needs the package 'ftfy'. Fix: pip install ftfy, "
+            "or use fix_text=False (HTML unescaping and whitespace clean-up only)."
+        ) from exc
+    return ftfy
+
+
+def parse_merges(data: bytes, where: str, num_merges: int = DEFAULT_NUM_MERGES) -> list[tuple]:
+    """The merges of a CLIP vocabulary file (optionally gzipped; the first line is a header)."""
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise DataError(f"{where} is not a valid gzip file: {exc}. Fix: re-download it.") \
+                from exc
+    try:
+        lines = data.decode("utf-8").split("\n")[1:]
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where} is not UTF-8 text: {exc}. Fix: pass CLIP's merges file.") \
+            from exc
+    merges = []
+    for number, line in enumerate(lines, start=2):
+        parts = tuple(line.split())
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise DataError(
+                f"Line {number} of {where} is {line[:80]!r}, not a merge 'a b'. Fix: pass a "
+                "CLIP BPE vocabulary (a header line, then one merge per line)."
+            )
+        merges.append(parts)
+        if len(merges) == num_merges:
+            break
+    if not merges:
+        raise DataError(f"{where} holds no merges. Fix: pass CLIP's bpe_simple_vocab_16e6.txt.gz.")
+    return merges
+
+
+class ClipTokenizer:
+    """OpenAI CLIP's BPE tokenizer built from a merges file (``bpe_simple_vocab_16e6.txt.gz``).
+
+    Parameters
+    ----------
+    vocab_path:
+        Path or URL (fsspec) of the merges file, plain or gzipped.
+    context_length:
+        Row length of :meth:`__call__` (CLIP models use 77).
+    num_merges:
+        How many merges to keep (CLIP: 48 894, giving 49 408 ids).
+    fix_text:
+        Apply ``ftfy.fix_text`` first, as the published code does (needs ``ftfy``).
+    sha256:
+        Expected SHA-256 of the file; a different file raises ``IntegrityError``.
+    special_tokens:
+        Names of the start and end tokens (ids 49406, 49407), matched in the text too.
+        open_clip names them ``("<start_of_text>", "<end_of_text>")``.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "merges.txt")
+    >>> _ = open(path, "w").write("#version: 0.2\\nc a\\nca t</w>")
+    >>> tok = ClipTokenizer(path, context_length=6)
+    >>> tok.encode("Cat cat!")
+    [513, 513, 256]
+    >>> tok(["Cat"]).tolist()
+    [[514, 513, 515, 0, 0, 0]]
+    >>> tok.decode([513, 513])
+    'cat cat '
+    """
+
+    def __init__(
+        self,
+        vocab_path: str,
+        context_length: int = 77,
+        *,
+        num_merges: int = DEFAULT_NUM_MERGES,
+        fix_text: bool = False,
+        sha256: str | None = None,
+        special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    ) -> None:
+        try:
+            import regex as re
+            from tokenizers import models
+        except ImportError as exc:
+            raise MissingDependencyError(exc.name or "tokenizers", "text", "ClipTokenizer") \
+                from exc
+
+        self.path = str(vocab_path)
+        self.context_length = int(context_length)
+        self.num_merges = int(num_merges)
+        self.fix_text = bool(fix_text)
+        self._fix = _ftfy().fix_text if self.fix_text else None
+        data, self.sha256 = read_source(self.path, sha256, "CLIP vocabulary")
+        merges = parse_merges(data, self.path, self.num_merges)
+        chars = list(bytes_to_unicode().values())
+        self.special_tokens = sot, eot = tuple(special_tokens)
+        vocab = [*chars, *(c + "</w>" for c in chars), *("".join(m) for m in merges), sot, eot]
+        self.encoder: dict[str, int] = {token: i for i, token in enumerate(vocab)}
+        self.sot_token_id, self.eot_token_id = self.encoder[sot], self.encoder[eot]
+        self.pad_id, self.left = 0, False  # how Tokenize pads (as open_clip does)
+        self.vocab_size = len(vocab)
+        self._model = models.BPE(vocab=self.encoder, merges=merges, end_of_word_suffix="</w>",
+                                 fuse_unk=False)
+        specials = "|".join(re.escape(t) for t in self.special_tokens)
+        self._pattern = re.compile(f"{specials}|{WORDS_PATTERN}", re.IGNORECASE)
+        self._ascii = std_re.compile(_ASCII_WORDS)
+        self._cache = self._new_cache()
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of one text without start/end tokens (CLIP's ``SimpleTokenizer.encode``)."""
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of each text, without start/end tokens and without truncation."""
+        flat, lengths = self.encode_flat(texts)
+        parts = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+        return [part.tolist() for part in parts]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of all texts concatenated (``int32``) and each text's count (``int64``)."""
+        get, miss, unescape = self._cache.get, self._chunk_ids, html.unescape
+        fix = self._fix
+        lists: list[list[int]] = []
+        counts: list[int] = []
+        for text in texts:
+            if fix is not None:
+                text = fix(text)
+            if "&" in text:
+                text = unescape(unescape(text))
+            # no piece spans a space: the ids of each space-separated chunk are cached
+            chunks = text.lower().split()
+            lists += [get(chunk) or miss(chunk) for chunk in chunks]
+            counts.append(len(chunks))
+        return pack_chunks(lists, counts, len(texts))
+
+    def encode_ids(self, texts: Sequence[str], add_special_tokens: bool = True
+                   ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], tuple[int, ...]]:
+        """:meth:`encode_flat`, and the start/end ids to put around each row (for ``Tokenize``)."""
+        ends = ((self.sot_token_id,), (self.eot_token_id,)) if add_special_tokens else ((), ())
+        return (*self.encode_flat(texts), *ends)
+
+    def _chunk_ids(self, chunk: str) -> list[int]:
+        """Split one chunk with the CLIP pattern, BPE-merge each piece in Rust; cache it."""
+        simple = chunk.isascii() and not any(t.lower() in chunk for t in self.special_tokens)
+        table, ids = bytes_to_unicode(), []
+        for piece in (self._ascii if simple else self._pattern).findall(chunk):
+            known = self._cache.get(piece)
+            if known is None:
+                mapped = "".join(table[b] for b in piece.encode())
+                known = [t.id for t in self._model.tokenize(mapped)]
+            ids += known
+        if len(self._cache) >= CACHE_SIZE:
+            self._cache = self._new_cache()
+        self._cache[chunk] = ids
+        return ids
+
+    def _new_cache(self) -> dict[str, list[int]]:
+        return {t: [i] for t, i in zip(self.special_tokens, (self.sot_token_id,
+                                                              self.eot_token_id), strict=True)}
+
+    def __call__(self, texts: str | Sequence[str], context_length: int | None = None) -> Any:
+        """An ``int32`` array ``(len(texts), context_length)``: start, ids, end, zero padding.
+
+        Texts too long keep their first ``context_length - 2`` ids and the end token.
+        """
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        length = int(context_length or self.context_length)
+        ids, _, _ = frame(*self.encode_flat(texts), length, 0,
+                          prefix=(self.sot_token_id,), suffix=(self.eot_token_id,))
+        return ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ids (end-of-word markers become spaces), as CLIP's ``decode``."""
+        decoder = {i: t for t, i in self.encoder.items()}
+        byte_decoder = {c: b for b, c in bytes_to_unicode().items()}
+        text = "".join(decoder[int(i)] for i in ids)
+        data = bytearray(byte_decoder[c] for c in text)
+        return data.decode("utf-8", errors="replace").replace("</w>", " ")
+
+    def __reduce__(self) -> tuple:  # rebuilt (and the file checked) where it is unpickled
+        return (partial(ClipTokenizer, sha256=self.sha256, **self.options()),
+                (self.path, self.context_length))
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments that rebuild this tokenizer from its file (JSON-safe)."""
+        return {"num_merges": self.num_merges, "fix_text": self.fix_text,
+                "special_tokens": list(self.special_tokens)}
+
+    def __repr__(self) -> str:
+        return f"ClipTokenizer({self.path!r}, vocab_size={self.vocab_size})"
