@@ -344,7 +344,11 @@ class ShardWriter:
         # Parquet emits many small writes (page headers); buffer them before Python sees them.
         self._stream = pa.BufferedOutputStream(pa.PythonFile(self._file, mode="w"), 4 << 20)
         self._writer = pq.ParquetWriter(
-            self._stream, self._schema, compression=self._compression, write_statistics=True
+            self._stream,
+            self._schema,
+            compression=self._compression,
+            write_statistics=True,
+            use_dictionary=dictionary_columns(self._schema),
         )
         self._groups = []
 
@@ -381,6 +385,31 @@ class ShardWriter:
             except Exception:  # noqa: BLE001 - already failing; keep the first error
                 pass
             self._writer = self._file = None
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """Columns worth Parquet dictionary encoding: everything but floating-point data.
+
+    Floats (and tensors of floats) almost never repeat, so trying a dictionary first costs
+    write time (up to 2x here) and, when it sticks, halves read speed. Strings, integers
+    and booleans keep pyarrow's default (a dictionary, dropped when it grows too large).
+
+    Examples
+    --------
+    >>> dictionary_columns(pa.schema({"x": pa.float32(), "label": pa.int64(), "s": pa.string()}))
+    ['label', 's']
+    """
+
+    def floating(kind: pa.DataType) -> bool:
+        if isinstance(kind, pa.ExtensionType):
+            kind = kind.storage_type
+        while pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or (
+            pa.types.is_large_list(kind)
+        ):
+            kind = kind.value_type
+        return pa.types.is_floating(kind)
+
+    return [field.name for field in schema if not floating(field.type)]
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
