@@ -12,7 +12,6 @@ $(PY):
 
 # torch first, pinned (a CPU build from local disk); then the project with its test extras.
 $(STAMP): pyproject.toml $(PY)
-	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "torch==2.13.0"
 	$(PIP) install --quiet -e ".[dev,torch,tf,text,images,demo]"
 	touch $(STAMP)
