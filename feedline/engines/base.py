@@ -85,8 +85,23 @@ class Engine(Protocol):
         *,
         preserve_order: bool = True,
         on_rows: Callable[[int], None] | None = None,
+        report: ExecutionReport | None = None,
+        preprocessors: list[dict[str, Any]] | None = None,
     ) -> WriteInfo:
-        """Materialize the plan as a feedline dataset at ``target``."""
+        """Materialize the plan as a feedline dataset at ``target``.
+
+        ``preprocessors`` are the fitted states stored in the manifest; the engine commits
+        the manifest last (:func:`feedline.io.format.commit`).
+        """
+        ...
+
+    def aggregate(
+        self,
+        plan: Plan,
+        partial: Callable[[pa.RecordBatch], Any],
+        merge: Callable[[Any, Any], Any],
+    ) -> Any:
+        """Merge ``partial(batch)`` over every output batch (``None`` when there are none)."""
         ...
 
 

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.io.source import ExecutionReport, FileSource, ReadTask, check_columns
 from feedline.io.storage import Location, expand_paths
 
 __all__ = ["CsvSource"]
@@ -22,7 +22,7 @@ _BLOCK_SIZE = 16 << 20
 _SPLIT_BYTES = 16 << 20
 
 
-class CsvSource(Source):
+class CsvSource(FileSource):
     """CSV files read as a stream of blocks, one task per file.
 
     The schema is inferred from the first block of the first file unless ``schema`` is
@@ -99,13 +99,6 @@ class CsvSource(Source):
                     ) from exc
                 self._schema = reader.schema
         return self._schema
-
-    def describe(self) -> str:
-        more = f" (+{len(self._files) - 1} more)" if len(self._files) > 1 else ""
-        return f"csv: {self._files[0].url}{more}"
-
-    def fingerprint(self) -> str:
-        return fingerprint_of(*[(f.url, f.fs.size(f.path)) for f in self._files])
 
     def read_tasks(
         self, columns: Sequence[str] | None, predicate: pc.Expression | None

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from feedline.errors import DataError, SchemaError
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.io.source import ExecutionReport, FileSource, ReadTask, check_columns
 from feedline.io.storage import Location, expand_paths
 
 __all__ = ["JsonlSource"]
@@ -20,7 +20,7 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".ndjson.gz")
 _BLOCK_SIZE = 16 << 20
 
 
-class JsonlSource(Source):
+class JsonlSource(FileSource):
     """Newline-delimited JSON files, one task per file.
 
     The schema is inferred from the first block of the first file unless ``schema`` is
@@ -62,13 +62,6 @@ class JsonlSource(Source):
                 except pa.ArrowInvalid as exc:
                     raise _parse_error(first, exc) from exc
         return self._schema
-
-    def describe(self) -> str:
-        more = f" (+{len(self._files) - 1} more)" if len(self._files) > 1 else ""
-        return f"jsonl: {self._files[0].url}{more}"
-
-    def fingerprint(self) -> str:
-        return fingerprint_of(*[(f.url, f.fs.size(f.path)) for f in self._files])
 
     def read_tasks(
         self, columns: Sequence[str] | None, predicate: pc.Expression | None

@@ -7,13 +7,21 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import SchemaError
 
-__all__ = ["ExecutionReport", "ReadTask", "Source", "check_columns", "fingerprint_of"]
+__all__ = [
+    "ExecutionReport",
+    "FileSource",
+    "ReadTask",
+    "Source",
+    "check_columns",
+    "fingerprint_of",
+]
 
 
 @dataclass
@@ -115,6 +123,19 @@ class Source(ABC):
 
     #: True when ``read_tasks`` uses the predicate to skip data (not just to filter rows)
     prunes_with_predicate: bool = False
+
+
+class FileSource(Source):
+    """A source over a list of files (``self._files``, a list of ``Location``)."""
+
+    _files: list[Any]
+
+    def describe(self) -> str:
+        more = f" (+{len(self._files) - 1} more)" if len(self._files) > 1 else ""
+        return f"{self.kind}: {self._files[0].url}{more}"
+
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.kind, *[(f.url, f.fs.size(f.path)) for f in self._files])
 
 
 def fingerprint_of(*parts: object) -> str:
