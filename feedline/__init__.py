@@ -11,6 +11,7 @@ from feedline import preprocess
 from feedline.dataset import Dataset
 from feedline.engines.base import WriteInfo, get_engine
 from feedline.engines.local import LocalEngine
+from feedline.engines.spark import SparkEngine, clear_spark_cache, from_spark, spark_session
 from feedline.errors import (
     ConfigurationError,
     DataError,
@@ -83,6 +84,7 @@ __all__ = [
     "QuantileDiscretizer",
     "RobustScaler",
     "SchemaError",
+    "SparkEngine",
     "StandardScaler",
     "Stats",
     "StringIndexer",
@@ -91,10 +93,12 @@ __all__ = [
     "Windows",
     "WriteInfo",
     "__version__",
+    "clear_spark_cache",
     "compare",
     "from_arrow",
     "from_pandas",
     "from_polars",
+    "from_spark",
     "get_engine",
     "open",
     "preprocess",
@@ -104,6 +108,7 @@ __all__ = [
     "read_jsonl",
     "read_parquet",
     "read_text",
+    "spark_session",
     "stats",
     "verify",
 ]

@@ -236,7 +236,7 @@ class Dataset:
 
     # ------------------------------------------------------------------ execution
 
-    def _resolved_plan(self) -> Plan:
+    def _resolved_plan(self, engine: str | Engine | None = None) -> Plan:
         """The plan with unfitted preprocessors fitted on the data before them.
 
         Each preprocessor is fitted once for a dataset and all datasets derived from it.
@@ -245,7 +245,7 @@ class Dataset:
         for position, op in enumerate(self._plan.ops):
             if isinstance(op, Transform) and not getattr(op.preprocessor, "is_fitted", True):
                 upstream = Dataset(Plan(self._plan.source, tuple(ops)), self._fits)
-                op = self._fits.get(position, op, lambda o=op, u=upstream: o.preprocessor.fit(u))
+                op = self._fits.get(position, op, lambda o=op, u=upstream: _fit(o, u, engine))
             ops.append(op)
         return Plan(self._plan.source, tuple(ops))
 
@@ -257,7 +257,7 @@ class Dataset:
         report: ExecutionReport | None = None,
     ) -> Iterator[pa.RecordBatch]:
         return get_engine(engine).execute(
-            self._resolved_plan(), preserve_order=preserve_order, report=report
+            self._resolved_plan(engine), preserve_order=preserve_order, report=report
         )
 
     def iter_batches(
@@ -336,7 +336,7 @@ class Dataset:
             row_group_rows=row_group_rows,
             compression=compression,
         )
-        plan = self._resolved_plan()
+        plan = self._resolved_plan(engine)
         states = [
             {"name": type(op.preprocessor).__name__, "state": op.preprocessor.state}
             for op in plan.ops
@@ -356,11 +356,30 @@ class Dataset:
             store_stats(path, storage_options=storage_options, engine=engine)
         return info
 
+    def to_spark(self, spark: Any = None) -> Any:
+        """This dataset as a lazy Spark DataFrame (see :func:`feedline.engines.spark.to_spark`)."""
+        from feedline.engines.spark import to_spark
+
+        return to_spark(self, spark)
+
+    def to_ray(self) -> Any:
+        """This dataset as a ``ray.data.Dataset`` (see :func:`feedline.engines.ray.to_ray`)."""
+        from feedline.engines.ray import to_ray
+
+        return to_ray(self)
+
     def loader(self, **kwargs: Any) -> Any:
         """A training loader over this dataset (see :class:`feedline.loader.Loader`)."""
         from feedline.loader import Loader
 
         return Loader(self, **kwargs)
+
+
+def _fit(op: Transform, upstream: Dataset, engine: str | Engine | None) -> Any:
+    """Fit ``op``'s preprocessor on ``upstream`` with the engine that runs the plan."""
+    if engine is None:
+        return op.preprocessor.fit(upstream)
+    return op.preprocessor.fit(upstream, engine=engine)
 
 
 class _FitCache:

@@ -1,0 +1,320 @@
+"""What runs inside Spark's Python workers: one fused feedline stage per ``mapInArrow``.
+
+A :class:`Stage` is a picklable callable given to ``DataFrame.mapInArrow``. It reads its
+input (feedline read tasks, or rows of a Spark DataFrame), pushes the batches through the
+same :class:`~feedline.engines.fusion.BatchPipeline` the local engine runs, and ends in one
+of three ways (``mode``): yield the rows (``"rows"``), yield one pickled partial aggregate
+per partition (``"partial"``), or write feedline shards and yield their descriptions
+(``"write"``).
+
+Two things must reach the driver besides rows:
+
+- **Counters and skipped records** (``report.record_skip``): every task adds its
+  :class:`~feedline.io.source.ExecutionReport` to a Spark accumulator, which the driver
+  folds into its own report after the job. Spark applies the updates of successful tasks
+  only, so a retried task is not counted twice.
+- **Errors**: a failure is re-raised as a ``RuntimeError`` whose message carries the
+  feedline error (class, message, the user function's traceback) encoded between
+  ``[feedline-error:`` and ``]``; :func:`feedline.engines.spark_jobs.reraise` finds it
+  in Spark's exception text and raises the feedline error on the driver, without the
+  JVM traceback.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import traceback
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from feedline.engines.fusion import BatchPipeline, InstancePool
+from feedline.engines.spark_types import from_spark_batch, to_spark_batch
+from feedline.io.source import ExecutionReport
+from feedline.io.storage import Location
+from feedline.plan import Operator, callable_name
+
+__all__ = ["ERROR_MARKER", "ReportParam", "Stage", "decode_error", "encode_error"]
+
+ERROR_MARKER = "[feedline-error:"
+#: rows of the task table: one per Spark partition, naming a contiguous range of read tasks
+TASK_COLUMNS = "part long, first long, count long, payload binary"
+SHARD_COLUMNS = (
+    "part long, seq long, path string, rows long, bytes long, row_groups array<long>, "
+    "checksum string"
+)
+
+
+# ----------------------------------------------------------------------------- counters
+
+
+class ReportParam:
+    """Spark ``AccumulatorParam`` merging :meth:`ExecutionReport.as_dict` dictionaries."""
+
+    def zero(self, value: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def addInPlace(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return merge_reports(a, b)
+
+
+def merge_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Add the counters of ``b`` to ``a`` (in place); lists are concatenated, dicts summed.
+
+    Examples
+    --------
+    >>> merge_reports({"rows_read": 1, "skipped": [1]}, {"rows_read": 2, "skipped": [2]})
+    {'rows_read': 3, 'skipped': [1, 2]}
+    """
+    for key, value in b.items():
+        if isinstance(value, list):
+            a[key] = (a.get(key) or []) + value[: max(0, 10_000 - len(a.get(key) or []))]
+        elif isinstance(value, dict):
+            into = a.setdefault(key, {})
+            for name, count in value.items():
+                into[name] = into.get(name, 0) + count
+        else:
+            a[key] = a.get(key, 0) + value
+    return a
+
+
+def fold_report(report: ExecutionReport, counts: dict[str, Any]) -> None:
+    """Add the accumulated ``counts`` of a Spark job to the driver's ``report``."""
+    with report._lock:
+        for key, value in counts.items():
+            if key == "skipped":
+                report.skipped.extend(value[: max(0, 10_000 - len(report.skipped))])
+            elif key == "counters":
+                for name, count in value.items():
+                    report.counters[name] = report.counters.get(name, 0) + count
+            elif hasattr(report, key):
+                setattr(report, key, getattr(report, key) + value)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def encode_error(exc: BaseException) -> str:
+    """The text of a worker-side failure, readable again by :func:`decode_error`."""
+    from feedline.errors import FeedlineError
+
+    cause = exc.__cause__ if isinstance(exc, FeedlineError) and exc.__cause__ else None
+    detail = {
+        "type": type(exc).__name__ if isinstance(exc, FeedlineError) else "FeedlineError",
+        "message": str(exc)
+        if isinstance(exc, FeedlineError)
+        else f"A Spark task failed with {type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(cause or exc)[-12:]),
+    }
+    encoded = base64.b64encode(json.dumps(detail).encode()).decode("ascii")
+    return f"{ERROR_MARKER}{encoded}]"
+
+
+def decode_error(text: str) -> BaseException | None:
+    """The feedline error encoded in ``text`` (a Spark exception's message), or ``None``."""
+    import re
+
+    from feedline import errors
+
+    match = re.search(re.escape(ERROR_MARKER) + r"([A-Za-z0-9+/=]+)\]", text)
+    if match is None:
+        return None
+    detail = json.loads(base64.b64decode(match.group(1)))
+    kind = getattr(errors, detail["type"], errors.FeedlineError)
+    if not (isinstance(kind, type) and issubclass(kind, errors.FeedlineError)):
+        kind = errors.FeedlineError
+    message = detail["message"].replace(
+        "The original traceback is chained above.",
+        "The original traceback (on the Spark worker) is in the note below.",
+    )
+    error = kind.__new__(kind)
+    Exception.__init__(error, message)
+    error.worker_traceback = detail["traceback"]
+    if hasattr(error, "add_note"):
+        error.add_note("Traceback on the Spark worker:\n" + detail["traceback"].rstrip())
+    return error
+
+
+# ----------------------------------------------------------------------------- per-worker state
+
+_POOLS: OrderedDict[str, InstancePool] = OrderedDict()
+
+
+class _WorkerPool(InstancePool):
+    """Instances keyed by the class's name, so a class pickled by value (a fresh class
+    object for every Spark task) is still built once per Python worker and job."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._classes: dict[tuple[str, Any], type] = {}
+
+    def get(self, cls: type, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+        canonical = self._classes.setdefault((callable_name(cls), kwargs), cls)
+        return super().get(canonical, kwargs)
+
+
+def _pool(token: str) -> InstancePool:
+    if token not in _POOLS:
+        _POOLS[token] = _WorkerPool()
+        while len(_POOLS) > 4:
+            _POOLS.popitem(last=False)
+    return _POOLS[token]
+
+
+def _broadcast_tasks(broadcast: Any) -> list[Any]:
+    """The broadcast task list, unpickled once per Python worker (kept on the broadcast)."""
+    from pyspark import cloudpickle
+
+    tasks = getattr(broadcast, "_feedline_tasks", None)
+    if tasks is None:
+        tasks = broadcast._feedline_tasks = cloudpickle.loads(broadcast.value)
+    return tasks
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """Where and how a ``"write"`` stage writes its shards."""
+
+    staging: Location
+    writer_kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One fused feedline stage, the function given to ``mapInArrow``.
+
+    Attributes
+    ----------
+    ops:
+        The batch operators fused in this stage (no ``Limit``).
+    mode:
+        ``"rows"``, ``"partial"`` or ``"write"`` (see the module docstring).
+    out_schema, spark_out:
+        The feedline schema of the rows leaving the operators, and Spark's Arrow form of it.
+    tasks:
+        Read-task input: a Spark broadcast of the pickled task list, or ``None`` when each
+        partition's tasks travel in its input row. ``None`` for DataFrame input.
+    in_schema:
+        DataFrame input: the feedline schema of the incoming rows.
+    """
+
+    ops: tuple[Operator, ...]
+    mode: str
+    out_schema: pa.Schema
+    spark_out: pa.Schema | None
+    accumulator: Any
+    token: str
+    tasks: Any = None
+    from_tasks: bool = True
+    in_schema: pa.Schema | None = None
+    columns: tuple[str, ...] | None = None
+    predicate: pc.Expression | None = None
+    label: str = "the Spark DataFrame"
+    partition_index: bool = True
+    partial: Callable[[pa.RecordBatch], Any] | None = None
+    merge: Callable[[Any, Any], Any] | None = None
+    write: WriteSpec | None = None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        report = ExecutionReport()
+        try:
+            pipeline = BatchPipeline(self.ops, report, _pool(self.token))
+            outputs = self._outputs(batches, pipeline, report)
+            if self.mode == "rows":
+                for batch in outputs:
+                    if batch.num_rows:
+                        yield to_spark_batch(batch, self.spark_out, "the fused stage")
+            elif self.mode == "partial":
+                yield from self._partials(outputs)
+            else:
+                yield from self._write(outputs, report)
+        except Exception as exc:  # every failure is re-raised, encoded
+            raise RuntimeError(encode_error(exc)) from exc
+        self.accumulator.add(report.as_dict())
+
+    def _outputs(self, batches, pipeline: BatchPipeline, report) -> Iterator[pa.RecordBatch]:
+        if self.from_tasks:
+            for rows in batches:
+                for _part, first, count, payload in zip(*rows.to_pydict().values(), strict=True):
+                    tasks = (
+                        _broadcast_tasks(self.tasks)[first : first + count]
+                        if payload is None
+                        else _loads(payload)
+                    )
+                    for offset, task in enumerate(tasks):
+                        yield from pipeline(task.read(report), task.label, first + offset)
+            return
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        index = context.partitionId() if self.partition_index and context else 0
+        label = self.label.format(partition=index)
+        yield from pipeline(self._frame_batches(batches, label, report), label, index)
+
+    def _frame_batches(self, batches, label: str, report) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            report.add(rows_read=batch.num_rows)
+            batch = from_spark_batch(batch, self.in_schema, label)
+            if self.predicate is not None:
+                batch = batch.filter(self.predicate)
+            if self.columns is not None:
+                batch = batch.select(list(self.columns))
+            yield batch
+
+    def _partials(self, outputs) -> Iterator[pa.RecordBatch]:
+        from pyspark import cloudpickle
+
+        result = None
+        for batch in outputs:
+            if batch.num_rows:
+                part = self.partial(batch)
+                result = part if result is None else self.merge(result, part)
+        if result is not None:
+            yield pa.record_batch({"partial": pa.array([cloudpickle.dumps(result)], pa.binary())})
+
+    def _write(self, outputs, report: ExecutionReport) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        from feedline.io.format import ShardWriter
+
+        context = TaskContext.get()
+        part = context.partitionId() if context else 0
+        attempt = context.attemptNumber() if context else 0
+        folder = self.write.staging.child(f"task-{part:05d}-{attempt}-{uuid.uuid4().hex[:8]}")
+        writer = ShardWriter(folder, schema=self.out_schema, **self.write.writer_kwargs)
+        try:
+            for batch in outputs:
+                if batch.num_rows:
+                    report.add(rows_out=batch.num_rows, batches_out=1)
+                    writer.write(batch)
+            shards = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        prefix = folder.path[len(self.write.staging.path) :].strip("/")
+        yield pa.record_batch(
+            {
+                "part": pa.array([part] * len(shards), pa.int64()),
+                "seq": pa.array(range(len(shards)), pa.int64()),
+                "path": pa.array([f"{prefix}/{s.path}" for s in shards], pa.string()),
+                "rows": pa.array([s.rows for s in shards], pa.int64()),
+                "bytes": pa.array([s.bytes for s in shards], pa.int64()),
+                "row_groups": pa.array([list(s.row_groups) for s in shards], pa.list_(pa.int64())),
+                "checksum": pa.array([s.checksum for s in shards], pa.string()),
+            }
+        )
+
+
+def _loads(payload: bytes) -> list[Any]:
+    from pyspark import cloudpickle
+
+    return cloudpickle.loads(payload)

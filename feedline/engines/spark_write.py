@@ -1,0 +1,200 @@
+"""Writing a plan to a feedline dataset with Spark; the driver commits the manifest last.
+
+Two writers, both into a staging folder inside the target (:func:`feedline.io.format.
+staging_folder`), both followed by the same driver-side commit (shards renamed
+``part-NNNNN.parquet`` in partition order, manifest with lineage ``engine="spark"``
+renamed into place last). A failed or interrupted job leaves no manifest: the previous
+dataset at the target, if any, still opens, and the staging folder is removed.
+
+``"feedline"`` (default)
+    The fused stage ends in :class:`feedline.io.format.ShardWriter`: each Spark task writes
+    its own shards (folder ``task-<partition>-<attempt>-<id>``) and returns their
+    ``{rows, bytes, row_groups, sha256}``. Same file format as the local engine, any
+    schema (tensor columns included), checksums computed while writing, no second read.
+    Only the shards reported by successful attempts are committed; files left by failed
+    or speculative attempts are deleted with the staging folder.
+``"spark"``
+    Spark's own ``DataFrameWriter.parquet`` (Hadoop commit protocol): ``rows_per_shard`` →
+    ``maxRecordsPerFile``, ``row_group_bytes`` → ``parquet.block.size`` (no row-count row
+    groups, no ``bytes_per_shard``). The driver then reads every footer and computes the
+    sha256 checksums in a second, distributed pass. Spark stores arrays, unsigned and
+    large types differently from Arrow, so only flat schemas of booleans, signed integers,
+    floats, strings, binary, dates and decimals are accepted (fields become nullable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import posixpath
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from feedline.engines.base import WriteOptions
+from feedline.engines.spark_plan import build_job, quiet_pandas_warning, spark_errors
+from feedline.engines.spark_worker import WriteSpec
+from feedline.errors import ConfigurationError
+from feedline.io import format as fmt
+from feedline.io.source import ExecutionReport
+from feedline.io.storage import Location
+from feedline.plan import Plan
+
+if TYPE_CHECKING:
+    from feedline.engines.spark import SparkEngine
+
+__all__ = ["write_with_feedline", "write_with_spark"]
+
+_SPARK_TYPES = (
+    pa.bool_(),
+    pa.int8(),
+    pa.int16(),
+    pa.int32(),
+    pa.int64(),
+    pa.float32(),
+    pa.float64(),
+    pa.string(),
+    pa.binary(),
+    pa.date32(),
+)
+
+
+def write_with_feedline(
+    engine: SparkEngine,
+    plan: Plan,
+    target: Location,
+    options: WriteOptions,
+    *,
+    preserve_order: bool,
+    report: ExecutionReport,
+    preprocessors: list[dict[str, Any]],
+) -> fmt.Manifest:
+    """Executors write feedline shards; the driver renames them and commits."""
+    fmt.prepare_target(target)
+    staging = fmt.staging_folder(target)
+    with _cleanup_on_error(staging):
+        job = build_job(
+            engine.spark,
+            plan,
+            mode="write",
+            preserve_order=preserve_order,
+            partitions=engine.partitions,
+            write=WriteSpec(staging, options.writer_kwargs()),
+        )
+        rows = job.collect(report).to_pylist()
+        rows.sort(key=lambda r: (r["part"], r["seq"]))
+        shards = []
+        for index, row in enumerate(rows):
+            name = f"part-{index:05d}.parquet"
+            staging.fs.mv(staging.join(row["path"]), staging.join(name))
+            shards.append(
+                fmt.ShardInfo(
+                    name, row["rows"], row["bytes"], tuple(row["row_groups"]), row["checksum"]
+                )
+            )
+        manifest = _manifest(engine, plan, job.schema, shards, options, report, preprocessors)
+        fmt.commit(target, staging, manifest)
+    return manifest
+
+
+def write_with_spark(
+    engine: SparkEngine,
+    plan: Plan,
+    target: Location,
+    options: WriteOptions,
+    *,
+    preserve_order: bool,
+    report: ExecutionReport,
+    preprocessors: list[dict[str, Any]],
+) -> fmt.Manifest:
+    """Spark's Parquet writer writes the shards; the driver reads footers and commits."""
+    job = build_job(engine.spark, plan, preserve_order=preserve_order, partitions=engine.partitions)
+    unsupported = [f"{f.name}: {f.type}" for f in job.schema if f.type not in _SPARK_TYPES]
+    if unsupported:
+        raise ConfigurationError(
+            f"writer='spark' cannot store the column(s) {unsupported} exactly (Spark's Parquet "
+            "writer turns tensors, lists, unsigned and large types into other types). Fix: use "
+            "SparkEngine(writer='feedline') (the default), which writes any schema."
+        )
+    fmt.prepare_target(target)
+    staging = fmt.staging_folder(target)
+    with _cleanup_on_error(staging):
+        out = staging.child("spark")
+        writer = job.frame.write.option("compression", options.compression or "none")
+        writer = writer.option("parquet.block.size", str(options.row_group_bytes))
+        if options.rows_per_shard:
+            writer = writer.option("maxRecordsPerFile", str(options.rows_per_shard))
+        try:
+            with spark_errors(), quiet_pandas_warning():
+                writer.parquet(out.path if out.is_local else out.url)
+        finally:
+            job.finish(report)
+        names = sorted(
+            posixpath.basename(p)
+            for p in out.fs.ls(out.path, detail=False)
+            if posixpath.basename(p).startswith("part-") and p.endswith(".parquet")
+        )
+        described = _describe_all(engine.spark, [out.child(n) for n in names])
+        shards = []
+        for index, (name, (size, checksum, groups)) in enumerate(
+            zip(names, described, strict=True)
+        ):
+            final = f"part-{index:05d}.parquet"
+            staging.fs.mv(out.join(name), staging.join(final))
+            shards.append(fmt.ShardInfo(final, sum(groups), size, groups, checksum))
+        schema = job.schema
+        if shards:
+            footer = fmt.read_footer(staging.child(shards[0].path)).schema.to_arrow_schema()
+            schema = footer.remove_metadata()
+        manifest = _manifest(engine, plan, schema, shards, options, report, preprocessors)
+        fmt.commit(target, staging, manifest)
+    return manifest
+
+
+def _describe_all(spark: Any, files: list[Location]) -> list[tuple[int, str, tuple[int, ...]]]:
+    """Size, sha256 and row-group sizes of every file, computed by Spark tasks."""
+    if not files:
+        return []
+    context = spark.sparkContext
+    rdd = context.parallelize(files, min(len(files), 4 * context.defaultParallelism))
+    with spark_errors():
+        return rdd.map(_describe).collect()
+
+
+def _describe(loc: Location) -> tuple[int, str, tuple[int, ...]]:
+    digest = hashlib.sha256()
+    size = 0
+    with loc.fs.open(loc.path, "rb") as handle:
+        while chunk := handle.read(8 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    meta = fmt.read_footer(loc)
+    groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    return size, "sha256:" + digest.hexdigest(), groups
+
+
+def _manifest(engine, plan, schema, shards, options, report, preprocessors) -> fmt.Manifest:
+    from feedline.engines.local import lineage_of
+
+    return fmt.Manifest(
+        schema=schema,
+        shards=shards,
+        lineage=lineage_of(plan, engine.name),
+        preprocessors=preprocessors,
+        write={
+            "options": options.writer_kwargs(),
+            "engine": {"name": engine.name, "writer": engine.writer, "master": engine.spark_master},
+            "report": report.as_dict(),
+        },
+    )
+
+
+@contextlib.contextmanager
+def _cleanup_on_error(staging: Location):
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            if staging.fs.exists(staging.path):
+                staging.fs.rm(staging.path, recursive=True)
+        raise
