@@ -11,6 +11,8 @@ from feedline import preprocess
 from feedline.dataset import Dataset
 from feedline.engines.base import WriteInfo, get_engine
 from feedline.engines.local import LocalEngine
+from feedline.engines.ray import RayEngine
+from feedline.engines.ray_bridge import from_ray
 from feedline.engines.spark import SparkEngine, clear_spark_cache, from_spark, spark_session
 from feedline.errors import (
     ConfigurationError,
@@ -82,6 +84,7 @@ __all__ = [
     "Normalize",
     "OneHotEncoder",
     "QuantileDiscretizer",
+    "RayEngine",
     "RobustScaler",
     "SchemaError",
     "SparkEngine",
@@ -98,6 +101,7 @@ __all__ = [
     "from_arrow",
     "from_pandas",
     "from_polars",
+    "from_ray",
     "from_spark",
     "get_engine",
     "open",

@@ -362,11 +362,12 @@ class Dataset:
 
         return to_spark(self, spark)
 
-    def to_ray(self) -> Any:
-        """This dataset as a ``ray.data.Dataset`` (see :func:`feedline.engines.ray.to_ray`)."""
-        from feedline.engines.ray import to_ray
+    def to_ray(self, engine: Any = None) -> Any:
+        """This dataset as a lazy ``ray.data.Dataset`` (see
+        :func:`feedline.engines.ray_bridge.to_ray`)."""
+        from feedline.engines.ray_bridge import to_ray
 
-        return to_ray(self)
+        return to_ray(self, engine)
 
     def loader(self, **kwargs: Any) -> Any:
         """A training loader over this dataset (see :class:`feedline.loader.Loader`)."""

@@ -1,0 +1,366 @@
+"""The Ray engine: the same fused operator chain through ``ray.data`` ``map_batches``.
+
+Design
+------
+**Reading.** Ray does not read the files with its own readers: the feedline read tasks of
+the plan's source (a file, a group of row groups, a byte range of a CSV file, 64 images)
+are distributed instead: ``ray.data.from_items`` of the task indices, one block per task,
+and a ``map_batches`` stage that runs ``task.read`` and the fused operators. So a plan
+gives the same rows, the same schema, the same errors (naming the file) and the same
+counters as on the local engine: one schema inference (CSV, JSON lines), one schema-drift
+check, one ``on_error`` policy for malformed CSV rows, image labels from folder names,
+row-group pruning with the pushed-down predicate. What this gives up: Ray's readers split
+big files into blocks and prefetch file metadata in parallel on their own, and they
+schedule reads next to the data on clusters with local disks; here a read task is the
+unit of parallelism (big CSV files are still cut into byte ranges, Parquet reads per file).
+
+**Operators.** The first segment of the plan (up to the first ``limit``) runs in Ray:
+reads and stateless operators in Ray tasks; a ``map_batches`` with a class (a model) or
+a ``transform`` with a tokenizer starts a stage in an actor pool (``concurrency=`` of the
+operator, else autoscaling from 1 to the cluster's CPUs), where the class is constructed
+once per actor (see :mod:`feedline.engines.ray_stages`). Ray's optimizer may fuse the
+read stage into the first actor stage (the reads then run in the actors too). Operators
+after a ``limit`` run on the driver over the limited stream, as on the local engine.
+``preserve_order`` is set on the dataset's own copy of Ray's ``DataContext`` (with
+``raise_original_map_exception``); the process-wide context is never changed.
+
+**Writes** go through Ray's Parquet writer into the staging folder; the driver commits the
+manifest last (see ``feedline.engines.ray_write``). The output schema is learned first on
+the driver, as on Spark: user functions run on 16 rows there unless a ``map_batches``
+gives ``output_schema=``.
+
+**Counters.** Records skipped inside workers (``DecodeImages(on_error="skip")``, CSV rows
+with ``on_error="skip"``) and read counters are sent per block to a collector actor
+(``num_cpus=0``, one per Ray job) and merged into the driver's report when the run ends.
+
+**Errors.** A ``FeedlineError`` raised in a worker (a user function failing becomes a
+:class:`~feedline.errors.UserFunctionError` naming the function and the input file) is
+re-raised on the driver as itself, with the worker's traceback chained as text, instead
+of Ray's ``RayTaskError`` wrapping.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from feedline.engines.base import WriteInfo, WriteOptions
+from feedline.engines.fusion import BatchPipeline, InstancePool, apply_limit, split_at_limits
+from feedline.engines.ray_errors import RemoteTraceback, surface_errors
+from feedline.engines.ray_stages import (
+    ActorStage,
+    ReportCollector,
+    StageRunner,
+    StageSpec,
+    merge_report,
+    split_stages,
+    unpickle_partials,
+)
+from feedline.errors import ConfigurationError, MissingDependencyError
+from feedline.io.source import ExecutionReport
+from feedline.io.storage import Location
+from feedline.plan import Operator, Plan, Pushdown, pushdown
+
+__all__ = ["RayEngine", "RemoteTraceback", "surface_errors"]
+
+_COLLECTOR_NAME = "feedline-report-collector"
+#: ((job id, node id), collector actor handle) of the current Ray job
+_COLLECTOR: tuple[tuple[str, str], Any] | None = None
+
+
+class RayEngine:
+    """Runs plans on Ray (``ray.data``), locally or on a cluster.
+
+    Parameters
+    ----------
+    address:
+        A Ray cluster to connect to (``"auto"``, ``"ray://host:10001"``); ``None`` starts a
+        local Ray when none is running. An already initialized Ray is always used as is.
+    num_cpus:
+        CPUs of a locally started Ray (default: all).
+    init_kwargs:
+        More arguments for ``ray.init`` (they override feedline's defaults
+        ``include_dashboard=False, log_to_driver=False``).
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> engine = RayEngine(num_cpus=2)  # doctest: +SKIP
+    >>> engine  # doctest: +SKIP
+    RayEngine(address=None, num_cpus=2)
+    >>> fl.range(10).map_batches(lambda b: b).count(engine=engine)  # doctest: +SKIP
+    10
+    """
+
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if importlib.util.find_spec("ray") is None:
+            raise MissingDependencyError("ray", "ray", "RayEngine")
+        if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
+            raise ConfigurationError(
+                f"num_cpus={num_cpus!r} must be a positive int. Fix: pass e.g. num_cpus=4."
+            )
+        if address is not None and num_cpus is not None:
+            raise ConfigurationError(
+                "num_cpus only applies to a Ray started here, not to the cluster at "
+                f"{address!r}. Fix: drop num_cpus, or address to start a local Ray."
+            )
+        self.address = address
+        self.num_cpus = num_cpus
+        self.init_kwargs = dict(init_kwargs or {})
+
+    def __repr__(self) -> str:
+        return f"RayEngine(address={self.address!r}, num_cpus={self.num_cpus})"
+
+    # ------------------------------------------------------------------ Ray plumbing
+
+    def ensure_ray(self) -> None:
+        """Start (or connect to) Ray unless it is already initialized."""
+        import ray
+
+        if ray.is_initialized():
+            return
+        kwargs: dict[str, Any] = {
+            "ignore_reinit_error": True,
+            "include_dashboard": False,
+            "log_to_driver": False,
+        }
+        if self.address is not None:
+            kwargs["address"] = self.address
+        if self.num_cpus is not None:
+            kwargs["num_cpus"] = self.num_cpus
+        ray.init(**(kwargs | self.init_kwargs))
+
+    def _collector(self) -> Any:
+        """The job's counter collector actor, created on first use. Its handle is kept here
+        for the whole Ray job: Ray ends an actor, named or not, with its last handle."""
+        global _COLLECTOR
+        import ray
+
+        context = ray.get_runtime_context()
+        job = (context.get_job_id(), context.get_node_id())
+        if _COLLECTOR is None or _COLLECTOR[0] != job:
+            actor = ray.remote(num_cpus=0)(ReportCollector)
+            handle = actor.options(name=_COLLECTOR_NAME, get_if_exists=True).remote()
+            _COLLECTOR = (job, handle)
+        return _COLLECTOR[1]
+
+    def _collect(self, collector: Any, run_id: str, report: ExecutionReport | None) -> None:
+        """Merge the workers' counters of run ``run_id`` into ``report`` (and forget them)."""
+        import ray
+
+        if not ray.is_initialized():  # a stream closed after ray.shutdown()
+            return
+        delta = ray.get(collector.pop.remote(run_id))
+        if report is not None:
+            merge_report(report, delta)
+
+    def _pool_size(self, op: Operator) -> int | tuple[int, int]:
+        concurrency = getattr(op, "concurrency", None)
+        if concurrency:
+            return concurrency
+        import ray
+
+        return (1, max(1, int(ray.cluster_resources().get("CPU", 1))))
+
+    def dataset(
+        self,
+        plan: Plan,
+        pushed: Pushdown,
+        ops: tuple[Operator, ...],
+        *,
+        preserve_order: bool,
+        collector: Any = None,
+        run_id: str = "",
+        conform: pa.Schema | None = None,
+        partial: Callable[[pa.RecordBatch], Any] | None = None,
+        merge: Callable[[Any, Any], Any] | None = None,
+        count_output: bool = False,
+    ) -> Any:
+        """The lazy ``ray.data.Dataset`` reading ``plan``'s source and running ``ops``
+        (operators without a ``Limit``); ``None`` when the source has no read tasks."""
+        import ray.data
+
+        from feedline.engines.ray_bridge import RaySource
+
+        self.ensure_ray()
+        source = plan.source
+        if isinstance(source, RaySource):
+            rds = source.private_copy()
+            labels: tuple[str, ...] = (source.describe(),)
+            first: dict[str, Any] = {"source_blocks": (pushed.columns, pushed.predicate)}
+        else:
+            tasks = source.read_tasks(pushed.columns, pushed.predicate)
+            if not tasks:
+                return None
+            labels = tuple(task.label for task in tasks)
+            rds = ray.data.from_items(
+                [{"task": i} for i in range(len(tasks))], override_num_blocks=len(tasks)
+            )
+            first = {"read_tasks": tuple(tasks)}
+        context = rds.context  # the dataset's own copy: the global context is left alone
+        context.execution_options.preserve_order = preserve_order
+        context.raise_original_map_exception = True
+        stages = split_stages(ops)
+        for number, (offset, stage_ops) in enumerate(stages):
+            last = number == len(stages) - 1
+            spec = StageSpec(
+                ops=stage_ops,
+                offset=offset,
+                labels=labels,
+                tag_output=not last,
+                conform=conform if last else None,
+                partial=partial if last else None,
+                merge=merge if last else None,
+                collector=collector,
+                run_id=run_id,
+                count_output=count_output and last,
+                **(first if number == 0 else {}),
+            )
+            common = {"batch_format": "pyarrow", "batch_size": None, "zero_copy_batch": True}
+            if number == 0:
+                rds = rds.map_batches(StageRunner(spec), **common)
+            else:
+                rds = rds.map_batches(
+                    ActorStage,
+                    fn_constructor_args=(spec,),
+                    concurrency=self._pool_size(stage_ops[0]),
+                    **common,
+                )
+        return rds
+
+    # ------------------------------------------------------------------ the Engine protocol
+
+    def execute(
+        self, plan: Plan, *, preserve_order: bool = True, report: ExecutionReport | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream the plan's output batches to the driver (see :class:`RayEngine`)."""
+        report = report if report is not None else ExecutionReport()
+        pushed = pushdown(plan)
+        segments = split_at_limits(pushed.remaining)
+        self.ensure_ray()
+        collector, run_id = self._collector(), uuid.uuid4().hex
+        rds = self.dataset(
+            plan,
+            pushed,
+            segments[0][0],
+            preserve_order=preserve_order,
+            collector=collector,
+            run_id=run_id,
+        )
+        return self._stream(rds, segments, report, collector, run_id)
+
+    def _stream(self, rds, segments, report, collector, run_id) -> Iterator[pa.RecordBatch]:
+        instances = InstancePool()
+        first_limit = segments[0][1]
+        try:
+            stream = _blocks(rds, first_limit)
+            if first_limit is not None:
+                stream = apply_limit(stream, first_limit)
+            for ops, limit in segments[1:]:
+                stream = BatchPipeline(ops, report, instances)(stream, "the limited stream")
+                if limit is not None:
+                    stream = apply_limit(stream, limit)
+            for batch in stream:
+                if batch.num_rows:
+                    report.add(rows_out=batch.num_rows, batches_out=1)
+                    yield batch
+        finally:
+            self._collect(collector, run_id, report)
+
+    def aggregate(
+        self,
+        plan: Plan,
+        partial: Callable[[pa.RecordBatch], Any],
+        merge: Callable[[Any, Any], Any],
+    ) -> Any:
+        """Compute ``partial`` per read task in the workers (returned as a pickled binary
+        column) and ``merge`` the results on the driver, in read-task order.
+
+        Returns ``None`` when the plan yields no rows. ``merge`` must be associative and
+        commutative (the same contract as the local engine).
+        """
+        pushed = pushdown(plan)
+        segments = split_at_limits(pushed.remaining)
+        if len(segments) > 1:  # a limit needs the merged stream: aggregate on the driver
+            result = None
+            for batch in self.execute(plan, preserve_order=True):
+                part = partial(batch)
+                result = part if result is None else merge(result, part)
+            return result
+        self.ensure_ray()
+        collector, run_id = self._collector(), uuid.uuid4().hex
+        rds = self.dataset(
+            plan,
+            pushed,
+            segments[0][0],
+            preserve_order=False,
+            collector=collector,
+            run_id=run_id,
+            partial=partial,
+            merge=merge,
+        )
+        try:
+            tables = list(_tables(rds))
+        finally:
+            self._collect(collector, run_id, None)
+        merged = None
+        for _, value in unpickle_partials(tables):
+            merged = value if merged is None else merge(merged, value)
+        return merged
+
+    def write(
+        self,
+        plan: Plan,
+        target: Location,
+        options: WriteOptions,
+        *,
+        preserve_order: bool = True,
+        on_rows: Callable[[int], None] | None = None,
+        report: ExecutionReport | None = None,
+        preprocessors: list[dict[str, Any]] | None = None,
+    ) -> WriteInfo:
+        """Materialize the plan with Ray's Parquet writer (see ``feedline.engines.ray_write``)."""
+        from feedline.engines.ray_write import write_plan
+
+        return write_plan(
+            self,
+            plan,
+            target,
+            options,
+            preserve_order=preserve_order,
+            on_rows=on_rows,
+            report=report if report is not None else ExecutionReport(),
+            preprocessors=preprocessors,
+        )
+
+
+def _tables(rds: Any) -> Iterator[pa.Table]:
+    """The blocks of a Ray dataset as Arrow tables, with worker errors surfaced."""
+    if rds is None:
+        return
+    iterator = iter(rds.iter_batches(batch_size=None, batch_format="pyarrow"))
+    try:
+        with surface_errors():
+            yield from iterator
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+def _blocks(rds: Any, limit: int | None) -> Iterator[pa.RecordBatch]:
+    if rds is not None and limit is not None:
+        rds = rds.limit(limit)
+    for table in _tables(rds):
+        yield from table.to_batches()

@@ -1,0 +1,72 @@
+"""Errors raised in Ray workers, surfaced on the driver as feedline's own errors.
+
+Ray wraps an exception raised in a worker in ``RayTaskError`` (a class deriving from both
+``RayTaskError`` and the original type) and Ray Data in ``UserCodeException``; its message
+is the whole remote traceback. feedline's stages attach the formatted traceback to the
+``FeedlineError`` they raise (:data:`~feedline.engines.ray_stages.REMOTE_TRACEBACK`), and
+:func:`surface_errors` re-raises that error itself on the driver, with the worker's
+traceback chained as a :class:`RemoteTraceback` (the pattern of
+``concurrent.futures.process``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from feedline.engines.ray_stages import REMOTE_MESSAGE, REMOTE_TRACEBACK
+from feedline.errors import FeedlineError
+
+__all__ = ["RemoteTraceback", "surface_errors"]
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error raised in a Ray worker, chained as the cause of the error
+    re-raised on the driver (its text is the worker's formatted traceback)."""
+
+    def __str__(self) -> str:
+        return "\n" + str(self.args[0]) if self.args else ""
+
+
+def _is_ray_error(exc: BaseException) -> bool:
+    from ray.exceptions import RayError
+
+    return isinstance(exc, RayError)
+
+
+def _feedline_error_in(exc: BaseException) -> FeedlineError | None:
+    """The original ``FeedlineError`` inside Ray's wrappers (``RayTaskError``, ...), if any."""
+    pending, seen, dual = [exc], set(), None
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, FeedlineError):
+            if not _is_ray_error(current):
+                return current
+            dual = dual or current  # RayTaskError(UserFunctionError): a subclass of both
+        pending += [getattr(current, "cause", None), current.__cause__, current.__context__]
+    return dual
+
+
+@contextlib.contextmanager
+def surface_errors() -> Iterator[None]:
+    """Re-raise a ``FeedlineError`` raised in a Ray worker as itself on the driver.
+
+    The worker's traceback is chained as a :class:`RemoteTraceback`; Ray's own wrapping
+    (``RayTaskError``, ``UserCodeException``) is dropped. Other errors pass unchanged.
+    """
+    try:
+        yield
+    except Exception as exc:
+        found = _feedline_error_in(exc) if _is_ray_error(exc) else None
+        if found is None:
+            raise
+        text = getattr(found, REMOTE_TRACEBACK, None)
+        if _is_ray_error(found):  # only Ray's dual class survived: keep its last line
+            found = FeedlineError(str(found).strip().splitlines()[-1])
+        message = getattr(found, REMOTE_MESSAGE, None)
+        if message is not None:
+            found.args = (message,)
+        raise found.with_traceback(None) from (RemoteTraceback(text) if text else None)
