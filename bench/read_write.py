@@ -35,7 +35,8 @@ def make_table(rows: int, seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
     columns = {f"f{i}": rng.standard_normal(rows, dtype=np.float32) for i in range(8)}
     columns["label"] = rng.integers(0, 1000, rows)
-    columns["category"] = pa.array(np.array(["red", "green", "blue", "black"])[rng.integers(0, 4, rows)])
+    colours = np.array(["red", "green", "blue", "black"])
+    columns["category"] = pa.array(colours[rng.integers(0, 4, rows)])
     return pa.table(columns)
 
 

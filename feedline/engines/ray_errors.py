@@ -65,7 +65,10 @@ def surface_errors() -> Iterator[None]:
             raise
         text = getattr(found, REMOTE_TRACEBACK, None)
         if _is_ray_error(found):  # only Ray's dual class survived: keep its last line
-            found = FeedlineError(str(found).strip().splitlines()[-1])
+            last = str(found).strip().splitlines()[-1]
+            found = FeedlineError(
+                last if "Fix:" in last else f"{last} (Fix: see the worker traceback chained above.)"
+            )
         message = getattr(found, REMOTE_MESSAGE, None)
         if message is not None:
             found.args = (message,)

@@ -163,7 +163,10 @@ class SparkEngine:
                 f"writer={writer!r} is not a Spark writer. Fix: use one of {_WRITERS}."
             )
         if partitions is not None and partitions < 1:
-            raise ConfigurationError(f"partitions={partitions} must be >= 1 (or None).")
+            raise ConfigurationError(
+                f"partitions={partitions} must be >= 1. Fix: pass a positive count, or None "
+                "to use one partition per read task."
+            )
         self._spark = spark
         self.master = master
         self.partitions = partitions

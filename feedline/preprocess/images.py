@@ -123,8 +123,9 @@ def _resize(im: Any, box: tuple[float, float, float, float], spec: _Spec) -> Any
     H, W = spec.height, spec.width
     x0, y0, sw, sh = box[0], box[1], box[2] - box[0], box[3] - box[1]
     if spec.crop:  # the largest centred region with the target's aspect ratio
-        s = max(W / sw, H / sh)
-        x0, y0, sw, sh = x0 + (sw - W / s) / 2, y0 + (sh - H / s) / 2, W / s, H / s
+        s = max(W / sw, H / sh)  # min(): W / s may exceed sw by a rounding error
+        cw, ch = min(sw, W / s), min(sh, H / s)
+        x0, y0, sw, sh = x0 + (sw - cw) / 2, y0 + (sh - ch) / 2, cw, ch
     region = (x0, y0, x0 + sw, y0 + sh)
     if im.size == (W, H) and region == (0.0, 0.0, float(W), float(H)):
         return im

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,6 @@ from feedline.preprocess.clip_bpe import (
     ClipTokenizer,
     frame,
     pack,
-    pack_chunks,
     read_source,
     tensor_array,
 )
@@ -80,7 +80,9 @@ class _HFBackend:
 
     When the pipeline is separable (see ``_SEPARABLE``, confirmed on probe texts) the ids of
     each space-separated chunk are cached, and only unseen chunks go to Rust: typical text
-    repeats its words, so a row costs a split and a few dict lookups.
+    repeats its words. Arrow splits the texts and dictionary-encodes the chunks, Python
+    touches each distinct chunk of a batch once (a cache lookup), and NumPy gathers every
+    row's ids (see :func:`gather_chunks`), so most of the work releases the GIL.
     """
 
     def __init__(self, tokenizer: Any, spec: dict[str, Any], max_length: int,
@@ -113,25 +115,62 @@ class _HFBackend:
             found.update((tuple(full[:k]), tuple(full[k + n:])) for k in starts[:1])
         return found.pop() if len(found) == 1 else None
 
-    def encode_ids(self, texts: list[str], add_special_tokens: bool, chunked: bool | None = None
+    def encode_ids(self, texts: Sequence[str] | pa.Array, add_special_tokens: bool,
+                   chunked: bool | None = None
                    ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], tuple[int, ...]]:
-        """Packed ids (see ``pack``), and the ids to put before and after each row."""
+        """Packed ids (see ``pack``), and the ids to put before and after each row.
+
+        ``texts``: a list of strings, or an Arrow string array without nulls.
+        """
         if not (self.specials is not None if chunked is None else chunked):
+            texts = texts.to_pylist() if isinstance(texts, pa.Array) else list(texts)
             encodings = self._encode(texts, add_special_tokens=add_special_tokens)
             return (*pack([e.ids for e in encodings]), (), ())
-        rows = [text.split(" ") for text in texts]
+        array = texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string())
+        flat, lengths = self._chunk_ids(array)
+        prefix, suffix = self.specials if add_special_tokens and self.specials else ((), ())
+        return flat, lengths, prefix, suffix
+
+    def _chunk_ids(self, array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """Packed ids of the texts (no special tokens), joined from the ids of their chunks."""
+        pieces = pc.split_pattern(array, " ")  # as str.split(" "): "a  b" -> a, "", b
+        per_row = pieces.value_lengths().to_numpy(zero_copy_only=False)
+        encoded = pc.dictionary_encode(pieces.flatten())
+        chunks = encoded.dictionary.to_pylist()
         cache = self._cache
-        missing = list({c for chunks in rows for c in chunks if c not in cache})
+        missing = [c for c in chunks if c not in cache]
         if missing:
             if len(cache) + len(missing) > CACHE_SIZE:
-                cache = {c: cache[c] for chunks in rows for c in chunks if c in cache}
+                cache = {c: cache[c] for c in chunks if c in cache}
             encodings = self._encode(missing, add_special_tokens=False)
             cache.update(zip(missing, (e.ids for e in encodings), strict=True))
             self._cache = cache
-        flat, lengths = pack_chunks([cache[c] for chunks in rows for c in chunks], map(len, rows),
-                                    len(rows))
-        prefix, suffix = self.specials if add_special_tokens and self.specials else ((), ())
-        return flat, lengths, prefix, suffix
+        ids, sizes = pack([cache[c] for c in chunks])
+        return gather_chunks(ids, sizes, encoded.indices.to_numpy(zero_copy_only=False), per_row)
+
+
+def gather_chunks(ids: np.ndarray, sizes: np.ndarray, which: np.ndarray,
+                  per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Join the ids of each row's chunks, vectorized.
+
+    Distinct chunk ``j`` has the ids ``ids[start_j : start_j + sizes[j]]`` (packed, in
+    order); the data's ``k``-th chunk is distinct chunk ``which[k]``, and row ``i`` is made
+    of the next ``per_row[i]`` chunks. Returns the rows' ids packed and their lengths.
+
+    Examples
+    --------
+    >>> ids, sizes = np.array([7, 8, 9], np.int32), np.array([2, 1])  # "ab" -> 7 8, "c" -> 9
+    >>> flat, lengths = gather_chunks(ids, sizes, np.array([1, 0, 0]), np.array([2, 1]))
+    >>> flat.tolist(), lengths.tolist()
+    ([9, 7, 8, 7, 8], [3, 2])
+    """
+    starts = np.cumsum(sizes) - sizes
+    counts = sizes[which]  # ids of each chunk of the data
+    ends = np.cumsum(counts)
+    shift = np.repeat(starts[which] - (ends - counts), counts)
+    flat = ids[np.arange(int(ends[-1]) if len(ends) else 0) + shift]
+    row_ends = np.concatenate([[0], ends])[np.cumsum(per_row, dtype=np.int64)]
+    return flat, np.diff(row_ends, prepend=0)
 
 
 def _tokenizers() -> Any:
@@ -282,7 +321,8 @@ class Tokenize(Preprocessor):
                     self._backend = self._load()
         return self._backend
 
-    def _texts(self, array: pa.Array, where: str) -> list[str]:
+    def _texts(self, array: pa.Array, where: str) -> pa.Array:
+        """The column as a string array without nulls (``SchemaError``/``DataError`` else)."""
         kind = array.type
         if pa.types.is_dictionary(kind):
             array, kind = array.dictionary_decode(), kind.value_type
@@ -303,14 +343,18 @@ class Tokenize(Preprocessor):
                     "or pass on_null='empty' to tokenize them as ''."
                 )
             array = pc.fill_null(array, "")
-        return array.to_pylist()
+        if pa.types.is_string_view(array.type):
+            array = array.cast(pa.large_string())
+        return array
 
     def _transform(self, batch: pa.RecordBatch, report: Any, where: str) -> pa.RecordBatch:
         index = batch.schema.get_field_index(self.column)
         texts = self._texts(batch.column(index), where)
         backend = self._get_backend()
         try:
-            flat, lengths, prefix, suffix = backend.encode_ids(texts, self.add_special_tokens)
+            flat, lengths, prefix, suffix = backend.encode_ids(
+                texts if isinstance(backend, _HFBackend) else texts.to_pylist(),
+                self.add_special_tokens)
         except FeedlineError:
             raise
         except Exception as exc:  # tokenizers raises plain Exception
@@ -322,7 +366,7 @@ class Tokenize(Preprocessor):
             row = int(np.argmax(lengths > self.max_length))
             raise DataError(
                 f"Tokenize: row {row} of {where} has {int(lengths[row])} tokens, more than "
-                f"max_length={self.max_length} (text starts {texts[row][:60]!r}). Fix: "
+                f"max_length={self.max_length} (text starts {texts[row].as_py()[:60]!r}). Fix: "
                 "truncation=True, a larger max_length, or pad=False."
             )
         if self.pad:

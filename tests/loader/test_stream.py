@@ -21,7 +21,12 @@ def ids(loader: Loader) -> np.ndarray:
 
 
 def feedline_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("feedline")]
+    # the loader's own threads; DecodeImages keeps one process-wide decode pool on purpose
+    return [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("feedline") and not t.name.startswith("feedline-decode")
+    ]
 
 
 def test_streaming_yields_the_two_level_permutation_with_bounded_pools(write) -> None:

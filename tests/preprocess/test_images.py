@@ -190,6 +190,26 @@ def test_center_crop_keeps_the_centre_and_stretch_keeps_everything():
     assert (stretch[:, 24] == [0, 255, 0]).all()
 
 
+def test_center_crop_survives_rounding_and_matches_pillow():
+    # 224 / (224 / 400) == 400.00000000000006 > 400: unclamped, the crop box started at
+    # -3e-14 and Pillow refused it ("box offset can't be negative"), e.g. for 400x500 photos
+    rng = np.random.default_rng(0)
+    sizes = [(400, 500), (500, 400), (401, 500), (333, 517), (517, 333), (224, 300)]
+    sizes += [tuple(int(v) for v in rng.integers(20, 700, 2)) for _ in range(60)]
+    for w, h in sizes:
+        im = photo(w, h) if (w, h) in sizes[:6] else Image.new("RGB", (w, h), (9, 99, 199))
+        files = {"p.png": encode(im, "PNG", compress_level=1)}
+        for size in ((224, 224), (32, 48), (77, 13)):
+            out = decoded(DecodeImages(size=size), files)[0]
+            H, W = size
+            s = max(W / w, H / h)
+            cw, ch = min(w, W / s), min(h, H / s)
+            box = ((w - cw) / 2, (h - ch) / 2, (w + cw) / 2, (h + ch) / 2)
+            ref = np.asarray(im.resize((W, H), Image.Resampling.BILINEAR, box=box,
+                                       reducing_gap=3.0))  # as DecodeImages
+            assert np.abs(out.astype(int) - ref).max() <= 1, (w, h, size)
+
+
 def test_odd_modes_are_converted_correctly():
     files = good_files()
     rgba = decoded(DecodeImages(size=(8, 8)), {"rgba.png": files["rgba.png"]})[0]

@@ -255,6 +255,20 @@ def test_chunked_route_any_text(wordpiece: Path, parts: list[str], space: str) -
     assert got == {"text": ids[0].tolist(), "text_mask": mask[0].tolist()}
 
 
+def test_chunk_cache_eviction_and_sliced_batches(wordpiece: Path, monkeypatch) -> None:
+    import feedline.preprocess.text as text_module
+
+    monkeypatch.setattr(text_module, "CACHE_SIZE", 16)  # evicts on nearly every batch
+    t = Tokenize("text", wordpiece, 24)
+    table = batched_table(SENTENCES, rows=29)  # record batches are slices of one array
+    out = fl.from_arrow(table).transform(t).to_arrow(engine=fl.LocalEngine(parallelism=2))
+    ids, mask = direct(wordpiece, SENTENCES, 24)
+    np.testing.assert_array_equal(column(out, "text"), ids)
+    np.testing.assert_array_equal(column(out, "text_mask"), mask)
+    distinct = {c for text in SENTENCES for c in text.split(" ")}
+    assert len(t._backend._cache) < len(distinct)
+
+
 def test_unpadded_untruncated_and_outputs(any_tokenizer: Path) -> None:
     tok = tokenizers.Tokenizer.from_file(str(any_tokenizer))
     table = batched_table(SENTENCES)
