@@ -42,8 +42,13 @@ __all__ = [
 MAX_READ_THREADS = 4
 #: rows decoded at a time while reading row groups
 READ_BATCH_ROWS = 32 * 1024
-#: bytes of loader arrays decoded at a time while filling the cache
-READ_BYTES = 8 << 20
+#: bytes of loader arrays decoded at a time while filling the cache. Parquet decodes a
+#: fixed-size-list column with a repetition and a definition level per value (and a uint8
+#: tensor as int32), so a piece's transient Arrow memory is several times its final size:
+#: small pieces keep the cache load's peak memory close to the cache itself.
+READ_BYTES = 1 << 20
+#: bytes read from a file at a time (row groups are not pre-buffered whole: see ``iter_read``)
+READ_BUFFER = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -86,12 +91,13 @@ class FileLayout:
     ) -> Iterator[pa.RecordBatch]:
         """Row groups ``groups`` of file ``file`` as batches of up to ``rows`` rows.
 
-        Decoding a piece at a time bounds the memory a read needs beyond its output.
+        Decoding a piece at a time, from a buffered stream rather than whole pre-buffered
+        column chunks, bounds the memory a read needs beyond its output.
         """
         loc = self.files[file]
         try:
             with loc.arrow_filesystem().open_input_file(loc.path) as handle:
-                parquet = pq.ParquetFile(handle)
+                parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=READ_BUFFER)
                 yield from parquet.iter_batches(
                     batch_size=rows or READ_BATCH_ROWS,
                     row_groups=list(groups),
@@ -247,6 +253,7 @@ def _load_files(layout: FileLayout, specs: Sequence[ColumnSpec], threads: int) -
         rows = min(READ_BATCH_ROWS, max(1, READ_BYTES // max(1, _row_bytes(specs))))
         pieces = _checked(layout.iter_read(f, [i], names, rows), int(sizes[g]), where)
         fill_arrays(arrays, pieces, specs, int(starts[g]), where)
+        pa.default_memory_pool().release_unused()  # the decoded pieces: back to the system
 
     todo = [g for g in range(len(sizes)) if sizes[g]]
     if threads <= 1 or len(todo) <= 1:

@@ -4,7 +4,8 @@ Which rows each rank reads, in which order, is a pure function (:mod:`feedline.l
 of (row-group sizes, seed, epoch, rank, world size); the data path only gathers them. The
 requested columns are cached as NumPy arrays when they fit ``memory_budget`` (exact global
 permutation); otherwise row groups stream pool by pool (two-level shuffle, memory bounded by
-``shuffle_window``). A background thread keeps ``prefetch`` batches ready.
+``shuffle_window``). A background thread keeps ``prefetch`` batches ready (small batches in
+groups of about ``GROUP_BYTES``, gathered with one take into reused buffers).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from feedline.errors import ConfigurationError
 from feedline.loader.backend import Backend, open_backend
+from feedline.loader.buffers import BufferPool
 from feedline.loader.cache import as_batch_value
 from feedline.loader.columns import parse_budget
 from feedline.loader.formats import FORMATS, can_pin, to_format
@@ -32,6 +34,10 @@ if TYPE_CHECKING:
 __all__ = ["Loader"]
 
 CACHES = ("auto", "memory", "none")
+#: bytes of batches the prefetch thread gathers with one take (see ``Loader._group_size``)
+GROUP_BYTES = 1 << 20
+#: most batches gathered with one take
+MAX_GROUP = 64
 
 
 def _int(name: str, value: Any, low: int) -> int:
@@ -66,8 +72,10 @@ class Loader:
         streams row groups (two-level shuffle), ``"auto"`` caches when the estimate from the
         schema and row count fits ``memory_budget``.
     prefetch:
-        Batches a background thread gathers ahead, ``prefetch`` at a time with one take per
-        column (its batches are views of it); 0 gathers in the calling thread, one at a time.
+        Batches a background thread keeps ready (at least). It gathers them in groups with one
+        take per column (the batches are views of it): ``prefetch`` batches, or as many as make
+        about 1 MiB when cached batches are small, at most 64. 0 gathers in the calling thread,
+        one batch at a time.
     format:
         ``"torch"`` (dict of ``torch.Tensor`` via ``torch.from_numpy``), ``"numpy"`` or ``"tf"``.
         Dtypes: bool → ``torch.bool``; ints and floats kept; uint16/uint32 widened to
@@ -259,7 +267,7 @@ class Loader:
             gen.close()
 
     def _consume(self, plan: EpochPlan, start: int, epoch: int, fmt: str, token: object):
-        produced = self._produce(plan, start, epoch, fmt, max(1, self.prefetch))
+        produced = self._produce(plan, start, epoch, fmt, self._group_size())
         stream = Prefetcher(produced, 1) if self.prefetch else produced
         try:
             for group in stream:
@@ -270,6 +278,20 @@ class Loader:
         finally:
             stream.close()
 
+    def _group_size(self) -> int:
+        """Batches gathered with one take: ``prefetch``, or about ``GROUP_BYTES`` of batches.
+
+        One hand-over between the prefetch thread and the training loop costs far more than
+        gathering a small batch, so small cached batches travel in groups (streaming keeps
+        ``prefetch``: a larger group would span, and hold, more shuffle pools).
+        """
+        if not self.prefetch or self._prepare().mode != "memory":
+            return max(1, self.prefetch)
+        row = sum(int(np.prod(s)) * (8 if d.kind == "O" else d.itemsize)
+                  for s, d in self._shapes().values())  # fmt: skip
+        fit = GROUP_BYTES // max(1, row * self.batch_size)
+        return max(self.prefetch, min(MAX_GROUP, fit))
+
     def _produce(self, plan: EpochPlan, start: int, epoch: int, fmt: str, size: int):
         """Groups of ``size`` (batch number, batch) pairs; runs in the prefetch thread.
 
@@ -277,17 +299,20 @@ class Loader:
         """
         b, backend = self.batch_size, self._prepare()
         session = backend.session(shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        # unpinned groups are gathered into reused buffers (see BufferPool): the batches in
+        # the queue, the one the caller holds and the one being gathered each hold a set
+        pool = None if self.pin_memory else BufferPool(backend.shapes(), size * b, keep=4)
         for first in range(start, plan.num_batches, size):
             ks = range(first, min(first + size, plan.num_batches))
             indices = plan.indices[first * b : (ks[-1] + 1) * b]
             tensors: dict[str, Any] = {}
-            if self.pin_memory:  # gather straight into page-locked tensors
+            if pool is None:  # gather straight into page-locked tensors
                 from feedline.loader.torch import batch_buffers
 
                 tensors, views = batch_buffers(backend.shapes(), len(indices), pin=True)
                 arrays = session.gather(indices, out=views)
             else:
-                arrays = session.gather(indices)
+                arrays = session.gather(indices, out=pool.get(len(indices)))
             group = []
             for j, k in enumerate(ks):
                 rows = slice(j * b, (j + 1) * b)

@@ -124,7 +124,8 @@ def epoch_permutation(num_rows: int, seed: int, epoch: int) -> np.ndarray:
     ([0, 1, 2, 3, 4], True)
     """
     n = _int("epoch_permutation", "num_rows", num_rows, 0, "pass the dataset's row count.")
-    return _rng(*_key("epoch_permutation", seed, epoch), _EXACT).permutation(n).astype(np.int64)
+    rng = _rng(*_key("epoch_permutation", seed, epoch), _EXACT)
+    return rng.permutation(n).astype(np.int64, copy=False)
 
 
 def block_shuffle_pools(
@@ -222,9 +223,20 @@ def _split(
             f"0..{world_size - 1}). Fix: pass this process's rank (e.g. torch.distributed."
             "get_rank()) and the total number of processes as world_size."
         )
-    pos = _positions(r, num_batches * batch_size, world_size, batch_size)
-    indices = arr[pos % arr.size] if arr.size else pos
-    return EpochPlan(indices, pos >= arr.size, num_batches, int(batch_size))
+    total = num_batches * world_size * batch_size
+    if total == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return EpochPlan(empty, np.zeros(0, dtype=bool), 0, int(batch_size))
+    # the _positions layout as a strided view: step k of the global order holds every rank's
+    # k-th batch; padding repeats the order cyclically (np.resize), as arr[pos % arr.size]
+    full = arr[:total] if total <= arr.size else np.resize(arr, total)
+    steps = (num_batches, world_size, batch_size)
+    indices = full.reshape(steps)[:, r, :].reshape(-1)  # a view when world_size == 1
+    if total <= arr.size:
+        padded = np.zeros(indices.size, dtype=bool)
+    else:
+        padded = (np.arange(total).reshape(steps)[:, r, :] >= arr.size).reshape(-1)
+    return EpochPlan(indices, padded, num_batches, int(batch_size))
 
 
 def split_for_rank(
