@@ -30,7 +30,6 @@ engine's even with ``preserve_order=True``; the shards follow the dataset's orde
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import re
 import time
@@ -234,18 +233,9 @@ def _finalize(staging: Location, on_rows: Callable[[int], None] | None) -> list[
         location = staging.child(part)
         meta = read_footer(location)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        size, checksum = _checksum(location)
+        size, checksum = fmt.file_checksum(location)
         shards.append(fmt.ShardInfo(part, meta.num_rows, size, groups, checksum))
         if on_rows is not None:
             on_rows(meta.num_rows)
     return shards
 
-
-def _checksum(location: Location) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with location.fs.open(location.path, "rb") as handle:
-        while chunk := handle.read(8 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, "sha256:" + digest.hexdigest()

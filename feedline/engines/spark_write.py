@@ -25,7 +25,6 @@ dataset at the target, if any, still opens, and the staging folder is removed.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import posixpath
 from typing import TYPE_CHECKING, Any
 
@@ -162,15 +161,10 @@ def _describe_all(spark: Any, files: list[Location]) -> list[tuple[int, str, tup
 
 
 def _describe(loc: Location) -> tuple[int, str, tuple[int, ...]]:
-    digest = hashlib.sha256()
-    size = 0
-    with loc.fs.open(loc.path, "rb") as handle:
-        while chunk := handle.read(8 << 20):
-            digest.update(chunk)
-            size += len(chunk)
+    size, checksum = fmt.file_checksum(loc)
     meta = fmt.read_footer(loc)
     groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-    return size, "sha256:" + digest.hexdigest(), groups
+    return size, checksum, groups
 
 
 def _manifest(engine, plan, schema, shards, options, report, preprocessors) -> fmt.Manifest:

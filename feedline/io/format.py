@@ -579,6 +579,21 @@ def open_source(
     return FeedlineSource(target, manifest)
 
 
+def file_checksum(location: Location) -> tuple[int, str]:
+    """Size and ``"sha256:<hex>"`` checksum of a stored file, read in 8 MiB chunks.
+
+    The same checksum the shard writer computes while writing, for files written by others
+    (Spark's and Ray's writers) and for verification.
+    """
+    digest = hashlib.sha256()
+    size = 0
+    with location.fs.open(location.path, "rb") as handle:
+        while chunk := handle.read(_CHECKSUM_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, "sha256:" + digest.hexdigest()
+
+
 def verify_manifest(
     target: Location, manifest: Manifest, on_shard: Callable[[ShardInfo], None] | None = None
 ) -> None:
@@ -595,11 +610,7 @@ def verify_manifest(
                 f"Shard {shard.path} of {target.url!r} is {size} bytes; the manifest says "
                 f"{shard.bytes}. It was truncated or replaced. Fix: re-run the write."
             )
-        digest = hashlib.sha256()
-        with loc.fs.open(loc.path, "rb") as handle:
-            while chunk := handle.read(_CHECKSUM_CHUNK):
-                digest.update(chunk)
-        if "sha256:" + digest.hexdigest() != shard.checksum:
+        if file_checksum(loc)[1] != shard.checksum:
             raise IntegrityError(
                 f"Shard {shard.path} of {target.url!r} fails its checksum (the bytes changed "
                 "after the write: corruption or tampering). Fix: restore it or re-run the write."
