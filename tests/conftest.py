@@ -98,7 +98,8 @@ def s3_options(endpoint: str) -> dict[str, Any]:
 @pytest.fixture
 def s3_bucket(s3_endpoint: str) -> S3Bucket:
     """A new bucket per test (a random name, so tests never see each other's data)."""
-    bucket = S3Bucket(f"s3://feedline-{uuid.uuid4().hex[:12]}", s3_endpoint, s3_options(s3_endpoint))
+    name = f"feedline-{uuid.uuid4().hex[:12]}"
+    bucket = S3Bucket(f"s3://{name}", s3_endpoint, s3_options(s3_endpoint))
     import boto3  # s3fs sends a LocationConstraint that us-east-1 refuses; boto3 does not
 
     boto3.client(
@@ -107,5 +108,5 @@ def s3_bucket(s3_endpoint: str) -> S3Bucket:
         region_name="us-east-1",
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
-    ).create_bucket(Bucket=bucket.url.removeprefix("s3://"))
+    ).create_bucket(Bucket=name)
     return bucket
