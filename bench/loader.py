@@ -82,6 +82,7 @@ RUNNERS: list[tuple[str, str, str]] = [
     ("torch-dl-w0", "", "torch DataLoader, pandas map-style Dataset, RandomSampler, workers=0"),
     ("torch-dl-w2", "", "torch DataLoader, pandas map-style Dataset, RandomSampler, workers=2"),
     ("hf-datasets", "peers", "HF datasets from_parquet -> shuffle -> with_format('torch').iter"),
+    ("tf-data", "", "tf.data from_tensor_slices(pyarrow arrays) -> shuffle(all rows) -> batch"),
     ("ray-data", "peers", "Ray Data read_parquet -> iter_torch_batches(local shuffle buffer)"),
     ("petastorm", "petastorm", "Petastorm make_batch_reader -> BatchedDataLoader(shuffle queue)"),
     ("mosaic-w0", "peers", "Mosaic StreamingDataset (MDS) -> torch DataLoader, workers=0"),
@@ -336,6 +337,41 @@ def run_hf(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def run_tf_data(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The tf.data idiom over Parquet: arrays read with pyarrow, an exact shuffle buffer.
+
+    tf.data has no Parquet reader of its own (tensorflow-io's is unmaintained), so the columns
+    are read with pyarrow into NumPy, sliced by ``from_tensor_slices`` and shuffled with a
+    buffer as large as the dataset (an exact global shuffle, like feedline's). Batches come out
+    as TF tensors; ``.numpy()`` + ``torch.from_numpy`` hand them over without a copy.
+    """
+    import numpy as np
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+    import torch
+
+    holder: dict[str, Any] = {}
+    shape = tuple(spec["shape"])
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        if epoch == 0:
+            table = pq.read_table(shard_files(spec["dir"]), columns=[spec["feature"], "label"])
+            column = table.column(spec["feature"]).combine_chunks()
+            x = np.asarray(column.storage.flatten()).reshape(len(table), *shape)
+            y = table.column("label").to_numpy()
+            del table, column
+            holder["ds"] = (
+                tf.data.Dataset.from_tensor_slices({spec["feature"]: x, "label": y})
+                .shuffle(len(y), seed=SEED, reshuffle_each_iteration=True)
+                .batch(BATCH, drop_remainder=True)
+                .prefetch(tf.data.AUTOTUNE)
+            )
+        for batch in holder["ds"]:
+            yield {k: torch.from_numpy(v.numpy()) for k, v in batch.items()}
+
+    return measure(make_epoch, spec, args, multiprocess=False)
+
+
 def run_ray(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
@@ -522,6 +558,7 @@ def worker(args: argparse.Namespace) -> None:
         "torch-dl-w0": lambda: run_torch_dl(spec, args, 0),
         "torch-dl-w2": lambda: run_torch_dl(spec, args, 2),
         "hf-datasets": lambda: run_hf(spec, args),
+        "tf-data": lambda: run_tf_data(spec, args),
         "ray-data": lambda: run_ray(spec, args),
         "petastorm": lambda: run_petastorm(spec, args),
         "mosaic-w0": lambda: run_mosaic(spec, args, 0),
