@@ -13,12 +13,15 @@ Every failure feedline raises on purpose is a :class:`FeedlineError`. Its messag
     ├── FormatError               the feedline dataset format is violated
     │   ├── IncompleteDatasetError   a write was interrupted: no manifest was committed
     │   └── IntegrityError           a checksum or row count does not match the manifest
+    ├── ConcurrentWriteError      another write to the same dataset holds it or committed first
+    ├── StorageError              a storage call failed for good (retries exhausted, denied, full)
     └── UserFunctionError         a user function raised; the original traceback is chained
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ConcurrentWriteError",
     "ConfigurationError",
     "DataError",
     "FeedlineError",
@@ -27,6 +30,7 @@ __all__ = [
     "IntegrityError",
     "MissingDependencyError",
     "SchemaError",
+    "StorageError",
     "UserFunctionError",
 ]
 
@@ -69,6 +73,22 @@ class IncompleteDatasetError(FormatError):
 
 class IntegrityError(FormatError):
     """A shard's checksum, size or row count does not match its manifest."""
+
+
+class StorageError(FeedlineError):
+    """A storage call failed for good: transient faults outlasted the retries, or it was refused.
+
+    ``url`` names the object, ``attempts`` the tries made and ``last_error`` the last
+    underlying exception (also chained as ``__cause__``).
+    """
+
+    url: str = ""
+    attempts: int = 1
+    last_error: BaseException | None = None
+
+
+class ConcurrentWriteError(FeedlineError):
+    """Another write to the same dataset path is running, or committed while this one ran."""
 
 
 class UserFunctionError(FeedlineError):

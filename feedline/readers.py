@@ -42,6 +42,11 @@ def read_parquet(
 ) -> Dataset:
     """Read Parquet files, folders, globs or URLs.
 
+    Paths may be local or any fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``…);
+    ``storage_options`` go to the fsspec backend, and their reserved key ``"retry"`` takes a
+    :class:`~feedline.io.retry.RetryPolicy` for transient faults (see
+    :mod:`feedline.io.storage`). The other readers, ``open`` and ``Dataset.write`` take the same.
+
     Examples
     --------
     >>> import feedline as fl, pyarrow as pa, pyarrow.parquet as pq, tempfile
@@ -235,7 +240,9 @@ def open(  # noqa: A001
     """Open a feedline dataset (or a plain Parquet folder without a manifest).
 
     ``verify=True`` checks every shard's size and checksum first. A folder holding an
-    interrupted write raises :class:`~feedline.errors.IncompleteDatasetError`.
+    interrupted write raises :class:`~feedline.errors.IncompleteDatasetError`. ``path`` may be
+    any fsspec URL; ``storage_options`` (with the optional ``"retry"`` policy) reach the
+    backend, and the loader reads the shards through the same filesystem.
 
     Examples
     --------

@@ -1,4 +1,19 @@
-"""Resolving paths and URLs to filesystems (fsspec for storage, pyarrow for reading)."""
+"""Resolving paths and URLs to filesystems (fsspec for storage, pyarrow for reading).
+
+Any fsspec URL works (``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``, chained
+URLs) as well as local paths; ``storage_options`` go to the fsspec backend. Local paths and
+in-memory filesystems are used as they are (pyarrow's native local filesystem for reads).
+Every other filesystem is wrapped in :class:`~feedline.io.retrying.RetryingFileSystem`, so
+transient faults are retried under one :class:`~feedline.io.retry.RetryPolicy`, chosen with
+the reserved storage option ``"retry"`` (a policy, a dict of its fields, or the attempts;
+``1`` turns retries off)::
+
+    fl.open("s3://bucket/ds", storage_options={"anon": False, "retry": fl.RetryPolicy(8)})
+
+Listings cached by the backend (s3fs caches directory listings per filesystem instance) are
+dropped for the resolved path and everything below it, so a dataset rewritten by another
+process since the last call is seen as it is now.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +25,17 @@ from typing import Any
 import fsspec
 import pyarrow.fs as pafs
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 
 from feedline.errors import ConfigurationError, DataError
+from feedline.io.retry import RetryPolicy
 
-__all__ = ["Location", "expand_paths", "resolve"]
+__all__ = ["RETRY_OPTION", "Location", "expand_paths", "parse_storage_options", "resolve"]
+
+#: the storage option feedline takes for itself (never passed to the fsspec backend)
+RETRY_OPTION = "retry"
+#: filesystems used as they are: local disk and process memory have no transient faults
+_UNWRAPPED = (LocalFileSystem, MemoryFileSystem)
 
 
 @dataclass(frozen=True)
@@ -59,23 +81,52 @@ class Location:
 def resolve(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Location:
     """Resolve a local path or fsspec URL to a :class:`Location`.
 
+    Parameters
+    ----------
+    url:
+        A local path or an fsspec URL.
+    storage_options:
+        Options for the fsspec backend (credentials, endpoint…), plus feedline's own
+        ``"retry"`` option (see the module docstring).
+
     Examples
     --------
     >>> loc = resolve("/tmp")
     >>> loc.is_local
     True
+    >>> remote = resolve("memory://resolve-doc/x")
+    >>> remote.url, remote.path
+    ('memory://resolve-doc/x', '/resolve-doc/x')
     """
     text = os.fspath(url)
     if not text:
         raise ConfigurationError("An empty path was given. Fix: pass a file, folder or URL.")
+    options = dict(storage_options or {})
+    policy = RetryPolicy.from_option(options.pop(RETRY_OPTION, None))
     try:
-        fs, path = fsspec.core.url_to_fs(text, **(storage_options or {}))
-    except (ImportError, ValueError) as exc:
+        fs, path = fsspec.core.url_to_fs(text, **options)
+    except (ImportError, ValueError, TypeError) as exc:
         raise ConfigurationError(
             f"Cannot open storage for {text!r}: {exc}. Fix: install the fsspec backend for this "
-            "protocol (for example s3fs for s3://) or check the URL."
+            "protocol (for example s3fs for s3://), check the URL and the storage_options."
         ) from exc
-    return Location(fs, path, text)
+    if isinstance(fs, _UNWRAPPED):
+        return Location(fs, path, text)
+    _forget_listings(fs, path)
+    from feedline.io.retrying import RetryingFileSystem
+
+    return Location(RetryingFileSystem(fs, policy), path, text)
+
+
+def _forget_listings(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Drop cached listings of ``path``, its parents and everything below it."""
+    cache = getattr(fs, "dircache", None)
+    if not cache:
+        return
+    root = path.rstrip("/")
+    for key in [k for k in list(cache) if k == root or k.startswith(root + "/")]:
+        cache.pop(key, None)
+    fs.invalidate_cache(path)
 
 
 def _has_glob(path: str) -> bool:
@@ -152,3 +203,43 @@ def _wanted(path: str, root: str, suffixes: tuple[str, ...]) -> bool:
     if any(part.startswith((".", "_")) for part in rel.split("/")):
         return False
     return path.lower().endswith(suffixes) if suffixes else True
+
+
+def parse_storage_options(items: Sequence[str] | None) -> dict[str, Any]:
+    """Storage options from ``KEY=VALUE`` strings (the CLI's ``--storage-option``).
+
+    A dotted key nests (``client_kwargs.endpoint_url=…``); a value that reads as JSON
+    (numbers, ``true``/``false``, objects) is decoded, anything else stays a string.
+
+    Examples
+    --------
+    >>> parse_storage_options(["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:9000"])
+    {'anon': True, 'client_kwargs': {'endpoint_url': 'http://127.0.0.1:9000'}}
+    >>> parse_storage_options(["retry={\\"attempts\\": 8}", "key=abc"])
+    {'retry': {'attempts': 8}, 'key': 'abc'}
+    """
+    import json
+
+    options: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(
+                f"--storage-option {item!r} is not KEY=VALUE. Fix: write it like "
+                "--storage-option client_kwargs.endpoint_url=http://host:9000"
+            )
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        *parents, last = key.strip().split(".")
+        node = options
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigurationError(
+                    f"--storage-option {item!r} nests under {part!r}, which already has a "
+                    "value. Fix: give each key once."
+                )
+        node[last] = value
+    return options
