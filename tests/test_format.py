@@ -33,6 +33,15 @@ def shard_files(path: Path) -> list[str]:
     return sorted(p.name for p in path.glob("part-*.parquet"))
 
 
+def shard_names(path: Path) -> list[str]:
+    """The shard file names the manifest lists, in order (``part-NNNNN-<write id>.parquet``)."""
+    return [shard["path"] for shard in manifest_of(path)["shards"]]
+
+
+def write_id_of(path: Path) -> str:
+    return manifest_of(path)["write"]["id"]
+
+
 def every_type_table() -> pa.Table:
     tensors = np.arange(6 * 2 * 3, dtype=np.float32).reshape(6, 2, 3)
     return pa.table(
@@ -125,7 +134,9 @@ def test_rows_per_shard_gives_exact_shard_sizes(tmp_path):
     assert (info.rows, info.shards) == (1_000, 4)
     manifest = manifest_of(tmp_path / "out")
     assert [s["rows"] for s in manifest["shards"]] == [300, 300, 300, 100]
-    assert shard_files(tmp_path / "out") == [f"part-{i:05d}.parquet" for i in range(4)]
+    write_id = write_id_of(tmp_path / "out")
+    expected = [f"part-{i:05d}-{write_id}.parquet" for i in range(4)]
+    assert shard_files(tmp_path / "out") == shard_names(tmp_path / "out") == expected
     for shard in manifest["shards"]:
         meta = pq.read_metadata(tmp_path / "out" / shard["path"])
         assert meta.num_rows == shard["rows"]
@@ -239,11 +250,11 @@ def _flip_byte(path: Path, offset: int | None = None) -> None:
 def test_flipped_byte_fails_verify_naming_the_shard(tmp_path):
     out = tmp_path / "out"
     fl.range(3_000).write(out, rows_per_shard=1_000)
-    _flip_byte(out / "part-00001.parquet")
-    with pytest.raises(fl.IntegrityError, match=r"part-00001\.parquet") as info:
+    _flip_byte(out / shard_names(out)[1])
+    with pytest.raises(fl.IntegrityError, match=r"part-00001-[0-9a-f]{12}\.parquet") as info:
         fl.verify(out)
     assert "Fix:" in str(info.value)
-    with pytest.raises(fl.IntegrityError, match=r"part-00001\.parquet"):
+    with pytest.raises(fl.IntegrityError, match=r"part-00001-"):
         fl.open(out, verify=True)
     assert fl.open(out).count() == 3_000  # counting needs only the manifest
 
@@ -251,16 +262,16 @@ def test_flipped_byte_fails_verify_naming_the_shard(tmp_path):
 def test_truncated_or_missing_shard_fails_verify(tmp_path):
     out = tmp_path / "out"
     fl.range(3_000).write(out, rows_per_shard=1_000)
-    shard = out / "part-00002.parquet"
+    shard = out / shard_names(out)[2]
     shard.write_bytes(shard.read_bytes()[:-100])
-    with pytest.raises(fl.IntegrityError, match=r"part-00002\.parquet"):
+    with pytest.raises(fl.IntegrityError, match=r"part-00002-[0-9a-f]{12}\.parquet"):
         fl.verify(out)
-    with pytest.raises(fl.IntegrityError, match=r"part-00002\.parquet"):
+    with pytest.raises(fl.IntegrityError, match=r"part-00002-[0-9a-f]{12}\.parquet"):
         fl.open(out, verify=True)
-    with pytest.raises(fl.FeedlineError, match=r"part-00002\.parquet"):
+    with pytest.raises(fl.FeedlineError, match=r"part-00002-[0-9a-f]{12}\.parquet"):
         fl.open(out).to_arrow()
     shard.unlink()
-    with pytest.raises(fl.IntegrityError, match=r"part-00002\.parquet.*missing"):
+    with pytest.raises(fl.IntegrityError, match=r"part-00002-[0-9a-f]{12}\.parquet.*missing"):
         fl.verify(out)
 
 
@@ -269,9 +280,9 @@ def test_rerunning_a_write_replaces_the_dataset(tmp_path):
     fl.range(10).write(out, rows_per_shard=3)
     assert len(shard_files(out)) == 4
     fl.from_arrow(pa.table({"id": [100, 101, 102]})).write(out)
-    assert shard_files(out) == ["part-00000.parquet"]
+    assert shard_files(out) == shard_names(out) == [f"part-00000-{write_id_of(out)}.parquet"]
     assert fl.open(out, verify=True).to_arrow()["id"].to_pylist() == [100, 101, 102]
-    assert sorted(os.listdir(out)) == [MANIFEST_NAME, "part-00000.parquet"]
+    assert sorted(os.listdir(out)) == [MANIFEST_NAME, *shard_names(out)]  # old shards collected
 
 
 def test_writing_over_foreign_files_is_refused(tmp_path):

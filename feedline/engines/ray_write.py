@@ -1,10 +1,10 @@
 """Writes on the Ray engine: Ray's Parquet writer into a staging folder, manifest last.
 
 The workers write Parquet files with ``Dataset.write_parquet`` into feedline's hidden
-staging folder (:func:`feedline.io.format.staging_folder`). The driver then renames them to
-``part-NNNNN.parquet`` in dataset order (Ray's write-task index, then the file number
-inside the task), reads their footers for row and row-group counts, computes their
-sha256 checksums, builds the :class:`~feedline.io.format.Manifest` (lineage
+staging folder of a locked write (:func:`feedline.io.format.writing`). The driver then
+renames them to ``part-NNNNN-<write id>.parquet`` in dataset order (Ray's write-task
+index, then the file number inside the task), reads their footers for row and row-group
+counts, computes their sha256 checksums, builds the :class:`~feedline.io.format.Manifest` (lineage
 ``engine="ray"``) and calls :func:`feedline.io.format.commit`, which writes the manifest
 last. A write that fails or is interrupted before the commit leaves no new manifest: the
 staging folder is removed on failure, and the previous dataset (if any) still opens.
@@ -125,11 +125,10 @@ def write_plan(
             from feedline.errors import ConfigurationError
 
             raise ConfigurationError(f"{name}={value} must be >= 1. Fix: pass a positive count.")
-    fmt.prepare_target(target)
-    staging = fmt.staging_folder(target)
     engine.ensure_ray()
     collector, run_id = engine._collector(), uuid.uuid4().hex
-    try:
+    with fmt.writing(target) as write:
+        staging = write.staging
         try:
             rds = _dataset(engine, plan, schema, preserve_order, report, collector, run_id)
             if rds is not None:
@@ -144,19 +143,15 @@ def write_plan(
                     )
         finally:
             engine._collect(collector, run_id, report)
-        shards = _finalize(staging, on_rows)
-    except BaseException:
-        if staging.fs.exists(staging.path):
-            staging.fs.rm(staging.path, recursive=True)
-        raise
-    manifest = fmt.Manifest(
-        schema=schema,
-        shards=shards,
-        lineage=lineage_of(plan, engine.name),
-        preprocessors=preprocessors or [],
-        write={"options": options.writer_kwargs(), "report": report.as_dict()},
-    )
-    fmt.commit(target, staging, manifest)
+        shards = _finalize(staging, write.shard_folder, write.shard_name, on_rows)
+        manifest = fmt.Manifest(
+            schema=schema,
+            shards=shards,
+            lineage=lineage_of(plan, engine.name),
+            preprocessors=preprocessors or [],
+            write={"options": options.writer_kwargs(), "report": report.as_dict()},
+        )
+        fmt.commit(write, manifest)
     return WriteInfo(
         path=target.url,
         rows=manifest.rows,
@@ -216,8 +211,13 @@ def _layout(rds: Any, options: WriteOptions, schema: pa.Schema) -> tuple[Any, di
     return rds, kwargs
 
 
-def _finalize(staging: Location, on_rows: Callable[[int], None] | None) -> list[fmt.ShardInfo]:
-    """Rename Ray's files to ``part-NNNNN.parquet`` in dataset order; describe each shard."""
+def _finalize(
+    staging: Location,
+    into: Location,
+    shard_name: Callable[[int], str],
+    on_rows: Callable[[int], None] | None,
+) -> list[fmt.ShardInfo]:
+    """Rename Ray's files to ``into/shard_name(n)`` in dataset order; describe each shard."""
     fs = staging.fs
     names = []
     if fs.exists(staging.path):
@@ -228,9 +228,9 @@ def _finalize(staging: Location, on_rows: Callable[[int], None] | None) -> list[
                 names.append(((int(match.group(1)), int(match.group(2))), name))
     shards = []
     for number, (_, name) in enumerate(sorted(names)):
-        part = f"part-{number:05d}.parquet"
-        fs.mv(staging.join(name), staging.join(part))
-        location = staging.child(part)
+        part = shard_name(number)
+        fs.mv(staging.join(name), into.join(part))
+        location = into.child(part)
         meta = read_footer(location)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
         size, checksum = fmt.file_checksum(location)
@@ -238,4 +238,3 @@ def _finalize(staging: Location, on_rows: Callable[[int], None] | None) -> list[
         if on_rows is not None:
             on_rows(meta.num_rows)
     return shards
-

@@ -1,9 +1,9 @@
 """Writing a plan to a feedline dataset with Spark; the driver commits the manifest last.
 
-Two writers, both into a staging folder inside the target (:func:`feedline.io.format.
-staging_folder`), both followed by the same driver-side commit (shards renamed
-``part-NNNNN.parquet`` in partition order, manifest with lineage ``engine="spark"``
-renamed into place last). A failed or interrupted job leaves no manifest: the previous
+Two writers, both into the staging folder of a locked write (:func:`feedline.io.format.
+writing`), both followed by the same driver-side commit (shards renamed
+``part-NNNNN-<write id>.parquet`` in partition order, then :func:`feedline.io.format.commit`
+with lineage ``engine="spark"``). A failed or interrupted job commits nothing: the previous
 dataset at the target, if any, still opens, and the staging folder is removed.
 
 ``"feedline"`` (default)
@@ -24,7 +24,6 @@ dataset at the target, if any, still opens, and the staging folder is removed.
 
 from __future__ import annotations
 
-import contextlib
 import posixpath
 from typing import TYPE_CHECKING, Any
 
@@ -69,9 +68,8 @@ def write_with_feedline(
     preprocessors: list[dict[str, Any]],
 ) -> fmt.Manifest:
     """Executors write feedline shards; the driver renames them and commits."""
-    fmt.prepare_target(target)
-    staging = fmt.staging_folder(target)
-    with _cleanup_on_error(staging):
+    with fmt.writing(target) as write:
+        staging = write.staging
         job = build_job(
             engine.spark,
             plan,
@@ -84,15 +82,15 @@ def write_with_feedline(
         rows.sort(key=lambda r: (r["part"], r["seq"]))
         shards = []
         for index, row in enumerate(rows):
-            name = f"part-{index:05d}.parquet"
-            staging.fs.mv(staging.join(row["path"]), staging.join(name))
+            name = write.shard_name(index)
+            staging.fs.mv(staging.join(row["path"]), write.shard_folder.join(name))
             shards.append(
                 fmt.ShardInfo(
                     name, row["rows"], row["bytes"], tuple(row["row_groups"]), row["checksum"]
                 )
             )
         manifest = _manifest(engine, plan, job.schema, shards, options, report, preprocessors)
-        fmt.commit(target, staging, manifest)
+        fmt.commit(write, manifest)
     return manifest
 
 
@@ -115,9 +113,8 @@ def write_with_spark(
             "writer turns tensors, lists, unsigned and large types into other types). Fix: use "
             "SparkEngine(writer='feedline') (the default), which writes any schema."
         )
-    fmt.prepare_target(target)
-    staging = fmt.staging_folder(target)
-    with _cleanup_on_error(staging):
+    with fmt.writing(target) as write:
+        staging = write.staging
         out = staging.child("spark")
         writer = job.frame.write.option("compression", options.compression or "none")
         writer = writer.option("parquet.block.size", str(options.row_group_bytes))
@@ -138,15 +135,16 @@ def write_with_spark(
         for index, (name, (size, checksum, groups)) in enumerate(
             zip(names, described, strict=True)
         ):
-            final = f"part-{index:05d}.parquet"
-            staging.fs.mv(out.join(name), staging.join(final))
+            final = write.shard_name(index)
+            staging.fs.mv(out.join(name), write.shard_folder.join(final))
             shards.append(fmt.ShardInfo(final, sum(groups), size, groups, checksum))
         schema = job.schema
         if shards:
-            footer = fmt.read_footer(staging.child(shards[0].path)).schema.to_arrow_schema()
+            first = write.shard_folder.child(shards[0].path)
+            footer = fmt.read_footer(first).schema.to_arrow_schema()
             schema = footer.remove_metadata()
         manifest = _manifest(engine, plan, schema, shards, options, report, preprocessors)
-        fmt.commit(target, staging, manifest)
+        fmt.commit(write, manifest)
     return manifest
 
 
@@ -181,14 +179,3 @@ def _manifest(engine, plan, schema, shards, options, report, preprocessors) -> f
             "report": report.as_dict(),
         },
     )
-
-
-@contextlib.contextmanager
-def _cleanup_on_error(staging: Location):
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(Exception):
-            if staging.fs.exists(staging.path):
-                staging.fs.rm(staging.path, recursive=True)
-        raise

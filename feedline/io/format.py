@@ -2,537 +2,122 @@
 
 Layout of a dataset folder::
 
-    part-00000.parquet  part-00001.parquet  ...  _feedline.json
+    part-00000-<write id>.parquet  part-00001-<write id>.parquet  ...  _feedline.json
 
-Shards are first written to a hidden staging folder inside the target; the manifest is
-written to a temporary name and renamed into place as the very last step. A write that
-dies before that leaves no manifest, so a half-written dataset is never opened; the next
-write replaces it. The manifest is plain JSON (opening a dataset never runs code): format
-version, Arrow schema, per-shard ``{path, rows, bytes, row_groups, checksum}``, fitted
-preprocessor state, column statistics and lineage.
+The manifest (:mod:`feedline.io.manifest`) is plain JSON: format version, Arrow schema,
+per-shard ``{path, rows, bytes, row_groups, checksum}``, fitted preprocessor state, column
+statistics, lineage and the write's id. It is the only thing that says what the dataset
+is: files it does not name are ignored. Opening a dataset never runs code from it, and a
+hostile manifest or shard raises a :class:`~feedline.errors.FeedlineError`.
+
+Writes are crash-safe and exclusive (:mod:`feedline.io.commit` documents the protocol):
+a write interrupted at any point leaves the old dataset or the new one, never a mix, and
+of two concurrent writers one wins and the other gets
+:class:`~feedline.errors.ConcurrentWriteError`. Shards are written by
+:class:`~feedline.io.shards.ShardWriter`.
+
+This module opens and verifies datasets, and re-exports the names of the other three.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import os
 import posixpath
-import time
-import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from feedline.errors import (
-    ConfigurationError,
-    FormatError,
-    IncompleteDatasetError,
-    IntegrityError,
-    SchemaError,
+from feedline.errors import DataError, FormatError, IncompleteDatasetError, IntegrityError
+from feedline.io.commit import (
+    STAGING_PREFIX,
+    PendingWrite,
+    begin_write,
+    commit,
+    is_write_leftover,
+    prepare_target,
+    replace_manifest,
+    writing,
+)
+from feedline.io.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    ShardInfo,
+    schema_from_json,
+    schema_to_json,
 )
 from feedline.io.parquet import ParquetSource, read_footer
+from feedline.io.shards import ShardWriter, dictionary_columns, file_checksum, shard_name
+from feedline.io.source import ExecutionReport, ReadTask
 from feedline.io.storage import Location, resolve
+from feedline.io.writelock import LOCK_NAME
 
 __all__ = [
     "FORMAT_VERSION",
+    "LOCK_NAME",
     "MANIFEST_NAME",
+    "MAX_MANIFEST_BYTES",
+    "STAGING_PREFIX",
+    "FeedlineSource",
     "Manifest",
+    "PendingWrite",
     "ShardInfo",
     "ShardWriter",
+    "begin_write",
     "commit",
+    "dictionary_columns",
+    "file_checksum",
     "open_source",
+    "prepare_target",
+    "read_footer",
     "read_manifest",
+    "replace_manifest",
+    "schema_from_json",
+    "schema_to_json",
+    "shard_name",
     "verify",
+    "verify_manifest",
+    "write_batches",
+    "writing",
 ]
 
-FORMAT_VERSION = 1
-MANIFEST_NAME = "_feedline.json"
-STAGING_PREFIX = ".feedline-staging-"
-_MAX_MANIFEST_BYTES = 64 << 20
-_CHECKSUM_CHUNK = 8 << 20
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard of a dataset, as recorded in the manifest."""
-
-    path: str
-    rows: int
-    bytes: int
-    row_groups: tuple[int, ...]
-    checksum: str
-
-
-@dataclass
-class Manifest:
-    """The committed description of a feedline dataset (``_feedline.json``)."""
-
-    schema: pa.Schema
-    shards: list[ShardInfo]
-    lineage: dict[str, Any] = field(default_factory=dict)
-    preprocessors: list[dict[str, Any]] = field(default_factory=list)
-    statistics: dict[str, Any] = field(default_factory=dict)
-    write: dict[str, Any] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
-    created: str = ""
-
-    @property
-    def rows(self) -> int:
-        return sum(s.rows for s in self.shards)
-
-    @property
-    def bytes(self) -> int:
-        return sum(s.bytes for s in self.shards)
-
-    @property
-    def row_group_sizes(self) -> list[int]:
-        """Rows of every row group, shard after shard (the loader's unit of reading)."""
-        return [n for shard in self.shards for n in shard.row_groups]
-
-    def to_json(self) -> str:
-        """The manifest as JSON text."""
-        from feedline import __version__
-
-        document = {
-            "format": "feedline",
-            "format_version": self.format_version,
-            "feedline_version": __version__,
-            "created": self.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "rows": self.rows,
-            "bytes": self.bytes,
-            "schema": schema_to_json(self.schema),
-            "shards": [asdict(s) | {"row_groups": list(s.row_groups)} for s in self.shards],
-            "preprocessors": self.preprocessors,
-            "statistics": self.statistics,
-            "lineage": self.lineage,
-            "write": self.write,
-        }
-        return json.dumps(document, indent=1, allow_nan=False, default=_json_default)
-
-    @classmethod
-    def from_json(cls, text: str | bytes, where: str) -> Manifest:
-        """Parse and validate manifest text; raises :class:`FormatError` naming ``where``."""
-        try:
-            doc = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise FormatError(f"The manifest {where} is not valid JSON: {exc}. {_REWRITE}") from exc
-        if not isinstance(doc, dict) or doc.get("format") != "feedline":
-            raise FormatError(f"{where} is not a feedline manifest. {_REWRITE}")
-        version = doc.get("format_version")
-        if (
-            not isinstance(version, int)
-            or isinstance(version, bool)
-            or not 1 <= version <= FORMAT_VERSION
-        ):
-            raise FormatError(
-                f"{where} has format version {version!r}; this feedline reads versions 1 to "
-                f"{FORMAT_VERSION}. Fix: upgrade feedline or rewrite the dataset."
-            )
-        try:
-            shards = [_shard_from(entry, where) for entry in doc["shards"]]
-            manifest = cls(
-                schema=schema_from_json(doc["schema"], where),
-                shards=shards,
-                lineage=dict(doc.get("lineage") or {}),
-                preprocessors=list(doc.get("preprocessors") or []),
-                statistics=dict(doc.get("statistics") or {}),
-                write=dict(doc.get("write") or {}),
-                format_version=version,
-                created=str(doc.get("created", "")),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"The manifest {where} is malformed ({exc!r}). {_REWRITE}") from exc
-        if doc.get("rows") not in (None, manifest.rows):
-            raise FormatError(
-                f"The manifest {where} says {doc.get('rows')} rows but its shards add up to "
-                f"{manifest.rows}. {_REWRITE}"
-            )
-        return manifest
-
-
 _REWRITE = "Fix: re-run the write that produced this dataset."
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _shard_from(entry: dict[str, Any], where: str) -> ShardInfo:
-    path = entry["path"]
-    if (
-        not isinstance(path, str)
-        or not path
-        or path.startswith(("/", "\\"))
-        or ":" in path
-        or ".." in path.replace("\\", "/").split("/")
-    ):
-        raise FormatError(
-            f"The manifest {where} names the shard path {path!r}, which is not a plain relative "
-            f"path inside the dataset folder. {_REWRITE}"
-        )
-    rows, size = int(entry["rows"]), int(entry["bytes"])
-    groups = tuple(int(n) for n in entry["row_groups"])
-    if rows < 0 or size < 0 or any(n < 0 for n in groups) or sum(groups) != rows:
-        raise FormatError(f"The manifest {where} has inconsistent sizes for {path!r}. {_REWRITE}")
-    return ShardInfo(path, rows, size, groups, str(entry["checksum"]))
-
-
-def schema_to_json(schema: pa.Schema) -> dict[str, Any]:
-    """A schema as JSON: readable fields plus the exact Arrow IPC encoding (base64)."""
-    return {
-        "fields": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema],
-        "arrow_ipc": base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
-    }
-
-
-def schema_from_json(doc: dict[str, Any], where: str) -> pa.Schema:
-    """Inverse of :func:`schema_to_json`."""
-    try:
-        raw = base64.b64decode(doc["arrow_ipc"], validate=True)
-        return pa.ipc.read_schema(pa.py_buffer(raw))
-    except (KeyError, TypeError, ValueError, pa.ArrowException) as exc:
-        raise FormatError(f"The schema in {where} cannot be decoded: {exc!r}. {_REWRITE}") from exc
-
-
-class _HashingFile:
-    """A write-only file wrapper that hashes and counts the bytes going through it."""
-
-    def __init__(self, raw: Any) -> None:
-        self._raw = raw
-        self._hash = hashlib.sha256()
-        self.size = 0
-        self.closed = False
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self._hash.update(view)
-        self._raw.write(view)
-        self.size += view.nbytes
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        self._raw.flush()
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def readable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        if not self.closed:
-            self._raw.close()
-            self.closed = True
-
-    @property
-    def checksum(self) -> str:
-        return "sha256:" + self._hash.hexdigest()
-
-
-class ShardWriter:
-    """Writes a stream of batches as right-sized Parquet shards into a folder.
-
-    A shard ends when it holds ``rows_per_shard`` rows (exactly) or when its file reaches
-    ``bytes_per_shard`` bytes (checked at row-group boundaries). Row groups hold
-    ``row_group_rows`` rows, or about ``row_group_bytes`` of uncompressed data.
-    """
-
-    def __init__(
-        self,
-        folder: Location,
-        *,
-        schema: pa.Schema | None = None,
-        rows_per_shard: int | None = None,
-        bytes_per_shard: int | None = 256 << 20,
-        row_group_rows: int | None = None,
-        row_group_bytes: int = 32 << 20,
-        compression: str | None = "zstd",
-        first_shard: int = 0,
-        on_rows: Callable[[int], None] | None = None,
-    ) -> None:
-        for name, value in (("rows_per_shard", rows_per_shard), ("row_group_rows", row_group_rows)):
-            if value is not None and value < 1:
-                raise ConfigurationError(
-                    f"{name}={value} must be >= 1. Fix: pass a positive count."
-                )
-        self._folder = folder
-        self._schema = schema
-        self._rows_per_shard = rows_per_shard
-        self._bytes_per_shard = bytes_per_shard
-        self._row_group_rows = row_group_rows
-        self._row_group_bytes = min(row_group_bytes, bytes_per_shard or row_group_bytes)
-        self._compression = "none" if compression in (None, "none") else compression
-        self._next_index = first_shard
-        self._on_rows = on_rows
-        self._pending: list[pa.RecordBatch] = []
-        self._pending_rows = 0
-        self._writer: pq.ParquetWriter | None = None
-        self._file: _HashingFile | None = None
-        self._path = ""
-        self._groups: list[int] = []
-        self.shards: list[ShardInfo] = []
-
-    @property
-    def schema(self) -> pa.Schema | None:
-        return self._schema
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        """Add one batch (its schema must match the first batch's)."""
-        if self._schema is None:
-            self._schema = batch.schema
-        elif not batch.schema.equals(self._schema, check_metadata=False):
-            batch = _conform(batch, self._schema)
-        if batch.num_rows == 0:
-            return
-        if self._row_group_rows is None:
-            per_row = max(1, batch.nbytes // max(1, batch.num_rows))
-            self._row_group_rows = max(1, self._row_group_bytes // per_row)
-        while batch.num_rows:
-            room = self._room()
-            part, batch = batch.slice(0, room), batch.slice(room)
-            self._pending.append(part)
-            self._pending_rows += part.num_rows
-            if self._pending_rows >= self._row_group_rows or self._room() == 0:
-                self._flush_group()
-
-    def _room(self) -> int:
-        """Rows that still fit in the current row group and shard."""
-        room = self._row_group_rows - self._pending_rows
-        if self._rows_per_shard is not None:
-            room = min(room, self._rows_per_shard - sum(self._groups) - self._pending_rows)
-        return max(room, 0)
-
-    def _flush_group(self) -> None:
-        if not self._pending_rows:
-            return
-        table = pa.Table.from_batches(self._pending, schema=self._schema)
-        self._pending, self._pending_rows = [], 0
-        if self._writer is None:
-            self._open_shard()
-        self._writer.write_table(table, row_group_size=table.num_rows)
-        self._groups.append(table.num_rows)
-        if self._on_rows is not None:
-            self._on_rows(table.num_rows)
-        full_rows = self._rows_per_shard is not None and sum(self._groups) >= self._rows_per_shard
-        full_bytes = (
-            self._bytes_per_shard is not None and self._stream.tell() >= self._bytes_per_shard
-        )
-        if full_rows or full_bytes:
-            self._close_shard()
-
-    def _open_shard(self) -> None:
-        name = f"part-{self._next_index:05d}.parquet"
-        self._next_index += 1
-        self._path = name
-        self._folder.fs.makedirs(self._folder.path, exist_ok=True)
-        self._file = _HashingFile(self._folder.fs.open(self._folder.join(name), "wb"))
-        # Parquet emits many small writes (page headers); buffer them before Python sees them.
-        self._stream = pa.BufferedOutputStream(pa.PythonFile(self._file, mode="w"), 4 << 20)
-        self._writer = pq.ParquetWriter(
-            self._stream,
-            self._schema,
-            compression=self._compression,
-            write_statistics=True,
-            use_dictionary=dictionary_columns(self._schema),
-        )
-        self._groups = []
-
-    def _close_shard(self) -> None:
-        self._writer.close()
-        self._stream.close()
-        self._file.close()
-        self.shards.append(
-            ShardInfo(
-                self._path,
-                sum(self._groups),
-                self._file.size,
-                tuple(self._groups),
-                self._file.checksum,
-            )
-        )
-        self._writer = self._file = None
-        self._groups = []
-
-    def close(self) -> list[ShardInfo]:
-        """Flush and close; returns every shard written."""
-        self._flush_group()
-        if self._writer is not None:
-            self._close_shard()
-        return self.shards
-
-    def abort(self) -> None:
-        """Close open files without recording the shard (after an error)."""
-        if self._writer is not None:
-            try:
-                self._writer.close()
-                self._stream.close()
-                self._file.close()
-            except Exception:  # noqa: BLE001 - already failing; keep the first error
-                pass
-            self._writer = self._file = None
-
-
-def dictionary_columns(schema: pa.Schema) -> list[str]:
-    """Columns worth Parquet dictionary encoding: everything but floating-point data.
-
-    Floats (and tensors of floats) almost never repeat, so trying a dictionary first costs
-    write time (up to 2x here) and, when it sticks, halves read speed. Strings, integers
-    and booleans keep pyarrow's default (a dictionary, dropped when it grows too large).
-
-    Examples
-    --------
-    >>> dictionary_columns(pa.schema({"x": pa.float32(), "label": pa.int64(), "s": pa.string()}))
-    ['label', 's']
-    """
-
-    def floating(kind: pa.DataType) -> bool:
-        if isinstance(kind, pa.ExtensionType):
-            kind = kind.storage_type
-        while pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or (
-            pa.types.is_large_list(kind)
-        ):
-            kind = kind.value_type
-        return pa.types.is_floating(kind)
-
-    return [field.name for field in schema if not floating(field.type)]
-
-
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    if batch.schema.names != schema.names:
-        raise SchemaError(
-            f"Batches with different columns reached the writer: {batch.schema.names} after "
-            f"{schema.names}. Fix: make every map_batches call return the same columns."
-        )
-    try:
-        return batch.cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise SchemaError(
-            f"A batch with schema {batch.schema} cannot be written after batches with schema "
-            f"{schema}: {exc}. Fix: return consistent types from map_batches."
-        ) from exc
-
-
-# --------------------------------------------------------------------------- commit / open
-
-
-def staging_folder(target: Location) -> Location:
-    """A fresh hidden staging folder inside ``target``."""
-    return target.child(f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
-
-
-def prepare_target(target: Location) -> None:
-    """Check that ``target`` may be (over)written: empty, missing, or a feedline dataset."""
-    fs = target.fs
-    if not fs.exists(target.path):
-        fs.makedirs(target.path, exist_ok=True)
-        return
-    if not fs.isdir(target.path):
-        raise ConfigurationError(
-            f"{target.url!r} is a file; a feedline dataset is a folder. Fix: choose another path."
-        )
-    names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(target.path, detail=False)]
-    # part files belong to feedline only beside a manifest or an interrupted feedline write:
-    # a plain folder of part-*.parquet (pyarrow's default names) is the user's data
-    feedline_folder = any(n == MANIFEST_NAME or n.startswith(STAGING_PREFIX) for n in names)
-    foreign = [n for n in names if not _ours(n, feedline_folder)]
-    if foreign:
-        raise ConfigurationError(
-            f"{target.url!r} holds files that are not part of a feedline dataset "
-            f"({', '.join(sorted(foreign)[:5])}). feedline only replaces its own datasets. "
-            "Fix: write to an empty or new folder."
-        )
-
-
-def _ours(name: str, feedline_folder: bool) -> bool:
-    """True for the names a feedline write may replace (shards only in a feedline folder)."""
-    return (
-        name == MANIFEST_NAME
-        or name.startswith((STAGING_PREFIX, MANIFEST_NAME + ".tmp"))
-        or (feedline_folder and name.startswith("part-") and name.endswith(".parquet"))
-    )
-
-
-def commit(target: Location, staging: Location, manifest: Manifest) -> None:
-    """Replace whatever dataset is at ``target`` with the shards in ``staging``.
-
-    The old manifest is removed first and the new one is renamed into place last, so at
-    every instant the folder is either a complete dataset or has no manifest.
-    """
-    fs = target.fs
-    old_manifest = target.join(MANIFEST_NAME)
-    if fs.exists(old_manifest):
-        fs.rm(old_manifest)
-    for path in fs.ls(target.path, detail=False):
-        name = posixpath.basename(path.rstrip("/"))
-        if name.startswith("part-") and name.endswith(".parquet"):
-            fs.rm(path)
-    for shard in manifest.shards:
-        fs.mv(staging.join(shard.path), target.join(shard.path))
-    text = manifest.to_json().encode()
-    temporary = target.join(f"{MANIFEST_NAME}.tmp-{uuid.uuid4().hex[:8]}")
-    if target.is_local:
-        with open(temporary, "wb") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, old_manifest)
-        _fsync_dir(target.path)
-    else:  # object stores: the manifest upload is the commit
-        fs.pipe_file(old_manifest, text)
-    for path in fs.ls(target.path, detail=False):
-        if posixpath.basename(path.rstrip("/")).startswith(STAGING_PREFIX):
-            fs.rm(path, recursive=True)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_manifest(target: Location) -> Manifest | None:
     """The dataset's manifest, ``None`` when there is none; raises on an interrupted write."""
     fs = target.fs
     path = target.join(MANIFEST_NAME)
-    if not fs.exists(path):
-        names = fs.ls(target.path, detail=False) if fs.isdir(target.path) else []
-        if any(posixpath.basename(p.rstrip("/")).startswith(STAGING_PREFIX) for p in names):
-            raise IncompleteDatasetError(
-                f"{target.url!r} holds an interrupted feedline write (a staging folder and no "
-                f"{MANIFEST_NAME}), so it is not a complete dataset. Fix: re-run the write."
+    where = f"{target.url.rstrip('/')}/{MANIFEST_NAME}"
+    try:
+        size = fs.size(path)
+        if size is not None and size > MAX_MANIFEST_BYTES:
+            raise FormatError(
+                f"The manifest {where} is {size} bytes, over the {MAX_MANIFEST_BYTES}-byte "
+                f"limit. {_REWRITE}"
             )
+        text = fs.cat_file(path)
+    except FileNotFoundError:
+        names = fs.ls(target.path, detail=False) if fs.isdir(target.path) else []
+        if any(is_write_leftover(posixpath.basename(p.rstrip("/"))) for p in names):
+            raise IncompleteDatasetError(
+                f"{target.url!r} holds an interrupted (or still running) feedline write and no "
+                f"{MANIFEST_NAME}, so it is not a complete dataset. Fix: re-run the write."
+            ) from None
         return None
-    size = fs.size(path)
-    if size > _MAX_MANIFEST_BYTES:
-        raise FormatError(
-            f"The manifest {target.url}/{MANIFEST_NAME} is {size} bytes, over the "
-            f"{_MAX_MANIFEST_BYTES}-byte limit. {_REWRITE}"
-        )
-    return Manifest.from_json(fs.cat_file(path), f"{target.url.rstrip('/')}/{MANIFEST_NAME}")
+    except IsADirectoryError:
+        raise FormatError(f"{where} is a folder, not a manifest. {_REWRITE}") from None
+    return Manifest.from_json(text, where)
 
 
 class FeedlineSource(ParquetSource):
-    """The shards of a committed feedline dataset (schema and row counts from the manifest)."""
+    """The shards of a committed feedline dataset (schema and row counts from the manifest).
+
+    Reading checks every shard against the manifest: a shard with other rows than the
+    manifest says raises :class:`IntegrityError`, an undecodable one :class:`DataError`.
+    """
 
     kind = "feedline"
 
@@ -558,7 +143,38 @@ class FeedlineSource(ParquetSource):
     def read_tasks(self, columns, predicate):
         if not self.manifest.shards:
             return []
-        return super().read_tasks(columns, predicate)
+        tasks = super().read_tasks(columns, predicate)
+        return [
+            ReadTask(task.label, _checked(task, shard, predicate is None), task.estimated_bytes)
+            for task, shard in zip(tasks, self.manifest.shards, strict=True)
+        ]
+
+
+def _checked(task: ReadTask, shard: ShardInfo, count: bool):
+    """``task.read`` checked against the manifest's row count; pyarrow errors as DataError."""
+
+    def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
+        rows = 0
+        try:
+            for batch in task.read(report):
+                rows += batch.num_rows
+                if count and rows > shard.rows:
+                    break
+                yield batch
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(
+                f"Cannot read the shard {task.label!r}: {str(exc)[:300]}. It is corrupt or "
+                "truncated. Fix: restore it or re-run the write."
+            ) from exc
+        if count and rows != shard.rows:
+            raise IntegrityError(
+                f"The shard {task.label!r} holds "
+                f"{f'more than {shard.rows}' if rows > shard.rows else rows} rows; the manifest "
+                f"says {shard.rows}. It was replaced or damaged. "
+                "Fix: restore it or re-run the write."
+            )
+
+    return read
 
 
 def open_source(
@@ -577,21 +193,6 @@ def open_source(
     if verify:
         verify_manifest(target, manifest)
     return FeedlineSource(target, manifest)
-
-
-def file_checksum(location: Location) -> tuple[int, str]:
-    """Size and ``"sha256:<hex>"`` checksum of a stored file, read in 8 MiB chunks.
-
-    The same checksum the shard writer computes while writing, for files written by others
-    (Spark's and Ray's writers) and for verification.
-    """
-    digest = hashlib.sha256()
-    size = 0
-    with location.fs.open(location.path, "rb") as handle:
-        while chunk := handle.read(_CHECKSUM_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, "sha256:" + digest.hexdigest()
 
 
 def verify_manifest(
@@ -664,24 +265,23 @@ def write_batches(
     report: Any = None,
 ) -> Manifest:
     """Write ``batches`` as a feedline dataset at ``target`` and commit it."""
-    prepare_target(target)
-    staging = staging_folder(target)
-    writer = ShardWriter(staging, on_rows=on_rows, **writer_options)
-    try:
-        for batch in batches:
-            writer.write(batch)
-        shards = writer.close()
-    except BaseException:
-        writer.abort()
-        if staging.fs.exists(staging.path):
-            staging.fs.rm(staging.path, recursive=True)
-        raise
-    manifest = Manifest(
-        schema=writer.schema if writer.schema is not None else schema_hint(),
-        shards=shards,
-        lineage=lineage,
-        preprocessors=preprocessors or [],
-        write=dict(write_info or {}) | ({"report": report.as_dict()} if report else {}),
-    )
-    commit(target, staging, manifest)
+    with writing(target) as write:
+        writer = ShardWriter(
+            write.shard_folder, on_rows=on_rows, write_id=write.write_id, **writer_options
+        )
+        try:
+            for batch in batches:
+                writer.write(batch)
+            shards = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        manifest = Manifest(
+            schema=writer.schema if writer.schema is not None else schema_hint(),
+            shards=shards,
+            lineage=lineage,
+            preprocessors=preprocessors or [],
+            write=dict(write_info or {}) | ({"report": report.as_dict()} if report else {}),
+        )
+        commit(write, manifest)
     return manifest

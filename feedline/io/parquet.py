@@ -33,7 +33,7 @@ def read_footer(location: Location) -> pq.FileMetaData:
     try:
         with location.fs.open(location.path, "rb") as handle:
             return pq.ParquetFile(handle).metadata
-    except (OSError, pa.ArrowInvalid) as exc:
+    except (OSError, pa.ArrowException) as exc:
         raise DataError(
             f"Cannot read the Parquet footer of {location.url!r}: {exc}. The file is corrupt, "
             "truncated or not Parquet. Fix: re-create it or exclude it from the input."
@@ -127,7 +127,8 @@ def _file_reader(
         try:
             fragment = _FORMAT.make_fragment(loc.path, filesystem=filesystem)
             file_schema = fragment.physical_schema
-        except (OSError, pa.ArrowInvalid) as exc:
+            fragment.ensure_complete_metadata()
+        except (OSError, pa.ArrowException) as exc:
             raise DataError(
                 f"Cannot read the Parquet file {loc.url!r}: {exc}. It is corrupt, truncated or "
                 "not Parquet. Fix: re-create it or exclude it from the input."
@@ -138,7 +139,6 @@ def _file_reader(
                 f"{reference.url!r} has {_short(schema)}. Fix: make the files agree (cast or "
                 "rename columns) or read them as separate datasets."
             )
-        fragment.ensure_complete_metadata()
         total = fragment.num_row_groups
         piece = fragment
         if predicate is not None:
@@ -163,7 +163,7 @@ def _file_reader(
             for batch in batches:
                 report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
                 yield batch
-        except (OSError, pa.ArrowInvalid) as exc:
+        except (OSError, pa.ArrowException) as exc:
             raise DataError(
                 f"Cannot decode {loc.url!r}: {exc}. The file is corrupt or truncated. "
                 "Fix: re-create it or exclude it from the input."

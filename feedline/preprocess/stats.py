@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -136,10 +135,12 @@ def store_stats(
 ) -> Stats:
     """Compute :func:`stats` of the feedline dataset at ``path`` and store them in its manifest.
 
-    The manifest is replaced atomically (temporary file, then rename), so readers see either
-    the old or the new manifest. ``Dataset.write(stats=True)`` calls this after its commit.
+    The manifest is replaced atomically under the dataset's writer lock
+    (:func:`feedline.io.commit.replace_manifest`), so readers see either the old or the new
+    manifest and a write that committed meanwhile is never overwritten.
+    ``Dataset.write(stats=True)`` calls this after its commit.
     """
-    from feedline.io.format import MANIFEST_NAME
+    from feedline.io.commit import replace_manifest
     from feedline.io.storage import resolve
     from feedline.readers import open as open_dataset
 
@@ -150,18 +151,8 @@ def store_stats(
             "Fix: write it with Dataset.write() first."
         )
     result = stats(ds, engine=engine)
-    text = dataclasses.replace(ds.manifest, statistics=result.to_dict()).to_json().encode()
-    target = resolve(path, storage_options)
-    final = target.join(MANIFEST_NAME)
-    if target.is_local:
-        temporary = target.join(f"{MANIFEST_NAME}.tmp-{uuid.uuid4().hex[:8]}")
-        with open(temporary, "wb") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, final)
-    else:  # object stores: a single upload replaces the object
-        target.fs.pipe_file(final, text)
+    updated = dataclasses.replace(ds.manifest, statistics=result.to_dict())
+    replace_manifest(resolve(path, storage_options), ds.manifest, updated)
     return result
 
 

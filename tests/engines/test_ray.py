@@ -260,8 +260,8 @@ def test_rows_per_shard_gives_the_local_shard_layout(engine, inputs, tmp_path):
     local_shards = fl.open(tmp_path / "local").manifest.shards
     assert [s.rows for s in ray_shards] == [s.rows for s in local_shards] == [10, 10, 4]
     assert [s.row_groups for s in ray_shards] == [s.row_groups for s in local_shards]
-    assert [s.path for s in ray_shards] == ["part-00000.parquet", "part-00001.parquet",
-                                            "part-00002.parquet"]
+    ray_id = fl.open(tmp_path / "ray").manifest.write["id"]
+    assert [s.path for s in ray_shards] == [f"part-{i:05d}-{ray_id}.parquet" for i in range(3)]
     assert fl.open(tmp_path / "ray").to_arrow().equals(fl.open(tmp_path / "local").to_arrow())
 
 
@@ -301,7 +301,8 @@ def test_failed_or_interrupted_write_leaves_no_manifest(engine, inputs, tmp_path
             out, engine=engine
         )
     assert fl.open(out).to_arrow()["id"].to_pylist() == [0, 1, 2, 3, 4]
-    assert sorted(p.name for p in out.iterdir()) == ["_feedline.json", "part-00000.parquet"]
+    old_shards = [s.path for s in fl.open(out).manifest.shards]
+    assert sorted(p.name for p in out.iterdir()) == ["_feedline.json", *old_shards]
 
     from feedline.io import format as fmt
 

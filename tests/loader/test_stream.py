@@ -97,7 +97,7 @@ def test_a_shard_deleted_mid_epoch_reaches_the_caller_with_its_traceback(write) 
     with pytest.raises(DataError) as info:
         for _ in iterator:
             pass
-    assert "part-00003.parquet" in str(info.value) and "removed" in str(info.value)
+    assert victim.url.rsplit("/", 1)[-1] in str(info.value) and "removed" in str(info.value)
     frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
     assert "iter_read" in frames and "_produce" in frames  # the prefetch thread's own frames
     assert not feedline_threads()
@@ -106,7 +106,7 @@ def test_a_shard_deleted_mid_epoch_reaches_the_caller_with_its_traceback(write) 
 def test_a_shard_deleted_before_caching_names_the_shard(write) -> None:
     ds = write(400, rows_per_shard=200, row_group_rows=50)
     os.remove(ds.plan.source.files[1].path)
-    with pytest.raises(DataError, match=r"part-00001\.parquet"):
+    with pytest.raises(DataError, match=r"part-00001-[0-9a-f]{12}\.parquet"):
         next(iter(ds.loader(batch_size=10)))
 
 

@@ -1,0 +1,478 @@
+"""The commit protocol: old-or-new after a crash anywhere, one writer at a time, stale locks.
+
+Crash tests run a real writer in a child process, pause it at a named step of the commit
+(the no-op hook ``feedline.io.commit._reached``, replaced inside the child only) or after
+a random delay, SIGKILL it, and check by ids that the folder opens as exactly the old or
+exactly the new dataset, and that the next write succeeds and cleans up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import feedline as fl
+from feedline.io import commit as commit_mod
+from feedline.io import writelock
+from feedline.io.format import LOCK_NAME, MANIFEST_NAME, STAGING_PREFIX
+from feedline.io.storage import resolve
+
+REPO = Path(__file__).resolve().parents[1]
+OLD = list(range(0, 500))
+NEW = list(range(10_000, 10_600))
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    import pyarrow as pa
+    import feedline as fl
+    from feedline.io import commit, shards
+
+    point, count, url, options = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+    seen = {}
+
+    def pause(step):
+        seen[step] = seen.get(step, 0) + 1
+        if step == point and seen[step] == count:
+            print("PAUSED", step, flush=True)
+            time.sleep(600)
+
+    commit._reached = pause
+    close = shards.ShardWriter._close_shard
+
+    def closing(self):
+        close(self)
+        pause("shard")
+
+    shards.ShardWriter._close_shard = closing
+
+    sleep = float(options.pop("sleep", 0))
+
+    def slow(batch):
+        time.sleep(sleep)
+        return batch
+
+    print("READY", flush=True)
+    table = pa.table({"id": pa.array(range(10_000, 10_600), pa.int64())})
+    ds = fl.from_arrow(table).map_batches(slow, batch_size=50)
+    ds.write(url, rows_per_shard=100, storage_options=options or None)
+    print("DONE", flush=True)
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+
+
+def _start(url: str, point: str, count: int = 1, options: dict | None = None, sleep: float = 0):
+    args = [point, str(count), url, json.dumps(dict(options or {}, sleep=sleep))]
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, *args], env=_env(), stdout=subprocess.PIPE, text=True
+    )
+
+
+def _kill_at(url: str, point: str, count: int = 1, options: dict | None = None) -> None:
+    """Run the child writer until it pauses at ``point`` (the ``count``-th time), SIGKILL it."""
+    proc = _start(url, point, count, options)
+    try:
+        assert _read_line(proc, timeout=120) == "READY"
+        line = _read_line(proc, timeout=120)
+        assert line == f"PAUSED {point}", f"the writer printed {line!r}"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> str:
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert box, f"the writer printed nothing in {timeout} s"
+    return box[0].strip()
+
+
+def _ids(url: str, options: dict | None = None) -> list[int]:
+    ds = fl.open(url, storage_options=options, verify=True)
+    return sorted(ds.to_arrow()["id"].to_pylist())
+
+
+def _write_old(url: str, options: dict | None = None) -> None:
+    fl.from_arrow(pa.table({"id": OLD})).write(url, rows_per_shard=100, storage_options=options)
+
+
+def _listing(url: str, options: dict | None = None) -> list[str]:
+    loc = resolve(url, options)
+    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in loc.fs.ls(loc.path, detail=False))
+
+
+def _assert_clean(url: str, options: dict | None = None) -> None:
+    """Only the manifest and the shards it names are left."""
+    manifest = fl.open(url, storage_options=options).manifest
+    assert _listing(url, options) == sorted([MANIFEST_NAME, *(s.path for s in manifest.shards)])
+
+
+# --------------------------------------------------------------------------- crash safety
+
+#: (step, how many times it is passed before the kill, the data the folder must hold after)
+KILL_POINTS = [
+    pytest.param("shard", 2, OLD, id="after-2-staged-shards"),
+    pytest.param("staged", 1, OLD, id="all-staged"),
+    pytest.param("moved", 3, OLD, id="3-shards-moved-in"),
+    pytest.param("manifest-staged", 1, OLD, id="manifest-fsynced-not-renamed"),
+    pytest.param("committed", 1, NEW, id="committed-before-cleanup"),
+    pytest.param("collected", 2, NEW, id="mid-cleanup"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("point", "count", "expected"), KILL_POINTS)
+def test_sigkill_at_any_commit_step_leaves_old_or_new(tmp_path, point, count, expected):
+    out = str(tmp_path / "out")
+    _write_old(out)
+    _kill_at(out, point, count)
+    assert _ids(out) == expected
+    assert (tmp_path / "out" / LOCK_NAME).exists()  # the dead writer's lock is left...
+    fl.from_arrow(pa.table({"id": [1, 2, 3]})).write(out)  # ...and broken by the next write
+    assert _ids(out) == [1, 2, 3]
+    _assert_clean(out)
+
+
+@pytest.mark.slow
+def test_sigkill_after_random_delays_leaves_old_or_new(tmp_path):
+    out = str(tmp_path / "out")
+    _write_old(out)
+    rng = random.Random(7)
+    for _ in range(3):
+        proc = _start(out, "never", sleep=0.05)  # 12 batches: the write takes > 0.6 s
+        assert _read_line(proc, timeout=120) == "READY"
+        time.sleep(rng.uniform(0.0, 0.9))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        ids = _ids(out)
+        assert ids in (OLD, NEW), ids[:10]
+        if ids == NEW:
+            _write_old(out)
+    fl.from_arrow(pa.table({"id": [5]})).write(out)
+    assert _ids(out) == [5]
+    _assert_clean(out)
+
+
+@pytest.mark.slow
+def test_killed_first_write_is_incomplete_until_rewritten(tmp_path):
+    out = str(tmp_path / "fresh")
+    _kill_at(out, "moved", 6)  # every shard moved in, no manifest yet
+    with pytest.raises(fl.IncompleteDatasetError, match="Fix:"):
+        fl.open(out)
+    fl.from_arrow(pa.table({"id": [9]})).write(out)
+    assert _ids(out) == [9]
+    _assert_clean(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("point", "count", "expected"),
+    [
+        pytest.param("shard", 2, OLD, id="2-shards-written-in-place"),
+        pytest.param("committed", 1, NEW, id="manifest-put-before-cleanup"),
+    ],
+)
+def test_sigkill_on_s3_leaves_old_or_new(s3_bucket, point, count, expected):
+    url, options = f"{s3_bucket.url}/ds", s3_bucket.storage_options
+    _write_old(url, options)
+    _kill_at(url, point, count, options)
+    assert _ids(url, options) == expected
+    fl.from_arrow(pa.table({"id": [4, 5]})).write(url, storage_options=options)
+    assert _ids(url, options) == [4, 5]
+    _assert_clean(url, options)
+
+
+def test_orphans_beside_a_manifest_are_ignored(tmp_path):
+    out = tmp_path / "out"
+    _write_old(str(out))
+    (out / "part-00000-0123456789ab.parquet").write_bytes(b"not even parquet")
+    (out / f"{STAGING_PREFIX}0123456789ab").mkdir()
+    (out / f"{STAGING_PREFIX}0123456789ab" / "part-00000-0123456789ab.parquet").write_bytes(b"x")
+    assert _ids(str(out)) == OLD
+    assert fl.open(out).count() == len(OLD)
+    fl.from_arrow(pa.table({"id": [1]})).write(out)
+    _assert_clean(str(out))
+
+
+def test_a_folder_with_only_leftovers_is_incomplete(tmp_path):
+    for leftover in (f"{STAGING_PREFIX}0123456789ab", LOCK_NAME, "part-00000-0123456789ab.parquet"):
+        out = tmp_path / leftover.strip(".")
+        out.mkdir()
+        if leftover.startswith(STAGING_PREFIX):
+            (out / leftover).mkdir()
+        else:
+            (out / leftover).write_bytes(b"{}")
+        with pytest.raises(fl.IncompleteDatasetError, match="interrupted"):
+            fl.open(out)
+
+
+def test_datasets_with_pre_write_id_shard_names_are_replaced_cleanly(tmp_path):
+    out = tmp_path / "legacy"
+    _write_old(str(out))
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    for index, shard in enumerate(manifest["shards"]):  # rename to the old part-NNNNN.parquet
+        (out / shard["path"]).rename(out / f"part-{index:05d}.parquet")
+        shard["path"] = f"part-{index:05d}.parquet"
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert _ids(str(out)) == OLD
+    fl.from_arrow(pa.table({"id": [1]})).write(out)
+    assert _ids(str(out)) == [1]
+    _assert_clean(str(out))
+
+
+def test_failed_write_leaves_the_old_dataset_and_no_leftovers(tmp_path):
+    out = tmp_path / "out"
+    _write_old(str(out))
+    before = _listing(str(out))
+
+    with pytest.raises(fl.UserFunctionError):
+        fl.range(1000).map_batches(_explode_at_300, batch_size=100).write(out, rows_per_shard=100)
+    assert _listing(str(out)) == before
+    assert _ids(str(out)) == OLD
+
+
+def test_a_failure_while_moving_shards_in_rolls_back(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _write_old(str(out))
+    before = _listing(str(out))
+    moves = []
+
+    def fail_on_third(step):
+        if step == "moved":
+            moves.append(step)
+            if len(moves) == 3:
+                raise OSError("disk gone")
+
+    monkeypatch.setattr(commit_mod, "_reached", fail_on_third)
+    with pytest.raises(OSError, match="disk gone"):
+        fl.from_arrow(pa.table({"id": NEW})).write(out, rows_per_shard=100)
+    assert _listing(str(out)) == before  # moved shards, staging and lock removed
+    assert _ids(str(out)) == OLD
+
+
+# --------------------------------------------------------------------------- concurrent writers
+
+
+def _hold_lock(out: Path, **fields) -> None:
+    doc = {
+        "write_id": "feedface0000",
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "heartbeat": time.time(),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / LOCK_NAME).write_text(json.dumps(doc | fields))
+
+
+def test_a_live_lock_refuses_a_second_writer_and_keeps_the_data(tmp_path):
+    out = tmp_path / "out"
+    _write_old(str(out))
+    _hold_lock(out)  # a writer in this very process: alive
+    with pytest.raises(fl.ConcurrentWriteError) as info:
+        fl.from_arrow(pa.table({"id": NEW})).write(out)
+    message = str(info.value)
+    assert "feedface0000" in message and str(os.getpid()) in message and "Fix:" in message
+    assert _ids(str(out)) == OLD
+    assert json.loads((out / LOCK_NAME).read_text())["write_id"] == "feedface0000"
+
+
+def test_a_lock_from_another_host_expires_after_its_timeout(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _write_old(str(out))
+    _hold_lock(out, host="elsewhere.example", pid=1, heartbeat=time.time() - 60)
+    with pytest.raises(fl.ConcurrentWriteError, match=r"elsewhere\.example"):
+        fl.from_arrow(pa.table({"id": [1]})).write(out)
+    monkeypatch.setattr(writelock, "LOCK_TIMEOUT_S", 30.0)  # now 60 s is too old
+    fl.from_arrow(pa.table({"id": [1]})).write(out)
+    assert _ids(str(out)) == [1]
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_a_lock_of_a_dead_process_on_this_host_is_broken_at_once(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    _hold_lock(out, pid=int(proc.stdout))  # that process has exited
+    fl.from_arrow(pa.table({"id": [1]})).write(out)
+    assert _ids(str(out)) == [1]
+
+
+def test_garbage_lock_is_treated_by_its_age(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_bytes(b"\x00garbage")
+    with pytest.raises(fl.ConcurrentWriteError):  # fresh: maybe a writer mid-create
+        fl.from_arrow(pa.table({"id": [1]})).write(out)
+    monkeypatch.setattr(writelock, "LOCK_TIMEOUT_S", -1.0)
+    fl.from_arrow(pa.table({"id": [1]})).write(out)
+    assert _ids(str(out)) == [1]
+
+
+def test_a_writer_whose_manifest_changed_underneath_does_not_commit(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _write_old(str(out))
+    sneaky = []
+
+    def another_writer_commits(step):  # the lock was (wrongly) broken and someone committed
+        if step == "staged" and not sneaky:
+            sneaky.append(1)
+            manifest = out / MANIFEST_NAME
+            manifest.write_text(manifest.read_text().replace('"created"', '"created" ', 1))
+
+    monkeypatch.setattr(commit_mod, "_reached", another_writer_commits)
+    with pytest.raises(fl.ConcurrentWriteError, match="committed by another writer"):
+        fl.from_arrow(pa.table({"id": NEW})).write(out)
+    assert _ids(str(out)) == OLD
+    assert not (out / LOCK_NAME).exists()
+
+
+def _racing_writes(url: str, options: dict | None, n: int = 4) -> tuple[list, list]:
+    barrier = threading.Barrier(n)
+    winners, losers = [], []
+
+    def write(k: int) -> None:
+        barrier.wait()
+        try:
+            fl.from_arrow(pa.table({"id": [k] * 50})).write(url, storage_options=options)
+            winners.append(k)
+        except fl.ConcurrentWriteError as exc:
+            losers.append(str(exc))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            losers.append(f"unexpected {exc!r}")
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return winners, losers
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_concurrent_writers_one_wins_the_others_get_a_clear_error(tmp_path, request, where):
+    if where == "s3":
+        bucket = request.getfixturevalue("s3_bucket")
+        url, options = f"{bucket.url}/ds", bucket.storage_options
+    else:
+        url, options = str(tmp_path / "ds"), None
+    _write_old(url, options)
+    for _ in range(3):
+        winners, losers = _racing_writes(url, options)
+        assert len(winners) + len(losers) == 4 and winners
+        assert all("Fix:" in m and "unexpected" not in m for m in losers), losers
+        ids = _ids(url, options)
+        assert ids in ([k] * 50 for k in winners)  # exactly one winner's data, complete
+        _assert_clean(url, options)
+
+
+def test_replacing_metadata_never_overwrites_a_newer_write(tmp_path):
+    out = tmp_path / "out"
+    _write_old(str(out))
+    opened = fl.open(out).manifest
+    updated = dataclasses.replace(opened, statistics={"rows": len(OLD)})
+    fl.from_arrow(pa.table({"id": NEW})).write(out)  # committed after the open
+    with pytest.raises(fl.ConcurrentWriteError, match="rewritten after it was opened"):
+        commit_mod.replace_manifest(resolve(str(out)), opened, updated)
+    assert _ids(str(out)) == NEW
+    current = fl.open(out).manifest
+    commit_mod.replace_manifest(
+        resolve(str(out)), current, dataclasses.replace(current, statistics={"n": 1})
+    )
+    assert fl.open(out).manifest.statistics == {"n": 1}
+    assert _ids(str(out)) == NEW
+    _assert_clean(str(out))
+    _hold_lock(out)
+    with pytest.raises(fl.ConcurrentWriteError, match="in progress"):
+        commit_mod.replace_manifest(resolve(str(out)), current, current)
+
+
+def test_a_running_write_keeps_its_lock_fresh(tmp_path, monkeypatch):
+    monkeypatch.setattr(writelock, "HEARTBEAT_S", 0.05)
+    folder = resolve(str(tmp_path))
+    lock = writelock.WriterLock(folder, "0123456789ab")
+    lock.acquire()
+    try:
+        first = json.loads((tmp_path / LOCK_NAME).read_text())["heartbeat"]
+        deadline = time.monotonic() + 10
+        while json.loads((tmp_path / LOCK_NAME).read_text() or "{}").get("heartbeat", 0) <= first:
+            assert time.monotonic() < deadline, "the heartbeat never moved"
+            time.sleep(0.02)
+    finally:
+        lock.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("feedline-lock")]
+
+
+def _explode_at_300(batch):
+    if batch["id"][0].as_py() >= 300:
+        raise ValueError("boom")
+    return batch
+
+
+def test_on_s3_a_failed_write_removes_its_shards_and_leftovers_are_incomplete(s3_bucket):
+    url, options = f"{s3_bucket.url}/ds", s3_bucket.storage_options
+    _write_old(url, options)
+    before = _listing(url, options)
+    failing = fl.range(1000).map_batches(_explode_at_300, batch_size=100)
+    with pytest.raises(fl.UserFunctionError):
+        failing.write(url, rows_per_shard=100, storage_options=options)
+    assert _listing(url, options) == before  # shards written in place were deleted
+    assert _ids(url, options) == OLD
+    fresh, fs = f"{s3_bucket.url}/fresh", s3_bucket.fs()
+    fs.pipe_file(f"{fresh}/part-00000-0123456789ab.parquet", b"half a write")
+    with pytest.raises(fl.IncompleteDatasetError, match="interrupted"):
+        fl.open(fresh, storage_options=options)
+
+
+def test_a_lock_create_retried_after_it_took_effect_is_ours(tmp_path):
+    folder = resolve(str(tmp_path))
+    lock = writelock.WriterLock(folder, "0123456789ab")
+    (tmp_path / LOCK_NAME).write_bytes(writelock._lock_text("0123456789ab", time.time()))
+    lock.acquire()  # the "first attempt" already created it: no ConcurrentWriteError
+    assert lock.held()
+    lock.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_manifest_put_whose_response_is_lost_leaves_a_complete_dataset(s3_bucket):
+    from faults import Fault, FaultPlan  # tests/faults.py: the fault-injecting filesystem
+
+    url, options = f"{s3_bucket.url}/ds", s3_bucket.storage_options
+    _write_old(url, options)
+    # every PUT of the manifest takes effect, then its response is lost (a 500 after the fact)
+    plan = FaultPlan(
+        [Fault("pipe", error="server_error", after=True, times=None, path=MANIFEST_NAME)]
+    )
+    retry = fl.RetryPolicy(attempts=2, base_delay=0.001, max_delay=0.002)
+    faulty, faulty_options = plan.wrap(url, options, retry)
+    with pytest.raises(fl.FeedlineError):
+        fl.from_arrow(pa.table({"id": NEW})).write(
+            faulty, rows_per_shard=100, storage_options=faulty_options
+        )
+    assert plan.fired
+    # the commit did happen: the abort must not have deleted the shards it names
+    assert _ids(url, options) == NEW
+    fl.from_arrow(pa.table({"id": [3]})).write(url, storage_options=options)
+    assert _ids(url, options) == [3]
+    _assert_clean(url, options)
