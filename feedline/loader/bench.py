@@ -27,6 +27,7 @@ def bench_loader(
     batch_size: int = 256,
     step_ms: float = 0.0,
     epochs: int = 1,
+    chart: str | os.PathLike[str] | None = None,
     **loader_kwargs: Any,
 ) -> dict[str, Any]:
     """Iterate a loader over ``path`` with a simulated training step and time it.
@@ -43,6 +44,9 @@ def bench_loader(
         A dataset folder (``fl.open``) or a :class:`~feedline.dataset.Dataset`.
     batch_size, step_ms, epochs:
         Per-rank batch size, simulated step time in milliseconds, epochs to run.
+    chart:
+        Also write a PNG of throughput and data wait over time here
+        (:func:`feedline.charts.plot_loader_timeline`; needs ``feedline[plots]``).
     **loader_kwargs:
         Passed to :class:`~feedline.loader.Loader` (``shuffle``, ``cache``, ``prefetch``...).
 
@@ -51,7 +55,8 @@ def bench_loader(
     dict
         ``samples``, ``batches``, ``seconds``, ``first_batch_s``, ``samples_per_s``,
         ``samples_per_s_total``, ``wait_s``, ``wait_fraction``, ``wait_fraction_total``,
-        ``step_ms``, ``cache``, ``cache_bytes``, ``peak_rss_bytes``.
+        ``step_ms``, ``cache``, ``cache_bytes``, ``peak_rss_bytes`` (and ``chart``, the PNG's
+        path, when asked).
 
     Examples
     --------
@@ -105,7 +110,7 @@ def bench_loader(
     total = end - start
     steady = end - first_at if first_at is not None else 0.0
     stats = loader.stats()
-    return {
+    result = {
         "samples": samples,
         "batches": batches,
         "seconds": total,
@@ -120,6 +125,12 @@ def bench_loader(
         "cache_bytes": stats.get("cache_bytes"),
         "peak_rss_bytes": _peak_rss_bytes(),
     }
+    if chart is not None:
+        from feedline.charts import plot_loader_timeline
+
+        title = f"feedline loader: batch {batch_size}, step {float(step_ms):g} ms, {stats['cache']}"
+        result["chart"] = str(plot_loader_timeline(loader.timeline(), chart, title=title))
+    return result
 
 
 def _open(path: str | os.PathLike[str]) -> Any:

@@ -8,14 +8,16 @@ with one vectorized ``np.take`` per column.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from feedline.errors import ConfigurationError, DataError
@@ -25,6 +27,7 @@ from feedline.plan import Limit, Select
 if TYPE_CHECKING:
     from feedline.dataset import Dataset
     from feedline.io.storage import Location
+    from feedline.loader.shard_cache import ShardCache
 
 __all__ = [
     "ColumnCache",
@@ -61,6 +64,8 @@ class FileLayout:
 
     files: tuple[Location, ...]
     groups: tuple[tuple[int, ...], ...]
+    #: local copies of remote files (see :mod:`feedline.loader.shard_cache`), or ``None``
+    shard_cache: ShardCache | None = field(default=None, compare=False)
 
     @property
     def row_group_sizes(self) -> list[int]:
@@ -96,7 +101,7 @@ class FileLayout:
         """
         loc = self.files[file]
         try:
-            with loc.arrow_filesystem().open_input_file(loc.path) as handle:
+            with self._open(file) as handle:
                 parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=READ_BUFFER)
                 yield from parquet.iter_batches(
                     batch_size=rows or READ_BATCH_ROWS,
@@ -105,11 +110,26 @@ class FileLayout:
                     use_threads=False,
                 )
         except (OSError, pa.ArrowException) as exc:
+            cached = " (its cached copy)" if self.shard_cache is not None else ""
             raise DataError(
-                f"Cannot read row group(s) {list(groups)} of shard {loc.url!r}: {exc}. The shard "
-                "was removed, truncated or replaced after the dataset was opened. Fix: restore "
-                "it (fl.verify(path) checks every shard) or re-run the write."
+                f"Cannot read row group(s) {list(groups)} of shard {loc.url!r}{cached}: {exc}. "
+                "The shard was removed, truncated or replaced after the dataset was opened. Fix: "
+                "restore it (fl.verify(path) checks every shard) or re-run the write."
             ) from exc
+
+    @contextlib.contextmanager
+    def _open(self, file: int) -> Iterator[Any]:
+        """File ``file`` opened for reading: the cached copy when a shard cache is set."""
+        if self.shard_cache is None:
+            loc = self.files[file]
+            with loc.arrow_filesystem().open_input_file(loc.path) as handle:
+                yield handle
+            return
+        with (
+            self.shard_cache.using(file) as path,  # held from eviction while read
+            pafs.LocalFileSystem().open_input_file(path) as handle,
+        ):
+            yield handle
 
 
 def file_layout(dataset: Dataset) -> FileLayout | None:

@@ -11,6 +11,7 @@ groups of about ``GROUP_BYTES``, gathered with one take into reused buffers).
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from feedline.loader.formats import FORMATS, can_pin, to_format
 from feedline.loader.order import EpochPlan, global_order
 from feedline.loader.prefetch import Prefetcher
 from feedline.loader.resume import STATE_VERSION, epoch_plan, restore
+from feedline.loader.timing import Timing
 from feedline.loader.windows import Windows
 
 if TYPE_CHECKING:
@@ -94,6 +96,19 @@ class Loader:
         ``"raise"`` (default) refuses string columns; ``"list"`` yields them as Python lists.
     return_padding_mask:
         Add a ``"_padded"`` boolean key, True where a sample repeats one to pad the epoch.
+    cache_dir, cache_limit:
+        Remote shards (any non-local URL, e.g. ``s3://``) are downloaded ahead of use into
+        the shard cache folder ``cache_dir`` (default ``~/.cache/feedline/shards``; shared
+        safely by the processes of a node and across datasets: files are named by checksum),
+        checked against the manifest's size and sha256 (once per loader), and read from
+        there; ``cache_limit`` (bytes or ``"20GB"``) caps the folder by evicting the least
+        recently used shards that no reader holds. ``cache_dir=False`` reads remote shards
+        directly. Local datasets are never copied. See :mod:`feedline.loader.shard_cache`.
+    track:
+        ``True`` logs :meth:`metrics` (``loader/samples_per_s``, ``loader/data_wait_fraction``,
+        ``loader/batches``, ``loader/samples``, ``loader/seconds``) to the MLflow run active
+        when the loader is created, with ``step=epoch``, each time an epoch completes; a run
+        id logs to that run instead. Needs ``feedline[mlflow]``; see :mod:`feedline.tracking`.
 
     Examples
     --------
@@ -123,6 +138,9 @@ class Loader:
         *,
         strings: str = "raise",
         return_padding_mask: bool = False,
+        track: bool | str = False,
+        cache_dir: str | os.PathLike[str] | bool | None = None,
+        cache_limit: int | str = "20GB",
     ) -> None:
         if isinstance(dataset, str | os.PathLike):
             from feedline.readers import open as open_dataset
@@ -156,12 +174,24 @@ class Loader:
         self.windows, self.strings = windows, strings
         self.return_padding_mask = bool(return_padding_mask)
         self.pin_memory = bool(pin_memory) and can_pin(format, stacklevel=5)
+        if cache_dir is True or cache_dir is None:
+            from feedline.loader.shard_cache import default_cache_dir
+
+            cache_dir = default_cache_dir()
+        self.cache_dir = cache_dir or None
+        self.cache_limit = parse_budget(cache_limit)
         self._requested_window = shuffle_window
         self._epoch, self._consumed, self._segments, self._restored = 0, 0, (), False
         self._backend: Backend | None = None
         self._plan_cache: tuple[Any, EpochPlan] | None = None
         self._active: weakref.ref | None = None
         self._token: object = None
+        self._timing = Timing(self.batch_size)
+        self._tracker = None
+        if track is not False:
+            from feedline.tracking import EpochLogger
+
+            self._tracker = EpochLogger(track)
 
     def _prepare(self) -> Backend:
         """Decide cache or stream, and load the cache (once, on first need)."""
@@ -170,6 +200,7 @@ class Loader:
                 self.dataset, columns=self.columns, windows=self.windows, cache=self.cache,
                 strings=self.strings, widen_unsigned=self.format == "torch",
                 budget=self.memory_budget, window=self._requested_window,
+                cache_dir=self.cache_dir, cache_limit=self.cache_limit,
             )  # fmt: skip
         return self._backend
 
@@ -250,13 +281,15 @@ class Loader:
         return self._iterate(self.format)
 
     def _iterate(self, fmt: str) -> Iterator[dict[str, Any]]:
+        asked = time.perf_counter()  # the caller waits from here (the first call loads the cache)
+        self._timing.begin(asked)
         self._close_active()
         plan = self._plan()
         if plan.num_batches and self._consumed >= plan.num_batches:
             self._epoch, self._consumed, self._segments = self._epoch + 1, 0, ()
             plan = self._plan()
         self._token = token = object()
-        gen = self._consume(plan, self._consumed, self._epoch, fmt, token)
+        gen = self._consume(plan, self._consumed, self._epoch, fmt, token, asked)
         self._active = weakref.ref(gen)
         return gen
 
@@ -266,17 +299,31 @@ class Loader:
         if gen is not None:
             gen.close()
 
-    def _consume(self, plan: EpochPlan, start: int, epoch: int, fmt: str, token: object):
+    def _consume(self, plan: EpochPlan, start: int, epoch: int, fmt: str, token: object,
+                 asked: float):  # fmt: skip
         produced = self._produce(plan, start, epoch, fmt, self._group_size())
         stream = Prefetcher(produced, 1) if self.prefetch else produced
+        # raw clock readings per batch (see feedline.loader.timing): asked, got, previous got
+        timing, clock, got, tail = self._timing, time.perf_counter, None, None
+        run, append = timing.start_run(epoch, reset=start == 0), timing.rows.append
         try:
             for group in stream:
+                if len(timing.rows) > timing.limit:
+                    timing.trim()
                 for k, batch in group:
                     if self._token is token:  # counted here, at the consumer: exact resume
                         self._consumed, self._restored = k + 1, False
+                    now = clock()
+                    append((run, k, asked, now, got))
+                    got = now
                     yield batch
+                    asked = clock()
+            tail = None if got is None else asked - got  # the step after the last batch
         finally:
             stream.close()
+            last = timing.end_run(run, tail)
+            if self._tracker is not None and last + 1 == plan.num_batches:
+                self._tracker.log_epoch(timing.metrics_of(epoch))
 
     def _group_size(self) -> int:
         """Batches gathered with one take: ``prefetch``, or about ``GROUP_BYTES`` of batches.
@@ -298,7 +345,8 @@ class Loader:
         A group is gathered with one take per column; its batches are row slices (views).
         """
         b, backend = self.batch_size, self._prepare()
-        session = backend.session(shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        session = backend.session(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                                  indices=plan.indices[start * b :])  # fmt: skip
         # unpinned groups are gathered into reused buffers (see BufferPool): the batches in
         # the queue, the one the caller holds and the one being gathered each hold a set
         pool = None if self.pin_memory else BufferPool(backend.shapes(), size * b, keep=4)
@@ -405,8 +453,47 @@ class Loader:
         return tf_dataset(lambda: self._iterate("numpy"), self._shapes(), self.batch_size,
                           label, cardinality=passes)  # fmt: skip
 
+    def timeline(self) -> list[dict[str, Any]]:
+        """Per batch delivered so far (the last 100,000): when, and where the time went.
+
+        Each entry: ``epoch``, ``batch``, ``time`` (seconds since the loader first started
+        iterating), ``samples``, ``wait_s`` (the caller blocked in ``next()`` for it, the
+        first batch of an iteration counting from ``iter()``) and ``step_s`` (the caller's
+        time between the previous batch and asking for this one; 0 for an iteration's first).
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> loader = fl.range(8).loader(batch_size=4, format="numpy")
+        >>> _ = list(loader)
+        >>> [(t["epoch"], t["batch"], t["samples"], t["step_s"]) for t in loader.timeline()][0]
+        (0, 0, 4, 0.0)
+        """
+        return self._timing.timeline()
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Per epoch iterated so far: ``epoch``, ``batches``, ``samples``, ``seconds``,
+        ``samples_per_s`` and ``data_wait_fraction`` (wait / (wait + step)), from the caller's
+        side (see :meth:`timeline`; ``seconds`` leaves out pauses between iterations).
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> loader = fl.range(8).loader(batch_size=4, format="numpy")
+        >>> _ = list(loader)
+        >>> m = loader.metrics()[0]
+        >>> m["batches"], m["samples"], 0 <= m["data_wait_fraction"] <= 1
+        (2, 8, True)
+        """
+        return self._timing.metrics()
+
     def stats(self) -> dict[str, Any]:
         """How the data is held: cache mode, cached bytes, window and streaming counters.
+
+        A remote dataset read through the shard cache adds its folder, limit and counters
+        (``shard_hits``, ``shard_downloads``, ``shard_download_bytes``, ``shard_evictions``,
+        ``shard_corrupt``, ``shard_prefetch_errors``; see
+        :class:`~feedline.loader.shard_cache.CacheStats`).
 
         Examples
         --------

@@ -110,6 +110,19 @@ class PoolReader:
         self.stats.pool_rows.append(self._pool_rows[p])
         return arrays
 
+    def file_order(self, indices: np.ndarray) -> list[int]:
+        """Files in the order serving ``indices`` (in turn) reads them; a file may recur.
+
+        Pools are read whole, in the order the indices first fall in them.
+        """
+        idx = np.asarray(indices, dtype=np.int64)
+        if not idx.size:
+            return []
+        pools = self._pool_of[np.searchsorted(self._starts, idx, side="right") - 1]
+        first, at = np.unique(pools, return_index=True)
+        ordered = first[np.argsort(at, kind="stable")]
+        return [f for p in ordered if p >= 0 for f, _ in self._read_plan[int(p)]]
+
     def resident_rows(self) -> int:
         """Rows currently held in memory."""
         return sum(self._pool_rows[p] for p in self._loaded)
