@@ -115,15 +115,25 @@ class Dataset:
         fn_constructor_kwargs: Mapping[str, Any] | None = None,
         output_schema: pa.Schema | None = None,
         concurrency: int | None = None,
+        device: str | None = None,
+        passthrough: Sequence[str] | None = None,
     ) -> Dataset:
         """Apply ``fn`` to batches of at most ``batch_size`` rows.
 
         ``fn(batch: pa.RecordBatch, **fn_kwargs)`` returns a ``RecordBatch``, ``Table``, a
         dict of column → array (NumPy arrays with more dimensions become fixed-shape tensor
-        columns) or a pandas/polars DataFrame. ``fn`` may be a class: it is constructed
-        once per worker with ``fn_constructor_kwargs`` and called per batch (models).
-        Batches are formed within each read task (file); pass ``output_schema`` to let
-        ``schema()`` answer without running ``fn``.
+        columns; torch tensors are converted on the CPU) or a pandas/polars DataFrame.
+        Batches of a function are formed within each read task (file); pass
+        ``output_schema`` to let ``schema()`` answer without running ``fn``.
+
+        ``fn`` may be a class (batch inference, see :mod:`feedline.inference`): it is
+        constructed once per worker with ``fn_constructor_kwargs`` (plus ``device=device``
+        when ``device`` is given: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``) and
+        called per batch. On the local engine it runs in a stage of ``concurrency`` threads
+        (default 1) overlapping with the reads, on batches of exactly ``batch_size`` rows;
+        on Ray in a pool of ``concurrency`` actors; on Spark once per Python worker.
+        ``passthrough`` names input columns (ids, labels) put before ``fn``'s outputs,
+        which then must have one row per input row.
 
         Examples
         --------
@@ -132,6 +142,8 @@ class Dataset:
         >>> ds.to_arrow()["twice"].to_pylist()
         [0, 2, 4, 6]
         """
+        from feedline.inference import check_model_options
+
         if not callable(fn):
             raise ConfigurationError(
                 f"map_batches() needs a function or class, got {fn!r}. Fix: pass a callable "
@@ -146,6 +158,9 @@ class Dataset:
                 "fn_constructor_kwargs only applies when fn is a class. Fix: drop it or pass a "
                 "class."
             )
+        device = check_model_options(fn, device, fn_constructor_kwargs, concurrency)
+        if isinstance(passthrough, str):
+            passthrough = [passthrough]
         return self._then(
             MapBatches(
                 fn,
@@ -154,6 +169,8 @@ class Dataset:
                 tuple(sorted((fn_constructor_kwargs or {}).items())),
                 output_schema,
                 concurrency,
+                device,
+                tuple(passthrough or ()),
             )
         )
 

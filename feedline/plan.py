@@ -59,7 +59,9 @@ class MapBatches:
     """Apply ``fn`` to batches of at most ``batch_size`` rows.
 
     ``fn`` may be a function or a class; a class is constructed once per worker (with
-    ``fn_constructor_kwargs``) and its instances are called per batch.
+    ``fn_constructor_kwargs``, plus ``device=device`` when ``device`` is set) and its
+    instances are called per batch (batch inference, see :mod:`feedline.inference`).
+    ``passthrough`` names input columns copied next to ``fn``'s outputs.
     """
 
     fn: Callable[..., Any]
@@ -68,6 +70,8 @@ class MapBatches:
     fn_constructor_kwargs: tuple[tuple[str, Any], ...] = ()
     output_schema: pa.Schema | None = None
     concurrency: int | None = None
+    device: str | None = None
+    passthrough: tuple[str, ...] = ()
 
     @property
     def is_class(self) -> bool:
@@ -75,7 +79,9 @@ class MapBatches:
 
     def describe(self) -> str:
         size = f", batch_size={self.batch_size}" if self.batch_size else ""
-        return f"MapBatches({callable_name(self.fn)}{size})"
+        device = f", device={self.device}" if self.device else ""
+        keep = f", passthrough={list(self.passthrough)}" if self.passthrough else ""
+        return f"MapBatches({callable_name(self.fn)}{size}{device}{keep})"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ everywhere.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -27,7 +28,14 @@ from feedline.plan import (
     callable_name,
 )
 
-__all__ = ["BatchPipeline", "InstancePool", "as_record_batches", "rebatch", "split_at_limits"]
+__all__ = [
+    "BatchPipeline",
+    "InstancePool",
+    "as_record_batches",
+    "rebatch",
+    "split_at_limits",
+    "split_at_models",
+]
 
 Stage = Callable[[Iterator[pa.RecordBatch], str, int], Iterator[pa.RecordBatch]]
 
@@ -48,21 +56,44 @@ class InstancePool:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def get(self, cls: type, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    def get(self, cls: type, kwargs: tuple[tuple[str, Any], ...], device: str | None = None) -> Any:
+        """The instance of ``cls`` for this thread, built with ``kwargs`` (and ``device``)."""
         cache = getattr(self._local, "instances", None)
         if cache is None:
             cache = self._local.instances = {}
-        key = (cls, kwargs)
+        key = (cls, hashable(kwargs), device)
         if key not in cache:
-            try:
-                cache[key] = cls(**dict(kwargs))
-            except Exception as exc:
-                raise UserFunctionError(
-                    f"Constructing {callable_name(cls)}({_kwargs_text(kwargs)}) raised "
-                    f"{type(exc).__name__}: {exc}. The original traceback is chained above. "
-                    "Fix: correct the class's __init__ or its fn_constructor_kwargs."
-                ) from exc
+            cache[key] = construct(cls, kwargs, device)
         return cache[key]
+
+
+def hashable(kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    """``kwargs`` as a dictionary key: itself when hashable, else its identity (the plan's
+    operator keeps the same tuple for its lifetime)."""
+    try:
+        hash(kwargs)
+    except TypeError:
+        return ("id", id(kwargs))
+    return kwargs
+
+
+def construct(cls: type, kwargs: tuple[tuple[str, Any], ...], device: str | None = None) -> Any:
+    """``cls(**kwargs, device=device)`` (``device`` only when set, checked to exist here)."""
+    from feedline.inference import check_device
+
+    if device is not None:
+        check_device(device, f"by {callable_name(cls)} (process {os.getpid()})")
+        kwargs = (*kwargs, ("device", device))
+    try:
+        return cls(**dict(kwargs))
+    except FeedlineError:
+        raise
+    except Exception as exc:
+        raise UserFunctionError(
+            f"Constructing {callable_name(cls)}({_kwargs_text(kwargs)}) raised "
+            f"{type(exc).__name__}: {exc}. The original traceback is chained above. "
+            "Fix: correct the class's __init__ or its fn_constructor_kwargs."
+        ) from exc
 
 
 def _kwargs_text(kwargs: tuple[tuple[str, Any], ...]) -> str:
@@ -126,6 +157,10 @@ def to_arrow_array(values: Any) -> pa.Array:
     """An Arrow array from a NumPy array (n-d → fixed-shape tensor), list or Arrow array."""
     if isinstance(values, pa.Array | pa.ChunkedArray):
         return values
+    from feedline.inference import is_torch_tensor
+
+    if is_torch_tensor(values):
+        values = values.detach().cpu().numpy()
     if isinstance(values, np.ndarray) and values.ndim > 1:
         return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
     return pa.array(values)
@@ -208,9 +243,13 @@ class BatchPipeline:
     def _map(self, op: MapBatches, stream, label) -> Iterator[pa.RecordBatch]:
         if op.batch_size:
             stream = rebatch(stream, op.batch_size)
-        fn = self.instances.get(op.fn, op.fn_constructor_kwargs) if op.is_class else op.fn
+        if op.is_class:
+            fn = self.instances.get(op.fn, op.fn_constructor_kwargs, op.device)
+        else:
+            fn = op.fn
         kwargs = dict(op.fn_kwargs)
-        where = f"The function {callable_name(op.fn)} given to map_batches"
+        kind = "class" if op.is_class else "function"
+        where = f"The {kind} {callable_name(op.fn)} given to map_batches"
         for batch in stream:
             if batch.num_rows == 0:
                 continue
@@ -221,7 +260,12 @@ class BatchPipeline:
             except Exception as exc:
                 raise _user_error(where, exc, label) from exc
             self.report.add(function_calls=1)
-            yield from as_record_batches(result, where)
+            outputs = as_record_batches(result, where)
+            if op.passthrough:
+                from feedline.inference import add_passthrough
+
+                outputs = [add_passthrough(batch, _concat(outputs), op.passthrough, where)]
+            yield from outputs
 
     def _transform(self, op: Transform, stream, label) -> Iterator[pa.RecordBatch]:
         for batch in stream:
@@ -257,6 +301,29 @@ def _sample(op: Sample, stream, task_index: int, position: int) -> Iterator[pa.R
     for batch in stream:
         keep = rng.random(batch.num_rows) < op.fraction
         yield batch.filter(pa.array(keep))
+
+
+def split_at_models(ops: Sequence[Operator]) -> list[tuple[Operator, ...]]:
+    """Cut operators before each ``map_batches`` with a class (a model stage).
+
+    The first group holds the operators before the first model (possibly none); every
+    later group starts with a model and holds the operators up to the next one.
+
+    Examples
+    --------
+    >>> class Model:
+    ...     def __call__(self, batch):
+    ...         return batch
+    >>> [len(g) for g in split_at_models([Select(("a",)), MapBatches(Model), Select(("a",))])]
+    [1, 2]
+    """
+    groups: list[list[Operator]] = [[]]
+    for op in ops:
+        if isinstance(op, MapBatches) and op.is_class:
+            groups.append([op])
+        else:
+            groups[-1].append(op)
+    return [tuple(group) for group in groups]
 
 
 def split_at_limits(ops: Sequence[Operator]) -> list[tuple[tuple[Operator, ...], int | None]]:

@@ -3,6 +3,11 @@
 Read tasks (files, row-group ranges, slices) run in parallel worker threads, each pushing
 its batches through the fused operator pipeline into a queue bounded in bytes. Arrow,
 NumPy and the Parquet codecs release the GIL, so threads scale for the heavy parts.
+
+A ``map_batches`` with a class (a model) starts a stage of its own: ``concurrency`` worker
+threads (default 1), each building the class once, fed batches of exactly ``batch_size``
+rows re-cut across read tasks, while the read tasks keep running (see
+:func:`feedline.engines.streaming.run_stage` and :mod:`feedline.inference`).
 """
 
 from __future__ import annotations
@@ -16,13 +21,20 @@ from typing import Any
 import pyarrow as pa
 
 from feedline.engines.base import WriteInfo, WriteOptions
-from feedline.engines.fusion import BatchPipeline, InstancePool, apply_limit, split_at_limits
-from feedline.engines.streaming import run_tasks
+from feedline.engines.fusion import (
+    BatchPipeline,
+    InstancePool,
+    apply_limit,
+    rebatch,
+    split_at_limits,
+    split_at_models,
+)
+from feedline.engines.streaming import run_stage, run_tasks
 from feedline.errors import ConfigurationError
 from feedline.io import format as fmt
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
-from feedline.plan import Plan, pushdown
+from feedline.plan import MapBatches, Operator, Plan, callable_name, pushdown
 
 __all__ = ["LocalEngine", "parse_bytes"]
 
@@ -105,8 +117,12 @@ class LocalEngine:
         segments = split_at_limits(pushed.remaining)
         instances = InstancePool()
         first_ops, first_limit = segments[0]
-        pipeline = BatchPipeline(first_ops, report, instances)
+        head, *models = split_at_models(first_ops)
+        pipeline = BatchPipeline(head, report, instances)
         read_tasks = plan.source.read_tasks(pushed.columns, pushed.predicate)
+        # the read tasks' queues and every model stage's queue share the memory budget
+        stages = 1 + sum(len(split_at_models(ops)) - 1 for ops, _ in segments)
+        budget = max(1, self.memory_budget // stages)
 
         def make_task(index: int) -> Callable[[], Iterator[pa.RecordBatch]]:
             task = read_tasks[index]
@@ -119,16 +135,54 @@ class LocalEngine:
         stream: Iterator[pa.RecordBatch] = run_tasks(
             [make_task(i) for i in range(len(read_tasks))],
             parallelism=self.parallelism,
-            memory_budget=self.memory_budget,
+            memory_budget=budget,
             preserve_order=preserve_order,
         )
+        for ops in models:
+            stream = self._model_stage(ops, stream, report, preserve_order, budget)
         if first_limit is not None:
             stream = apply_limit(stream, first_limit)
         for ops, limit in segments[1:]:
-            stream = BatchPipeline(ops, report, instances)(stream, "the limited stream")
+            head, *models = split_at_models(ops)
+            stream = BatchPipeline(head, report, instances)(stream, "the limited stream")
+            for model_ops in models:
+                stream = self._model_stage(model_ops, stream, report, preserve_order, budget)
             if limit is not None:
                 stream = apply_limit(stream, limit)
         return _counted(stream, report)
+
+    def _model_stage(
+        self,
+        ops: tuple[Operator, ...],
+        stream: Iterator[pa.RecordBatch],
+        report: ExecutionReport,
+        preserve_order: bool,
+        budget: int,
+    ) -> Iterator[pa.RecordBatch]:
+        """Run ``ops`` (a class ``map_batches`` first) in worker threads of their own."""
+        model = ops[0]
+        assert isinstance(model, MapBatches) and model.is_class
+        instances = InstancePool()  # one instance per worker thread
+        pipeline = BatchPipeline(ops, report, instances)
+        name = callable_name(model.fn)
+
+        def setup() -> None:
+            instances.get(model.fn, model.fn_constructor_kwargs, model.device)
+
+        def process(seq: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+            return list(pipeline([batch], f"batch {seq} of the input of {name}", seq))
+
+        if model.batch_size:
+            stream = rebatch(stream, model.batch_size)
+        return run_stage(
+            stream,
+            process,
+            workers=model.concurrency or 1,
+            memory_budget=budget,
+            preserve_order=preserve_order,
+            setup=setup,
+            name=f"feedline-{name.rsplit('.', 1)[-1]}",
+        )
 
     def aggregate(
         self,
@@ -143,7 +197,8 @@ class LocalEngine:
         """
         pushed = pushdown(plan)
         segments = split_at_limits(pushed.remaining)
-        if len(segments) > 1:  # a limit needs the merged stream: aggregate serially
+        if len(segments) > 1 or len(split_at_models(segments[0][0])) > 1:
+            # a limit needs the merged stream, a model its own stage: aggregate the output
             result = None
             for batch in self.execute(plan, preserve_order=True):
                 if batch.num_rows:

@@ -18,9 +18,11 @@ unit of parallelism (big CSV files are still cut into byte ranges, Parquet reads
 reads and stateless operators in Ray tasks; a ``map_batches`` with a class (a model) or
 a ``transform`` with a tokenizer starts a stage in an actor pool (``concurrency=`` of the
 operator, else autoscaling from 1 to the cluster's CPUs), where the class is constructed
-once per actor (see :mod:`feedline.engines.ray_stages`). Ray's optimizer may fuse the
-read stage into the first actor stage (the reads then run in the actors too). Operators
-after a ``limit`` run on the driver over the limited stream, as on the local engine.
+once per actor, when the actor starts (see :mod:`feedline.engines.ray_stages`); a model
+with ``device="cuda..."`` asks for one GPU per actor when the cluster has GPUs. Ray's
+optimizer may fuse the read stage into the first actor stage (the reads then run in the
+actors too). Operators after a ``limit`` run on the driver over the limited stream, as on
+the local engine.
 ``preserve_order`` is set on the dataset's own copy of Ray's ``DataContext`` (with
 ``raise_original_map_exception``); the process-wide context is never changed.
 
@@ -42,6 +44,7 @@ of Ray's ``RayTaskError`` wrapping.
 from __future__ import annotations
 
 import importlib.util
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -50,7 +53,12 @@ import pyarrow as pa
 
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.fusion import BatchPipeline, InstancePool, apply_limit, split_at_limits
-from feedline.engines.ray_errors import RemoteTraceback, surface_errors
+from feedline.engines.ray_errors import (
+    RemoteTraceback,
+    note_failed_execution,
+    release_failed_executions,
+    surface_errors,
+)
 from feedline.engines.ray_stages import (
     ActorStage,
     ReportCollector,
@@ -129,6 +137,7 @@ class RayEngine:
         import ray
 
         if ray.is_initialized():
+            release_failed_executions()
             return
         kwargs: dict[str, Any] = {
             "ignore_reinit_error": True,
@@ -172,6 +181,17 @@ class RayEngine:
         import ray
 
         return (1, max(1, int(ray.cluster_resources().get("CPU", 1))))
+
+    def _gpus(self, op: Operator) -> dict[str, Any]:
+        """``num_gpus=1`` per actor for a model asking for ``device="cuda..."`` when the
+        cluster has GPUs; without any, the actor starts and reports the missing device
+        (:func:`feedline.inference.check_device`) instead of waiting for one forever."""
+        device = getattr(op, "device", None)
+        if not device or not device.startswith("cuda"):
+            return {}
+        import ray
+
+        return {"num_gpus": 1} if ray.cluster_resources().get("GPU", 0) >= 1 else {}
 
     def dataset(
         self,
@@ -235,6 +255,7 @@ class RayEngine:
                     ActorStage,
                     fn_constructor_args=(spec,),
                     concurrency=self._pool_size(stage_ops[0]),
+                    **self._gpus(stage_ops[0]),
                     **common,
                 )
         return rds
@@ -275,6 +296,13 @@ class RayEngine:
                 if batch.num_rows:
                     report.add(rows_out=batch.num_rows, batches_out=1)
                     yield batch
+        except Exception as exc:
+            # The traceback would keep this frame's Ray dataset (and with it the streaming
+            # executor and its actor pool, holding CPUs) alive until a garbage collection.
+            rds = stream = None
+            traceback.clear_frames(exc.__traceback__)
+            note_failed_execution()
+            raise
         finally:
             self._collect(collector, run_id, report)
 

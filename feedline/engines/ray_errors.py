@@ -12,6 +12,8 @@ traceback chained as a :class:`RemoteTraceback` (the pattern of
 from __future__ import annotations
 
 import contextlib
+import gc
+import traceback
 from collections.abc import Iterator
 
 from feedline.engines.ray_stages import REMOTE_MESSAGE, REMOTE_TRACEBACK
@@ -50,6 +52,28 @@ def _feedline_error_in(exc: BaseException) -> FeedlineError | None:
     return dual
 
 
+_FAILED = {"pending": False}
+
+
+def note_failed_execution() -> None:
+    """Remember that a Ray execution failed (see :func:`release_failed_executions`)."""
+    _FAILED["pending"] = True
+
+
+def release_failed_executions() -> None:
+    """Collect the garbage a failed execution left, if any, so its actor pool ends.
+
+    A failed Ray Data execution sits in reference cycles (exception, traceback, frames, the
+    streaming executor) that keep its actors, and the CPUs they reserve, alive until Python's
+    cycle collector runs. A later job that needs those CPUs (another execution, a Ray Train
+    worker group) would wait for them, possibly forever on a small machine; the engine calls
+    this before each new execution.
+    """
+    if _FAILED["pending"]:
+        _FAILED["pending"] = False
+        gc.collect()
+
+
 @contextlib.contextmanager
 def surface_errors() -> Iterator[None]:
     """Re-raise a ``FeedlineError`` raised in a Ray worker as itself on the driver.
@@ -60,6 +84,12 @@ def surface_errors() -> Iterator[None]:
     try:
         yield
     except Exception as exc:
+        if _is_ray_error(exc):
+            note_failed_execution()
+            # The failed execution's frames (Ray's block iterator holding the streaming
+            # executor) stay referenced by this traceback, and so would keep an actor pool
+            # and its CPUs alive until a garbage collection: release their locals now.
+            traceback.clear_frames(exc.__traceback__)
         found = _feedline_error_in(exc) if _is_ray_error(exc) else None
         if found is None:
             raise

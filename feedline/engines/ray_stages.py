@@ -276,7 +276,31 @@ class StageRunner:
 
 
 class ActorStage(StageRunner):
-    """:class:`StageRunner` as a callable class: Ray builds one per actor of the pool."""
+    """:class:`StageRunner` as a callable class: Ray builds one per actor of the pool.
+
+    The model classes of the stage are constructed when the actor starts (once per actor),
+    not on its first block, so a pool of ``concurrency`` actors holds exactly that many. A
+    constructor that fails is reported by the first call: Ray's ``ActorDiedError`` for a
+    failed ``__init__`` does not keep the original exception, a failed task does.
+    """
+
+    def __init__(self, spec: StageSpec) -> None:
+        super().__init__(spec)
+        self.failed: FeedlineError | None = None
+        try:
+            for op in spec.ops:
+                if isinstance(op, MapBatches) and op.is_class:
+                    self.instances.get(op.fn, op.fn_constructor_kwargs, op.device)
+        except FeedlineError as exc:
+            self.failed = exc
+
+    def __call__(self, block: pa.Table) -> Iterator[pa.Table]:
+        if self.failed is not None:
+            exc = self.failed
+            setattr(exc, REMOTE_TRACEBACK, "".join(traceback.format_exception(exc)))
+            setattr(exc, REMOTE_MESSAGE, str(exc))
+            raise exc
+        yield from super().__call__(block)
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.engines.fusion import BatchPipeline, InstancePool
+from feedline.engines.fusion import BatchPipeline, InstancePool, construct
 from feedline.engines.spark_types import from_spark_batch, to_spark_batch
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
@@ -143,28 +143,57 @@ def decode_error(text: str) -> BaseException | None:
 
 # ----------------------------------------------------------------------------- per-worker state
 
-_POOLS: OrderedDict[str, InstancePool] = OrderedDict()
+#: models kept by a Python worker across tasks and jobs: (class, kwargs digest, device) -> it
+_MODELS: OrderedDict[tuple[type, Any, str | None], Any] = OrderedDict()
+#: models a worker keeps at most (the least recently used one is dropped first)
+MAX_MODELS = 4
+#: per job (token): the first class object seen under each (name, kwargs) pair
+_CLASSES: OrderedDict[str, dict[tuple[str, Any], type]] = OrderedDict()
 
 
 class _WorkerPool(InstancePool):
-    """Instances keyed by the class's name, so a class pickled by value (a fresh class
-    object for every Spark task) is still built once per Python worker and job."""
+    """The Python worker's model registry, shared by every task this worker runs.
 
-    def __init__(self) -> None:
+    Spark reuses a Python worker for many tasks (``spark.python.worker.reuse``, on by
+    default), so a class is built once per worker and kept for later tasks, partitions and
+    jobs (at most :data:`MAX_MODELS` models). Keys are the class object, its constructor
+    arguments and device: a class pickled by value unpickles to the same class object in a
+    worker while it is alive, and a class redefined on the driver is a new key, so a stale
+    model is never reused. Within one job (``token``) classes are also matched by name, in
+    case a task unpickles a fresh class object.
+    """
+
+    def __init__(self, token: str) -> None:
         super().__init__()
-        self._classes: dict[tuple[str, Any], type] = {}
+        self.token = token
 
-    def get(self, cls: type, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-        canonical = self._classes.setdefault((callable_name(cls), kwargs), cls)
-        return super().get(canonical, kwargs)
+    def get(self, cls: type, kwargs: tuple[tuple[str, Any], ...], device: str | None = None) -> Any:
+        classes = _CLASSES.setdefault(self.token, {})
+        _CLASSES.move_to_end(self.token)
+        while len(_CLASSES) > 8:
+            _CLASSES.popitem(last=False)
+        digest = _digest(kwargs)
+        canonical = classes.setdefault((callable_name(cls), digest), cls)
+        key = (canonical, digest, device)
+        if key not in _MODELS:
+            _MODELS[key] = construct(canonical, kwargs, device)
+            while len(_MODELS) > MAX_MODELS:
+                _MODELS.popitem(last=False)
+        _MODELS.move_to_end(key)
+        return _MODELS[key]
+
+
+def _digest(kwargs: tuple[tuple[str, Any], ...]) -> str:
+    """Constructor arguments as a key: each task unpickles fresh copies of them."""
+    import hashlib
+
+    from pyspark import cloudpickle
+
+    return hashlib.sha256(cloudpickle.dumps(kwargs)).hexdigest()
 
 
 def _pool(token: str) -> InstancePool:
-    if token not in _POOLS:
-        _POOLS[token] = _WorkerPool()
-        while len(_POOLS) > 4:
-            _POOLS.popitem(last=False)
-    return _POOLS[token]
+    return _WorkerPool(token)
 
 
 def _broadcast_tasks(broadcast: Any) -> list[Any]:

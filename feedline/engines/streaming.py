@@ -4,6 +4,9 @@ Each read task runs in a worker thread and pushes its output batches into a queu
 in *bytes*; when a queue is full the worker waits (backpressure), so memory is bounded by
 the budget, not by the size of the data. With ``preserve_order=True`` the consumer reads
 the tasks' queues in task order; otherwise batches are taken as soon as they are ready.
+
+:func:`run_stage` adds a stage of its own threads after the read tasks (the model stage of
+batch inference), so a slow model and the reads run at the same time.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["run_tasks"]
+__all__ = ["run_stage", "run_tasks"]
 
 _POLL_SECONDS = 0.05
 
@@ -185,3 +188,140 @@ def _unordered(tasks, work, pool, parallelism, memory_budget, stop):
                 running += 1
             continue
         yield item
+
+
+def run_stage(
+    batches: Iterator[pa.RecordBatch],
+    process: Callable[[int, pa.RecordBatch], list[pa.RecordBatch]],
+    *,
+    workers: int,
+    memory_budget: int,
+    preserve_order: bool,
+    setup: Callable[[], Any] | None = None,
+    name: str = "feedline-model",
+) -> Iterator[pa.RecordBatch]:
+    """Run ``process(seq, batch)`` over a stream in ``workers`` threads of their own.
+
+    A feeder thread pulls ``batches`` (the upstream stages keep running in their own
+    threads) and hands them out with a sequence number; each worker thread calls ``setup``
+    once when it starts (to build a model), then ``process`` per batch. Worker ``k`` starts
+    when the ``k``-th batch arrives, so ``min(workers, batches)`` threads run ``setup``.
+    Batches handed out and not yet consumed are bounded in bytes by ``memory_budget``
+    (always at least one), so the feeder waits when the workers or the consumer fall behind.
+    With ``preserve_order`` the outputs come in input order; otherwise as they finish. An
+    exception anywhere is re-raised in the consumer; closing the stream stops the threads.
+
+    Examples
+    --------
+    >>> stream = (pa.record_batch({"x": [i]}) for i in range(4))
+    >>> out = run_stage(stream, lambda seq, b: [b], workers=2, memory_budget=1 << 20,
+    ...                 preserve_order=True)
+    >>> [b["x"][0].as_py() for b in out]
+    [0, 1, 2, 3]
+    """
+    stop = threading.Event()
+    _track(stop)
+    cond = threading.Condition()
+    inbox: collections.deque[tuple[int, pa.RecordBatch]] = collections.deque()
+    results: dict[int, Any] = {}
+    held: dict[int, int] = {}  # seq -> bytes of batches handed out and not yet consumed
+    state = {"fed": -1, "failed": None}  # fed: number of batches once the input is exhausted
+    threads: list[threading.Thread] = []
+
+    def wait(predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            if stop.is_set():
+                raise _Stopped
+            cond.wait(_POLL_SECONDS)
+
+    def fail(error: BaseException) -> None:
+        with cond:
+            if state["failed"] is None:
+                state["failed"] = error
+            cond.notify_all()
+
+    def work() -> None:
+        try:
+            if setup is not None:
+                setup()
+            while True:
+                with cond:
+                    wait(lambda: bool(inbox) or state["fed"] >= 0)
+                    if not inbox:
+                        return
+                    seq, batch = inbox.popleft()
+                out = process(seq, batch)
+                with cond:
+                    results[seq] = out
+                    cond.notify_all()
+        except _Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - forwarded to the consumer
+            fail(exc)
+
+    def feed() -> None:
+        seq = 0
+        try:
+            for batch in batches:
+                nbytes = batch.nbytes
+                with cond:
+                    wait(lambda n=nbytes: not held or sum(held.values()) + n <= memory_budget)
+                    held[seq] = nbytes
+                    inbox.append((seq, batch))
+                    if len(threads) < workers + 1:  # the feeder is threads[0]
+                        start(work, f"{name}-{len(threads) - 1}")
+                    cond.notify_all()
+                seq += 1
+        except _Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - forwarded to the consumer
+            fail(exc)
+        finally:
+            with cond:
+                state["fed"] = seq
+                cond.notify_all()
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    def start(target: Callable[[], None], thread_name: str) -> None:
+        thread = threading.Thread(target=target, name=thread_name, daemon=True)
+        threads.append(thread)
+        thread.start()
+
+    def ready() -> bool:
+        if state["failed"] is not None:
+            return True
+        if preserve_order:
+            return consumed in results or consumed == state["fed"]
+        return bool(results) or (not held and state["fed"] >= 0)
+
+    consumed = 0
+    try:
+        with cond:
+            start(feed, f"{name}-feeder")
+        while True:
+            with cond:
+                while not ready():
+                    cond.wait(_POLL_SECONDS)
+                if state["failed"] is not None:
+                    raise state["failed"]
+                if preserve_order:
+                    if consumed not in results:
+                        return  # consumed == fed: everything was yielded
+                    seq = consumed
+                else:
+                    if not results:
+                        return
+                    seq = next(iter(results))
+                out = results.pop(seq)
+                held.pop(seq, None)
+                consumed += 1
+                cond.notify_all()
+            yield from out
+    finally:
+        stop.set()
+        with cond:
+            cond.notify_all()
+        for thread in threads:
+            thread.join()
