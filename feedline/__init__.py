@@ -7,7 +7,7 @@ Examples
 3
 """
 
-from feedline import preprocess
+from feedline import charts, preprocess, tracking
 from feedline.dataset import Dataset
 from feedline.engines.base import WriteInfo, get_engine
 from feedline.engines.local import LocalEngine
@@ -15,6 +15,7 @@ from feedline.engines.ray import RayEngine
 from feedline.engines.ray_bridge import from_ray
 from feedline.engines.spark import SparkEngine, clear_spark_cache, from_spark, spark_session
 from feedline.errors import (
+    ConcurrentWriteError,
     ConfigurationError,
     DataError,
     FeedlineError,
@@ -23,9 +24,11 @@ from feedline.errors import (
     IntegrityError,
     MissingDependencyError,
     SchemaError,
+    StorageError,
     UserFunctionError,
 )
 from feedline.io.format import verify
+from feedline.io.retry import RetryPolicy
 from feedline.loader import Loader, Windows
 from feedline.preprocess import (
     Bucketizer,
@@ -66,6 +69,7 @@ __all__ = [
     "Chain",
     "ClipTokenizer",
     "Concat",
+    "ConcurrentWriteError",
     "ConfigurationError",
     "DataError",
     "Dataset",
@@ -85,17 +89,20 @@ __all__ = [
     "OneHotEncoder",
     "QuantileDiscretizer",
     "RayEngine",
+    "RetryPolicy",
     "RobustScaler",
     "SchemaError",
     "SparkEngine",
     "StandardScaler",
     "Stats",
+    "StorageError",
     "StringIndexer",
     "Tokenize",
     "UserFunctionError",
     "Windows",
     "WriteInfo",
     "__version__",
+    "charts",
     "clear_spark_cache",
     "compare",
     "from_arrow",
@@ -114,5 +121,6 @@ __all__ = [
     "read_text",
     "spark_session",
     "stats",
+    "tracking",
     "verify",
 ]

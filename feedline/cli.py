@@ -55,7 +55,7 @@ def _guess_format(path: str) -> str:
     return "parquet"
 
 
-def _reader(fmt: str, src: str):
+def _reader(fmt: str, src: str, storage_options: dict[str, Any] | None = None):
     import feedline as fl
 
     return {
@@ -64,13 +64,30 @@ def _reader(fmt: str, src: str):
         "jsonl": fl.read_jsonl,
         "images": fl.read_images,
         "text": fl.read_text,
-    }[fmt](src)
+    }[fmt](src, storage_options=storage_options)
+
+
+def _storage(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``--storage-option KEY=VALUE`` pairs as ``storage_options`` (None when none)."""
+    from feedline.io.storage import parse_storage_options
+
+    return parse_storage_options(getattr(args, "storage_option", None)) or None
+
+
+def _add_storage_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="fsspec storage option for remote URLs (repeatable; dotted keys nest, values "
+        "may be JSON), e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000",
+    )
 
 
 def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     import feedline as fl
 
-    ds = fl.open(args.path)
+    ds = fl.open(args.path, storage_options=_storage(args))
     manifest = ds.manifest
     schema = ds.schema()
     summary = Table(title=f"feedline dataset: {args.path}", show_header=False)
@@ -129,7 +146,7 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     fmt = args.format or _guess_format(args.src)
     if fmt not in _READERS:
         raise FeedlineError(f"--format {fmt!r} is not known. Fix: use one of {sorted(_READERS)}.")
-    ds = _reader(fmt, args.src)
+    ds = _reader(fmt, args.src, _storage(args))
     total = ds.count() if fmt in ("parquet", "images") else None
     with Progress(
         SpinnerColumn(),
@@ -147,6 +164,7 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
             rows_per_shard=args.rows_per_shard,
             compression=args.compression,
             on_rows=lambda n: progress.advance(task, n),
+            storage_options=_storage(args),
         )
     console.print(
         f"[green]Wrote {info.rows:,} rows in {info.shards} shard(s), {_human(info.bytes)}, "
@@ -162,7 +180,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from feedline.io.format import read_manifest, verify_manifest
     from feedline.io.storage import resolve
 
-    target = resolve(args.path)
+    target = resolve(args.path, _storage(args))
     manifest = read_manifest(target)
     if manifest is None:
         raise FeedlineError(
@@ -188,7 +206,11 @@ def cmd_bench_loader(args: argparse.Namespace, console: Console) -> int:
     from feedline.loader.bench import bench_loader
 
     result = bench_loader(
-        args.path, batch_size=args.batch_size, step_ms=args.step_ms, epochs=args.epochs
+        args.path,
+        batch_size=args.batch_size,
+        step_ms=args.step_ms,
+        epochs=args.epochs,
+        chart=args.chart,
     )
     table = Table(title=f"loader benchmark: {args.path}")
     table.add_column("metric", style="bold")
@@ -210,7 +232,12 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
 
     def load(path: str):
         fmt = _guess_format(path)
-        ds = fl.open(path) if fmt == "parquet" else _reader(fmt, path)
+        options = _storage(args)
+        ds = (
+            fl.open(path, storage_options=options)
+            if fmt == "parquet"
+            else _reader(fmt, path, options)
+        )
         found = None if args.recompute else stored_stats(ds, columns)
         if found is not None:
             console.print(f"[dim]{path}: statistics stored in the manifest[/]")
@@ -235,13 +262,27 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=1, allow_nan=False)
+    if args.html:
+        from feedline.preprocess.stats_html import write_html
+
+        page = write_html(result, args.html, title=f"feedline statistics: {args.path}")
+        console.print(f"[green]Wrote {page}[/]")
     return status
 
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from feedline.demo import run_demo
 
-    return run_demo(args.output, console=console)
+    run_demo(
+        args.out,
+        engine=args.engine,
+        size=args.size,
+        epochs=args.epochs,
+        catalog_rows=args.rows,
+        seed=args.seed,
+        console=console,
+    )
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="schema, rows, shards, sizes and lineage of a dataset")
     p.add_argument("path")
     p.add_argument("--max-shards", type=int, default=20)
+    _add_storage_option(p)
     p.set_defaults(run=cmd_inspect)
 
     p = sub.add_parser("convert", help="convert csv/jsonl/parquet/images/text to feedline")
@@ -266,11 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows-per-shard", type=int, default=None)
     p.add_argument("--compression", default="zstd")
     p.add_argument("--quiet", action="store_true")
+    _add_storage_option(p)
     p.set_defaults(run=cmd_convert)
 
     p = sub.add_parser("verify", help="check every shard against the manifest's checksums")
     p.add_argument("path")
     p.add_argument("--quiet", action="store_true")
+    _add_storage_option(p)
     p.set_defaults(run=cmd_verify)
 
     p = sub.add_parser("bench-loader", help="samples/s and data-wait of the training loader")
@@ -278,19 +322,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--step-ms", type=float, default=0.0)
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--chart", default=None, help="also write a PNG of throughput and data wait")
     p.set_defaults(run=cmd_bench_loader)
 
     p = sub.add_parser("stats", help="column statistics; with --against, drift from a reference")
     p.add_argument("path")
     p.add_argument("--columns", default=None, help="comma-separated column names")
     p.add_argument("--json", default=None, help="also write the statistics to this JSON file")
+    p.add_argument("--html", default=None, help="also write an HTML page with histograms")
     p.add_argument("--against", default=None, help="reference dataset to check drift against")
     p.add_argument("--fail-on-drift", action="store_true", help="exit with 1 when a column drifted")
     p.add_argument("--recompute", action="store_true", help="ignore statistics in the manifest")
+    _add_storage_option(p)
     p.set_defaults(run=cmd_stats)
 
-    p = sub.add_parser("demo", help="the end-to-end demo on real data")
-    p.add_argument("--output", default="demo-output")
+    p = sub.add_parser("demo", help="the end-to-end demo: preprocess, train, infer, track")
+    p.add_argument("--out", "--output", dest="out", default="demo-output")
+    p.add_argument(
+        "--engine",
+        choices=["local", "spark", "ray"],
+        default="local",
+        help="engine of the preprocessing writes",
+    )
+    p.add_argument("--size", choices=["small", "full"], default="full")
+    p.add_argument("--rows", type=int, default=None, help="catalog products (overrides --size)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (overrides --size)")
+    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_demo)
     return parser
 
