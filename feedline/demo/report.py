@@ -79,14 +79,21 @@ class Tracker:
             yield None
             return
         import mlflow
+        from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
 
+        # The process's MLflow state (tracking URI, active experiment) is left as it was:
+        # the demo may run inside a user's own session or test suite.
+        previous = mlflow.get_tracking_uri() if is_tracking_uri_set() else None
         mlflow.set_tracking_uri(self.uri)
-        if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-            mlflow.MlflowClient().create_experiment(EXPERIMENT)  # quietly, unlike set_experiment
-        mlflow.set_experiment(EXPERIMENT)
-        with mlflow.start_run(run_name=name) as active:
-            mlflow.log_params(params)
-            yield active
+        try:
+            client = mlflow.MlflowClient(self.uri)
+            found = client.get_experiment_by_name(EXPERIMENT)
+            experiment = found.experiment_id if found else client.create_experiment(EXPERIMENT)
+            with mlflow.start_run(run_name=name, experiment_id=experiment) as active:
+                mlflow.log_params(params)
+                yield active
+        finally:
+            mlflow.set_tracking_uri(previous)
 
     def log_dataset(self, path: str, name: str, context: str) -> None:
         if self.enabled:
