@@ -13,15 +13,8 @@ import feedline as fl
 import feedline.errors as errors
 
 PACKAGE = Path(fl.__file__).parent
-#: the foundation modules whose every raise site is checked for a "Fix:" hint
-FOUNDATION = [
-    PACKAGE / "dataset.py",
-    PACKAGE / "plan.py",
-    PACKAGE / "readers.py",
-    PACKAGE / "errors.py",
-    *sorted((PACKAGE / "engines").glob("*.py")),
-    *sorted((PACKAGE / "io").glob("*.py")),
-]
+#: every module of the package: each raise site is checked for a "Fix:" hint
+FOUNDATION = sorted(PACKAGE.rglob("*.py"))
 ERROR_CLASSES = [getattr(errors, name) for name in errors.__all__]
 
 
@@ -93,15 +86,20 @@ def _message_text(call: ast.Call, constants: dict[str, str]) -> str:
     return "".join(parts)
 
 
-@pytest.mark.parametrize("path", FOUNDATION, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", FOUNDATION, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_every_raise_site_says_how_to_fix(path):
     names = set(errors.__all__) - {"MissingDependencyError"}  # builds its own "Fix:"
+    # messages built elsewhere, each with its "Fix:": StorageError's wrapper in the shard cache
+    # takes its callers' messages; DecodeImages' DataError text comes from ``_message``
+    built = {("shard_cache.py", "StorageError"), ("images.py", "DataError")}
     tree = ast.parse(path.read_text())
     constants = _module_strings(tree)
     missing = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
             if not node.args:
+                continue
+            if (path.name, node.func.id) in built:
                 continue
             if "Fix:" not in _message_text(node, constants):
                 missing.append(f"{path.name}:{node.lineno} {node.func.id}")

@@ -104,7 +104,10 @@ def column_specs(
     [('x', 'numeric', 'int32')]
     """
     if strings not in ("raise", "list"):
-        raise ConfigurationError(f"strings={strings!r} must be 'raise' or 'list'.")
+        raise ConfigurationError(
+            f"strings={strings!r} must be 'raise' or 'list'. Fix: pass strings='list' to get "
+            "string columns as Python lists, or drop them with columns=[...]."
+        )
     names = list(schema.names) if columns is None else list(columns)
     missing = [c for c in names if schema.get_field_index(c) < 0]
     if missing:

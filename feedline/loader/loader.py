@@ -44,7 +44,10 @@ MAX_GROUP = 64
 
 def _int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ConfigurationError(f"Loader: {name} must be an int >= {low}, got {value!r}.")
+        raise ConfigurationError(
+            f"Loader: {name} must be an int >= {low}, got {value!r}. "
+            f"Fix: pass {name}={low} or more."
+        )
     return int(value)
 
 
@@ -157,7 +160,7 @@ class Loader:
         if format not in FORMATS or cache not in CACHES:
             raise ConfigurationError(
                 f"Loader: format={format!r} / cache={cache!r}; format is one of {FORMATS}, cache "
-                f"one of {CACHES}."
+                f"one of {CACHES}. Fix: pass one of those values."
             )
         if shuffle_window is not None:
             shuffle_window = _int("shuffle_window", shuffle_window, 1)
@@ -178,6 +181,12 @@ class Loader:
             from feedline.loader.shard_cache import default_cache_dir
 
             cache_dir = default_cache_dir()
+        elif cache_dir is not False and not os.fspath(cache_dir):
+            raise ConfigurationError(
+                "Loader: cache_dir='' names no folder. Fix: pass a folder for the shard cache, "
+                "None for the default (~/.cache/feedline/shards) or False to read remote "
+                "shards directly."
+            )
         self.cache_dir = cache_dir or None
         self.cache_limit = parse_budget(cache_limit)
         self._requested_window = shuffle_window

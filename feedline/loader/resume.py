@@ -149,7 +149,10 @@ def merge_states(
     """
     items = [_check(states)] if isinstance(states, Mapping) else [_check(s) for s in states]
     if not items:
-        raise ConfigurationError("load_state_dict() got an empty list of states.")
+        raise ConfigurationError(
+            "load_state_dict() got an empty list of states. Fix: pass the state_dict() of "
+            "every rank (or one state)."
+        )
     first = items[0]
     for s in items[1:]:
         for key in ("seed", "epoch", "world_size", "batch_size", "drop_last", "history"):

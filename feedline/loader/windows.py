@@ -83,13 +83,21 @@ class Windows:
     def __post_init__(self) -> None:
         for name, value, low in (("size", self.size, 1), ("horizon", self.horizon, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigurationError(f"Windows: {name} must be an int >= {low}, got {value!r}.")
+                raise ConfigurationError(
+                    f"Windows: {name} must be an int >= {low}, got {value!r}. Fix: pass "
+                    f"{name}={low} or more."
+                )
         if not isinstance(self.stride, int) or self.stride < 1:
-            raise ConfigurationError(f"Windows: stride must be an int >= 1, got {self.stride!r}.")
+            raise ConfigurationError(
+                f"Windows: stride must be an int >= 1, got {self.stride!r}. Fix: e.g. stride=1."
+            )
         for name in ("features", "targets"):
             value = getattr(self, name)
             if value is not None and not _names(value):
-                raise ConfigurationError(f"Windows: {name} must name at least one column.")
+                raise ConfigurationError(
+                    f"Windows: {name} must name at least one column. Fix: pass a column name, "
+                    "a list of them, or None for the default."
+                )
 
 
 def _series_starts(keys: list[np.ndarray], n: int) -> np.ndarray:

@@ -83,7 +83,8 @@ class Preprocessor(ABC):
         self.columns: tuple[str, ...] = (columns,) if isinstance(columns, str) else tuple(columns)
         if not self.columns or not all(isinstance(c, str) for c in self.columns):
             raise ConfigurationError(
-                f"{type(self).__name__} needs one or more column names, got {columns!r}."
+                f"{type(self).__name__} needs one or more column names, got {columns!r}. "
+                f"Fix: e.g. {type(self).__name__}('price') or {type(self).__name__}(['a', 'b'])."
             )
         if output is None:
             self.output: tuple[str, ...] = self.columns

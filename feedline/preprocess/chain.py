@@ -84,7 +84,10 @@ class Chain(Preprocessor):
         try:
             steps = state["params"]["steps"]
         except (KeyError, TypeError) as exc:
-            raise FormatError(f"Cannot rebuild Chain from its saved state: {exc}.") from exc
+            raise FormatError(
+                f"Cannot rebuild Chain from its saved state: {exc}. Fix: pass the dict that "
+                "Chain.state produced (re-fit and save it again if it was edited)."
+            ) from exc
         return cls([from_state(s) for s in steps])
 
     def fit(
@@ -219,7 +222,10 @@ class Concat(Preprocessor):
     ):
         super().__init__(columns, output)
         if len(self.output) != 1:
-            raise ConfigurationError(f"Concat writes one column; got output={output!r}.")
+            raise ConfigurationError(
+                f"Concat writes one column; got output={output!r}. Fix: pass one name, e.g. "
+                "output='features'."
+            )
         if str(np.dtype(dtype)) not in ("float16", "float32", "float64"):
             raise ConfigurationError(
                 f"Concat(dtype={dtype!r}). Fix: use 'float32', 'float64' or 'float16'."

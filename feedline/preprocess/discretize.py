@@ -46,7 +46,10 @@ def _check_splits(splits: Sequence[float | str], owner: str) -> list[float]:
     try:
         values = _decode(splits)
     except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"{owner}: splits must be numbers, got {splits!r}.") from exc
+        raise ConfigurationError(
+            f"{owner}: splits must be numbers, got {splits!r}. Fix: e.g. [0, 10, 100] or "
+            "[-inf, 0, inf]."
+        ) from exc
     if (
         len(values) < 2
         or any(math.isnan(v) for v in values)
@@ -141,7 +144,10 @@ class Bucketizer(_Discretizer):
         if isinstance(splits, Mapping):
             missing = [c for c in self.columns if c not in splits]
             if missing:
-                raise ConfigurationError(f"Bucketizer: no splits for column(s) {missing}.")
+                raise ConfigurationError(
+                    f"Bucketizer: no splits for column(s) {missing}. Fix: add them to the "
+                    "splits dict, or pass one list of splits for every column."
+                )
             self.splits = {c: _check_splits(splits[c], "Bucketizer") for c in self.columns}
             self._shared = False
         else:
@@ -197,7 +203,8 @@ class QuantileDiscretizer(_Discretizer):
         super().__init__(columns, output)
         if not isinstance(num_buckets, int) or num_buckets < 2:
             raise ConfigurationError(
-                f"QuantileDiscretizer(num_buckets={num_buckets!r}) must be an int >= 2."
+                f"QuantileDiscretizer(num_buckets={num_buckets!r}) must be an int >= 2. "
+                "Fix: e.g. num_buckets=10."
             )
         if handle_invalid not in _INVALID:
             raise ConfigurationError(

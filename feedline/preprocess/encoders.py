@@ -158,7 +158,8 @@ class StringIndexer(_CategoryEncoder):
         )
         if max_categories is not None and max_categories < 1:
             raise ConfigurationError(
-                f"StringIndexer(max_categories={max_categories}) must be >= 1 or None."
+                f"StringIndexer(max_categories={max_categories}) must be >= 1 or None. "
+                "Fix: pass a positive count, or None to keep every category."
             )
         self.max_categories = max_categories
 

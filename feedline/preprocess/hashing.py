@@ -50,7 +50,8 @@ class HashingEncoder(Preprocessor):
         check_outputs(self)
         if not isinstance(num_features, int) or not 1 <= num_features <= 2**32:
             raise ConfigurationError(
-                f"HashingEncoder(num_features={num_features!r}) must be an int in [1, 2**32]."
+                f"HashingEncoder(num_features={num_features!r}) must be an int in [1, 2**32]. "
+                "Fix: e.g. num_features=2**18."
             )
         self.num_features = num_features
         self.seed = int(seed) & 0xFFFFFFFF

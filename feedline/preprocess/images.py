@@ -189,17 +189,25 @@ class DecodeImages(Preprocessor):
         super().__init__(column, output)
         hw = (size, size) if isinstance(size, int) else tuple(size)
         if len(hw) != 2 or not all(isinstance(v, int) and v > 0 for v in hw):
-            raise ConfigurationError(f"size={size!r} must be (height, width), e.g. (224, 224).")
+            raise ConfigurationError(
+                f"size={size!r} must be (height, width). Fix: e.g. size=(224, 224) or size=224."
+            )
         _choose("mode", mode, tuple(_CHANNELS))
         _choose("resize", resize, ("shorter+center_crop", "stretch"))
         _choose("layout", layout, ("HWC", "CHW"))
         _choose("on_error", on_error, ("raise", "skip"))
         _choose("resample", resample, _RESAMPLE)
         if len(self.columns) != 1 or not isinstance(max_pixels, int) or max_pixels < 1:
-            raise ConfigurationError("DecodeImages needs one column and max_pixels >= 1.")
+            raise ConfigurationError(
+                "DecodeImages needs one column and max_pixels >= 1. Fix: one DecodeImages per "
+                "image column, and a positive max_pixels."
+            )
         if background is not None and not (len(background) == 3 and all(
                 0 <= int(v) <= 255 for v in background)):
-            raise ConfigurationError(f"background={background!r} must be an (r, g, b) tuple.")
+            raise ConfigurationError(
+                f"background={background!r} must be an (r, g, b) tuple. Fix: e.g. "
+                "background=(255, 255, 255)."
+            )
         self.size: tuple[int, int] = hw  # type: ignore[assignment]
         self.mode, self.resize, self.layout = mode, resize, layout
         self.on_error, self.path_column, self.max_pixels = on_error, path_column, max_pixels
@@ -317,7 +325,8 @@ class Normalize(Preprocessor):
                 or len({len(self.mean), len(self.std)} - {1}) > 1):
             raise ConfigurationError(
                 f"Normalize needs finite means and positive stds, one per channel (or one for "
-                f"all), got mean={mean!r}, std={std!r}."
+                f"all), got mean={mean!r}, std={std!r}. Fix: e.g. mean=(0.485, 0.456, 0.406), "
+                "std=(0.229, 0.224, 0.225)."
             )
 
     def params(self) -> dict[str, Any]:

@@ -86,7 +86,8 @@ class Imputer(ColumnwisePreprocessor):
             )
         if fill_value is not None and not isinstance(fill_value, str | int | float | bool):
             raise ConfigurationError(
-                f"Imputer(fill_value={fill_value!r}) must be a str, int, float or bool."
+                f"Imputer(fill_value={fill_value!r}) must be a str, int, float or bool. "
+                "Fix: pass a plain value of the column's type."
             )
         self.strategy = strategy
         self.fill_value = fill_value

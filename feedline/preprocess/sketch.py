@@ -185,7 +185,9 @@ class QuantileSketch:
         """
         qs = np.asarray(q, dtype=np.float64)
         if np.any((qs < 0) | (qs > 1)):
-            raise ConfigurationError(f"Quantiles must lie in [0, 1], got {q!r}.")
+            raise ConfigurationError(
+                f"Quantiles must lie in [0, 1], got {q!r}. Fix: e.g. 0.5 for the median."
+            )
         if not self.count:
             return np.full(qs.shape, np.nan) if qs.ndim else float("nan")
         values, cum = self._sorted()

@@ -256,7 +256,9 @@ class Tokenize(Preprocessor):
         sha256: str | None = None,
     ) -> None:
         if not isinstance(column, str):
-            raise ConfigurationError(f"Tokenize needs one column name, got {column!r}.")
+            raise ConfigurationError(
+                f"Tokenize needs one column name, got {column!r}. Fix: one Tokenize per column."
+            )
         out = output or column
         mask = mask_output or f"{out}_mask"
         super().__init__(column, (out, mask))
@@ -264,9 +266,12 @@ class Tokenize(Preprocessor):
             raise ConfigurationError(
                 f"Tokenize: max_length must be a positive int, got {max_length!r}. Fix: e.g. 77.")
         if on_null not in ("raise", "empty"):
-            raise ConfigurationError(f"on_null={on_null!r}: use 'raise' or 'empty'.")
+            raise ConfigurationError(f"on_null={on_null!r}. Fix: use 'raise' or 'empty'.")
         if mask == out:
-            raise ConfigurationError(f"Tokenize: output and mask_output are both {out!r}.")
+            raise ConfigurationError(
+                f"Tokenize: output and mask_output are both {out!r}. Fix: give them different "
+                "names."
+            )
         self.column, self.max_length, self.pad_id = column, max_length, pad_id
         self.pad, self.add_special_tokens = bool(pad), bool(add_special_tokens)
         self.truncation, self.on_null, self.sha256 = bool(truncation), on_null, sha256
@@ -277,7 +282,10 @@ class Tokenize(Preprocessor):
     def _resolve(self, tokenizer: Any) -> None:
         if isinstance(tokenizer, ClipTokenizer):
             if self.sha256 is not None and self.sha256 != tokenizer.sha256:
-                raise ConfigurationError("Tokenize: sha256 differs from the ClipTokenizer's file.")
+                raise ConfigurationError(
+                    "Tokenize: sha256 differs from the ClipTokenizer's file. Fix: pass the "
+                    "sha256 of that merges file, or drop sha256=."
+                )
             self.source, self.sha256 = f"clip:{tokenizer.path}", tokenizer.sha256
             self.clip_options = tokenizer.options()
             self._backend = tokenizer
@@ -290,7 +298,8 @@ class Tokenize(Preprocessor):
         else:
             raise ConfigurationError(
                 "Tokenize: tokenizer must be a tokenizer.json path, a tokenizers.Tokenizer, "
-                f"'clip:<merges path>' or a ClipTokenizer; got {type(tokenizer).__name__}.")
+                f"'clip:<merges path>' or a ClipTokenizer; got {type(tokenizer).__name__}. "
+                "Fix: pass one of those.")
 
     def _load(self) -> Any:
         """Build the backend (reads and checks the file); once per process."""
@@ -424,7 +433,10 @@ class Tokenize(Preprocessor):
         except FeedlineError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"Cannot rebuild Tokenize from its saved state: {exc}.") from exc
+            raise FormatError(
+                f"Cannot rebuild Tokenize from its saved state: {exc}. Fix: pass the dict that "
+                "Tokenize.state produced (re-fit and save it again if it was edited)."
+            ) from exc
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -308,3 +308,9 @@ def test_eviction_never_deletes_a_shard_a_reader_holds(s3_bucket, tmp_path) -> N
         assert (folder / names[0]).exists() and not (folder / names[1]).exists()
         assert pq.read_table(held)["id"].to_pylist() == list(range(PER_SHARD))
     assert cache.stats.evictions == 1 and cached_names(folder) == {names[0], names[2]}
+
+
+def test_an_empty_cache_dir_is_a_clear_error(tmp_path):
+    ds = fl.from_arrow(pa.table({"id": list(range(10))}))
+    with pytest.raises(fl.ConfigurationError, match="cache_dir='' names no folder"):
+        ds.loader(batch_size=2, cache_dir="")
