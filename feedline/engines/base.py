@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -63,6 +64,35 @@ class WriteInfo:
     @property
     def rows_per_second(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+    @classmethod
+    def from_manifest(
+        cls, url: str, manifest: Any, *, started: float, engine: str, report: Any
+    ) -> WriteInfo:
+        """The summary of a committed write: counts from its manifest, wall time since
+        ``started`` (a ``time.perf_counter()`` reading) and the execution ``report``.
+
+        Examples
+        --------
+        >>> import time, feedline as fl, tempfile
+        >>> from feedline.io.source import ExecutionReport
+        >>> out = tempfile.mkdtemp() + "/ds"
+        >>> _ = fl.range(5).write(out)
+        >>> info = WriteInfo.from_manifest(out, fl.open(out).manifest,
+        ...                                started=time.perf_counter(), engine="local",
+        ...                                report=ExecutionReport())
+        >>> info.rows, info.shards, info.engine
+        (5, 1, 'local')
+        """
+        return cls(
+            path=url,
+            rows=manifest.rows,
+            shards=len(manifest.shards),
+            bytes=manifest.bytes,
+            seconds=time.perf_counter() - started,
+            engine=engine,
+            report=report.as_dict(),
+        )
 
 
 @runtime_checkable

@@ -261,14 +261,8 @@ class LocalEngine:
             preprocessors=preprocessors,
             report=report,
         )
-        return WriteInfo(
-            path=target.url,
-            rows=manifest.rows,
-            shards=len(manifest.shards),
-            bytes=manifest.bytes,
-            seconds=time.perf_counter() - start,
-            engine=self.name,
-            report=report.as_dict(),
+        return WriteInfo.from_manifest(
+            target.url, manifest, started=start, engine=self.name, report=report
         )
 
 

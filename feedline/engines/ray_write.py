@@ -152,14 +152,8 @@ def write_plan(
             write={"options": options.writer_kwargs(), "report": report.as_dict()},
         )
         fmt.commit(write, manifest)
-    return WriteInfo(
-        path=target.url,
-        rows=manifest.rows,
-        shards=len(manifest.shards),
-        bytes=manifest.bytes,
-        seconds=time.perf_counter() - start,
-        engine=engine.name,
-        report=report.as_dict(),
+    return WriteInfo.from_manifest(
+        target.url, manifest, started=start, engine=engine.name, report=report
     )
 
 

@@ -271,12 +271,6 @@ class SparkEngine:
         if on_rows is not None:
             for shard in manifest.shards:
                 on_rows(shard.rows)
-        return WriteInfo(
-            path=target.url,
-            rows=manifest.rows,
-            shards=len(manifest.shards),
-            bytes=manifest.bytes,
-            seconds=time.perf_counter() - start,
-            engine=self.name,
-            report=report.as_dict(),
+        return WriteInfo.from_manifest(
+            target.url, manifest, started=start, engine=self.name, report=report
         )
