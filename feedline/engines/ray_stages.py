@@ -37,7 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.engines.fusion import BatchPipeline, InstancePool
-from feedline.errors import FeedlineError, SchemaError
+from feedline.errors import FeedlineError
+from feedline.io.shards import conform
 from feedline.io.source import ExecutionReport, ReadTask
 from feedline.plan import MapBatches, Operator, Transform
 
@@ -301,32 +302,6 @@ class ActorStage(StageRunner):
             setattr(exc, REMOTE_MESSAGE, str(exc))
             raise exc
         yield from super().__call__(block)
-
-
-def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Cast ``batch`` to ``schema`` (same column names) or raise :class:`SchemaError`.
-
-    Examples
-    --------
-    >>> b = pa.record_batch({"x": pa.array([1], pa.int32())})
-    >>> conform(b, pa.schema({"x": pa.int64()})).schema.types
-    [DataType(int64)]
-    """
-    if batch.schema.names != schema.names:
-        raise SchemaError(
-            f"Batches with different columns reached the writer: {batch.schema.names}, while "
-            f"the plan's schema has {schema.names}. Fix: make every map_batches call return the "
-            "same columns."
-        )
-    if batch.schema.equals(schema, check_metadata=False):
-        return batch.replace_schema_metadata(schema.metadata)
-    try:
-        return batch.cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise SchemaError(
-            f"A batch with schema {batch.schema} cannot be written with the plan's schema "
-            f"{schema}: {exc}. Fix: return consistent types from map_batches."
-        ) from exc
 
 
 class ReportCollector:

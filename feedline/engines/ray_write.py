@@ -41,9 +41,9 @@ import pyarrow as pa
 
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.fusion import split_at_limits
-from feedline.engines.ray_stages import conform
 from feedline.io import format as fmt
 from feedline.io.parquet import read_footer
+from feedline.io.shards import conform
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
 from feedline.plan import Plan, pushdown

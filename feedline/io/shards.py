@@ -13,7 +13,7 @@ from feedline.errors import ConfigurationError, SchemaError
 from feedline.io.manifest import ShardInfo
 from feedline.io.storage import Location
 
-__all__ = ["ShardWriter", "dictionary_columns", "file_checksum", "shard_name"]
+__all__ = ["ShardWriter", "conform", "dictionary_columns", "file_checksum", "shard_name"]
 
 _CHECKSUM_CHUNK = 8 << 20
 
@@ -136,7 +136,7 @@ class ShardWriter:
         if self._schema is None:
             self._schema = batch.schema
         elif not batch.schema.equals(self._schema, check_metadata=False):
-            batch = _conform(batch, self._schema)
+            batch = conform(batch, self._schema, "the first batch's schema")
         if batch.num_rows == 0:
             return
         if self._row_group_rows is None:
@@ -254,17 +254,33 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     return [field.name for field in schema if not floating(field.type)]
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def conform(
+    batch: pa.RecordBatch, schema: pa.Schema, reference: str = "the plan's schema"
+) -> pa.RecordBatch:
+    """Cast ``batch`` to ``schema`` (same column names) or raise :class:`SchemaError`.
+
+    ``reference`` names where ``schema`` came from, for the message. The schema's metadata
+    (extension types, pandas metadata) is kept.
+
+    Examples
+    --------
+    >>> b = pa.record_batch({"x": pa.array([1], pa.int32())})
+    >>> conform(b, pa.schema({"x": pa.int64()})).schema.types
+    [DataType(int64)]
+    """
     if batch.schema.names != schema.names:
         raise SchemaError(
-            f"Batches with different columns reached the writer: {batch.schema.names} after "
-            f"{schema.names}. Fix: make every map_batches call return the same columns."
+            f"Batches with different columns reached the writer: {batch.schema.names}, while "
+            f"{reference} has {schema.names}. Fix: make every map_batches call return the same "
+            "columns."
         )
+    if batch.schema.equals(schema, check_metadata=False):
+        return batch.replace_schema_metadata(schema.metadata)
     try:
         return batch.cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise SchemaError(
-            f"A batch with schema {batch.schema} cannot be written after batches with schema "
+            f"A batch with schema {batch.schema} cannot be written with {reference} "
             f"{schema}: {exc}. Fix: return consistent types from map_batches."
         ) from exc
 
