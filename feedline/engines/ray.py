@@ -44,7 +44,6 @@ of Ray's ``RayTaskError`` wrapping.
 from __future__ import annotations
 
 import importlib.util
-import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,7 +54,6 @@ from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.fusion import BatchPipeline, InstancePool, apply_limit, split_at_limits
 from feedline.engines.ray_errors import (
     RemoteTraceback,
-    note_failed_execution,
     release_failed_executions,
     surface_errors,
 )
@@ -296,13 +294,6 @@ class RayEngine:
                 if batch.num_rows:
                     report.add(rows_out=batch.num_rows, batches_out=1)
                     yield batch
-        except Exception as exc:
-            # The traceback would keep this frame's Ray dataset (and with it the streaming
-            # executor and its actor pool, holding CPUs) alive until a garbage collection.
-            rds = stream = None
-            traceback.clear_frames(exc.__traceback__)
-            note_failed_execution()
-            raise
         finally:
             self._collect(collector, run_id, report)
 
