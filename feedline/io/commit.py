@@ -69,6 +69,8 @@ __all__ = [
     "PendingWrite",
     "begin_write",
     "commit",
+    "fsync_dir",
+    "fsync_file",
     "prepare_target",
     "replace_manifest",
     "writing",
@@ -265,7 +267,7 @@ def commit(write: PendingWrite, manifest: Manifest) -> None:
     write.check_unchanged()
     for name in staged:
         if target.is_local:
-            _fsync_file(staging.join(name))
+            fsync_file(staging.join(name))
         fs.mv(staging.join(name), target.join(name))
         _reached("moved")
     _publish(write, manifest.to_json().encode())
@@ -279,7 +281,7 @@ def _publish(write: PendingWrite, text: bytes) -> None:
     """Step 4: replace the manifest in one step, after a last check of lock and manifest."""
     target = write.target
     if target.is_local:
-        _fsync_dir(target.path)
+        fsync_dir(target.path)
         temporary = target.join(f"{_TEMP_MANIFEST}{write.write_id}")
         with open(temporary, "wb") as handle:
             handle.write(text)
@@ -288,7 +290,7 @@ def _publish(write: PendingWrite, text: bytes) -> None:
         _reached("manifest-staged")
         write.check_unchanged()
         os.replace(temporary, target.join(MANIFEST_NAME))
-        _fsync_dir(target.path)
+        fsync_dir(target.path)
     else:
         write.check_unchanged()
         target.fs.pipe_file(target.join(MANIFEST_NAME), text)  # the object store's commit point
@@ -362,7 +364,8 @@ def _is_file_to_collect(name: str) -> bool:
     )
 
 
-def _fsync_file(path: str) -> None:
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a local file's bytes to disk (raises ``OSError`` when that fails)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -370,8 +373,9 @@ def _fsync_file(path: str) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make renames inside a local folder durable; best effort (some filesystems refuse)."""
     try:
-        _fsync_file(path)
+        fsync_file(path)
     except OSError:
         return

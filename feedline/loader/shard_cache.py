@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from feedline.errors import ConfigurationError, FeedlineError, IntegrityError, StorageError
+from feedline.io.commit import fsync_dir
 
 if TYPE_CHECKING:
     from feedline.io.format import ShardInfo
@@ -143,14 +144,6 @@ def _storage_error(message: str, url: str, exc: BaseException) -> StorageError:
     error = StorageError(message)
     error.url, error.last_error = url, exc
     return error
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ShardCache:
@@ -341,7 +334,7 @@ class ShardCache:
                 self.stats.downloads += 1
                 self.stats.download_bytes += size
             os.replace(tmp, path)
-            _fsync_dir(self.folder)
+            fsync_dir(self.folder)
         return True
 
     def _fetch(self, src: Location, tmp: Path, key: ShardKey) -> tuple[int, str]:
