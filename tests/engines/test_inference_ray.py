@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from feedline.inference import Predictor, TorchPredictor
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
-from feedline.engines.ray import RayEngine  # noqa: E402
 
 pytestmark = [
     pytest.mark.ray,
@@ -27,16 +25,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """One local Ray for the module; the classes below travel to the workers by value."""
-    already = ray.is_initialized()
-    eng = RayEngine(num_cpus=2)
-    eng.ensure_ray()
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield eng
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-    if not already:
-        ray.shutdown()
+def engine(ray_engine):
+    """The Ray engine of tests/engines/conftest.py (this module travels by value)."""
+    return ray_engine
 
 
 def make_linear() -> torch.nn.Module:

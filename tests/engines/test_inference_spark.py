@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import uuid
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from feedline.inference import Predictor, TorchPredictor
 pytest.importorskip("pyspark")
 torch = pytest.importorskip("torch")
 
-from feedline.engines.spark import SparkEngine, spark_session  # noqa: E402
+from feedline.engines.spark import SparkEngine  # noqa: E402
 
 pytestmark = [
     pytest.mark.spark,
@@ -29,19 +28,6 @@ pytestmark = [
         reason="Spark needs a Java runtime",
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def spark():
-    """One local[2] session for the module; the classes below travel to the workers by value."""
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
-    session.sparkContext.setLogLevel("FATAL")  # failing tasks are expected in these tests
-    yield session
-    session.stop()
-    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def make_linear() -> torch.nn.Module:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import uuid
 from pathlib import Path
 
@@ -32,23 +31,15 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context"),
 ]
 
-from feedline.engines.ray import RayEngine  # noqa: E402
 from feedline.engines.ray_bridge import from_ray, to_ray  # noqa: E402
 from feedline.engines.ray_stages import needs_actor  # noqa: E402
 from feedline.plan import Transform  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """One local Ray for the module; test functions travel to the workers by value."""
-    already = ray.is_initialized()
-    eng = RayEngine(num_cpus=2)
-    eng.ensure_ray()
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield eng
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-    if not already:
-        ray.shutdown()
+def engine(ray_engine):
+    """The Ray engine of tests/engines/conftest.py (this module travels by value)."""
+    return ray_engine
 
 
 # ---------------------------------------------------------------------------- inputs

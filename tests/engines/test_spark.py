@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,6 @@ from feedline.engines.spark import (  # noqa: E402 - after the skip for a missin
     SparkEngine,
     clear_spark_cache,
     from_spark,
-    spark_session,
     to_spark,
 )
 
@@ -38,19 +36,6 @@ pytestmark = [
 ]
 
 ROWS_PER_FILE = 40
-
-
-@pytest.fixture(scope="module")
-def spark():
-    """One local[2] session for the module; test functions travel to the workers by value."""
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
-    session.sparkContext.setLogLevel("FATAL")  # failing tasks are expected in these tests
-    yield session
-    session.stop()
-    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
