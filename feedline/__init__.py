@@ -8,12 +8,12 @@ Examples
 """
 
 from feedline import charts, preprocess, tracking
+from feedline._version import __version__
 from feedline.dataset import Dataset
 from feedline.engines.base import WriteInfo, get_engine
 from feedline.engines.local import LocalEngine
 from feedline.engines.ray import RayEngine
-from feedline.engines.ray_bridge import from_ray
-from feedline.engines.spark import SparkEngine, clear_spark_cache, from_spark, spark_session
+from feedline.engines.spark import SparkEngine, clear_spark_cache, spark_session
 from feedline.errors import (
     ConcurrentWriteError,
     ConfigurationError,
@@ -53,6 +53,8 @@ from feedline.readers import (
     from_arrow,
     from_pandas,
     from_polars,
+    from_ray,
+    from_spark,
     open,  # noqa: A004
     range,  # noqa: A004
     read_csv,
@@ -61,8 +63,6 @@ from feedline.readers import (
     read_parquet,
     read_text,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Bucketizer",

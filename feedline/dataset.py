@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.engines.base import Engine, WriteInfo, WriteOptions, get_engine
-from feedline.engines.fusion import BatchPipeline, rebatch
+from feedline.engines.fusion import rebatch
+from feedline.engines.schema import infer_schema
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport, Source
 from feedline.io.storage import resolve
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Dataset", "infer_schema"]
 
-#: rows of the first input batch used to learn the output schema of user functions
-SCHEMA_SAMPLE_ROWS = 16
 
 
 class Dataset:
@@ -251,6 +250,27 @@ class Dataset:
                 return total
         return sum(b.num_rows for b in self._execute(engine, preserve_order=False))
 
+    def aggregate(
+        self,
+        partial: Callable[[pa.RecordBatch], Any],
+        merge: Callable[[Any, Any], Any],
+        engine: str | Engine | None = None,
+    ) -> Any:
+        """Merge ``partial(batch)`` over every batch of the dataset, on ``engine``.
+
+        ``partial`` turns one batch into a partial result and ``merge`` combines two of them;
+        engines merge in a fixed order, so the result is the same on every engine.
+        ``None`` when the dataset has no batches. Preprocessors fit and ``fl.stats`` compute
+        through this call, so they never touch an engine themselves.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> fl.range(10).aggregate(lambda b: b.num_rows, lambda a, b: a + b)
+        10
+        """
+        return get_engine(engine).aggregate(self._resolved_plan(engine), partial, merge)
+
     # ------------------------------------------------------------------ execution
 
     def _resolved_plan(self, engine: str | Engine | None = None) -> Plan:
@@ -345,7 +365,7 @@ class Dataset:
         >>> info.rows, info.shards
         (1000, 3)
         """
-        from feedline.engines.local import parse_bytes
+        from feedline.io.sizes import parse_bytes
 
         options = WriteOptions(
             rows_per_shard=rows_per_shard,
@@ -368,9 +388,11 @@ class Dataset:
             preprocessors=states,
         )
         if stats:
+            from feedline.io.format import open_source
             from feedline.preprocess.stats import store_stats
 
-            store_stats(path, storage_options=storage_options, engine=engine)
+            written = Dataset.from_source(open_source(path, storage_options=storage_options))
+            store_stats(written, engine=engine)
         return info
 
     def to_spark(self, spark: Any = None) -> Any:
@@ -414,63 +436,3 @@ class _FitCache:
                 # the original op is kept in the value so its id cannot be reused
                 self._fitted[key] = (op, Transform(fit()))
             return self._fitted[key][1]
-
-
-def infer_schema(plan: Plan) -> pa.Schema:
-    """The plan's output schema.
-
-    Derived from metadata while the operators allow it; a user function without an
-    ``output_schema`` is run on the first ``SCHEMA_SAMPLE_ROWS`` rows of the first
-    non-empty input batch (on an empty batch when the input is empty). A later
-    ``map_batches`` with an ``output_schema`` decides the schema from there on, so the
-    functions before it are not run at all.
-    """
-    typed = [
-        i
-        for i, op in enumerate(plan.ops)
-        if isinstance(op, MapBatches) and op.output_schema is not None
-    ]
-    schema = plan.source.schema()
-    skip_to = -1
-    for position, op in enumerate(plan.ops):
-        if position < skip_to:
-            continue
-        if isinstance(op, Select):
-            from feedline.io.source import check_columns
-
-            check_columns(schema, op.columns, "the dataset")
-            schema = pa.schema([schema.field(c) for c in op.columns])
-        elif isinstance(op, MapBatches) and op.output_schema is not None:
-            schema = op.output_schema
-        elif isinstance(op, MapBatches | Transform) or (
-            isinstance(op, Filter) and not op.is_expression
-        ):
-            if isinstance(op, Filter):
-                continue
-            later = [i for i in typed if i > position]
-            if later:
-                skip_to = later[-1]
-                continue
-            return _schema_by_sampling(plan, position, schema)
-    return schema
-
-
-def _schema_by_sampling(plan: Plan, position: int, schema: pa.Schema) -> pa.Schema:
-    head = Plan(plan.source, tuple(plan.ops[:position]))
-    sample = None
-    for batch in get_engine("local").execute(head.then(Limit(SCHEMA_SAMPLE_ROWS))):
-        sample = batch
-        break
-    if sample is None:
-        sample = schema.empty_table().to_batches() or [
-            pa.RecordBatch.from_pylist([], schema=schema)
-        ]
-        sample = sample[0]
-    rest = [op for op in plan.ops[position:] if not isinstance(op, Limit)]
-    out = next(iter(BatchPipeline(rest)([sample], "the schema sample")), None)
-    if out is None:
-        raise ConfigurationError(
-            "Cannot infer the output schema: the user function returned no rows for the "
-            "sample. Fix: pass output_schema= to map_batches."
-        )
-    return out.schema

@@ -22,6 +22,8 @@ __all__ = [
     "from_arrow",
     "from_pandas",
     "from_polars",
+    "from_ray",
+    "from_spark",
     "open",
     "range",
     "read_csv",
@@ -217,6 +219,40 @@ def from_polars(df: Any) -> Dataset:
             "fl.from_pandas() for pandas frames or fl.from_arrow() for Arrow tables."
         )
     return Dataset.from_source(ArrowSource(df.to_arrow(), name="polars DataFrame"))
+
+
+def from_spark(df: Any, *, cache: bool = True, cache_dir: str | None = None) -> Dataset:
+    """A dataset over a Spark DataFrame.
+
+    With ``cache=True`` the DataFrame is computed once (by Spark, into ``cache_dir``) and
+    every use reads the materialized copy; see :mod:`feedline.engines.spark_bridge`.
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> ds = fl.from_spark(spark.range(100))  # doctest: +SKIP
+    >>> ds.write("out/").rows  # doctest: +SKIP
+    100
+    """
+    from feedline.engines.spark_bridge import SparkFrameSource
+
+    return Dataset.from_source(SparkFrameSource(df, cache=cache, cache_dir=cache_dir))
+
+
+def from_ray(dataset: Any, name: str = "ray dataset") -> Dataset:
+    """A dataset reading a ``ray.data.Dataset``.
+
+    Examples
+    --------
+    >>> import feedline as fl, ray  # doctest: +SKIP
+    >>> ds = fl.from_ray(ray.data.range(5))  # doctest: +SKIP
+    >>> ds.to_arrow()["id"].to_pylist()  # doctest: +SKIP
+    [0, 1, 2, 3, 4]
+    >>> info = ds.write("/tmp/out", engine="ray")  # doctest: +SKIP
+    """
+    from feedline.engines.ray_bridge import RaySource
+
+    return Dataset.from_source(RaySource(dataset, name))
 
 
 def range(n: int, *, rows_per_task: int = 64 * 1024) -> Dataset:  # noqa: A001

@@ -13,7 +13,6 @@ rows re-cut across read tasks, while the read tasks keep running (see
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,47 +31,12 @@ from feedline.engines.fusion import (
 from feedline.engines.streaming import run_stage, run_tasks
 from feedline.errors import ConfigurationError
 from feedline.io import format as fmt
+from feedline.io.sizes import parse_bytes
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
 from feedline.plan import MapBatches, Operator, Plan, callable_name, pushdown
 
 __all__ = ["LocalEngine", "parse_bytes"]
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-}
-
-
-def parse_bytes(value: int | str) -> int:
-    """Parse a size such as ``512_000_000``, ``"512MB"`` or ``"2GiB"``.
-
-    Examples
-    --------
-    >>> parse_bytes("1.5GB")
-    1500000000
-    >>> parse_bytes(1024)
-    1024
-    """
-    if isinstance(value, int):
-        size = value
-    else:
-        match = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(value))
-        if not match or match.group(2).lower() not in _UNITS:
-            raise ConfigurationError(
-                f"Cannot read the size {value!r}. Fix: use bytes (an int) or e.g. '512MB', '2GiB'."
-            )
-        size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if size < 1:
-        raise ConfigurationError(f"The size {value!r} must be positive. Fix: pass e.g. '512MB'.")
-    return size
-
 
 class LocalEngine:
     """Runs plans in this process with a bounded thread pool.
@@ -245,7 +209,7 @@ class LocalEngine:
         preprocessors: list[dict[str, Any]] | None = None,
     ) -> WriteInfo:
         """Materialize the plan as a feedline dataset at ``target``."""
-        from feedline.dataset import infer_schema
+        from feedline.engines.schema import infer_schema
 
         report = report if report is not None else ExecutionReport()
         start = time.perf_counter()
@@ -277,7 +241,7 @@ class _Partial:
 
 def lineage_of(plan: Plan, engine: str) -> dict[str, Any]:
     """The lineage block of a manifest: where the data came from and what was done to it."""
-    from feedline import __version__
+    from feedline._version import __version__
 
     return {
         "source": plan.source.describe(),

@@ -1,6 +1,6 @@
 """Bridges between feedline and Ray Data: ``from_ray(ds)`` and ``to_ray(dataset)``.
 
-``from_ray`` wraps a ``ray.data.Dataset`` as the source of a feedline :class:`Dataset`:
+``feedline.from_ray`` wraps a ``ray.data.Dataset`` as the source of a feedline :class:`Dataset`:
 on the local engine its blocks are pulled with ``iter_batches(batch_format="pyarrow")``
 (Ray still computes them in parallel); on the Ray engine the feedline operators are
 appended to the Ray dataset's own plan, so nothing goes through the driver.
@@ -27,7 +27,7 @@ from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns,
 if TYPE_CHECKING:
     from feedline.dataset import Dataset
 
-__all__ = ["RaySource", "filter_by_expression", "from_ray", "source_batch", "to_ray"]
+__all__ = ["RaySource", "filter_by_expression", "source_batch", "to_ray"]
 
 
 class RaySource(Source):
@@ -140,22 +140,6 @@ def to_canonical(batch: pa.RecordBatch) -> pa.RecordBatch:
             column = to_arrow_array(column.to_numpy(zero_copy_only=False))
         arrays.append(column)
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
-
-
-def from_ray(dataset: Any, name: str = "ray dataset") -> Dataset:
-    """A feedline dataset reading a ``ray.data.Dataset``.
-
-    Examples
-    --------
-    >>> import feedline as fl, ray  # doctest: +SKIP
-    >>> ds = from_ray(ray.data.range(5))  # doctest: +SKIP
-    >>> ds.to_arrow()["id"].to_pylist()  # doctest: +SKIP
-    [0, 1, 2, 3, 4]
-    >>> info = ds.write("/tmp/out", engine="ray")  # doctest: +SKIP
-    """
-    from feedline.dataset import Dataset
-
-    return Dataset.from_source(RaySource(dataset, name))
 
 
 def to_ray(dataset: Dataset, engine: Any = None, *, preserve_order: bool = True) -> Any:

@@ -113,9 +113,9 @@ def write_plan(
     preprocessors: list[dict[str, Any]] | None,
 ) -> WriteInfo:
     """Write ``plan`` as a feedline dataset at ``target`` with Ray's Parquet writer."""
-    from feedline.dataset import infer_schema
     from feedline.engines.local import lineage_of
     from feedline.engines.ray import surface_errors
+    from feedline.engines.schema import infer_schema
 
     start = time.perf_counter()
     schema = infer_schema(plan)

@@ -18,7 +18,7 @@ under the same URL (shared storage or an fsspec URL). A DataFrame given to
 
 **Operators.** Consecutive filters, ``map_batches`` (classes built once per Python worker)
 and fitted preprocessors run as one :class:`~feedline.engines.spark_worker.Stage` through
-``DataFrame.mapInArrow``; its Spark schema comes from :func:`feedline.dataset.infer_schema`
+``DataFrame.mapInArrow``; its Spark schema comes from :func:`feedline.engines.schema.infer_schema`
 (the functions run on 16 sample rows on the driver) converted as described in
 :mod:`feedline.engines.spark_types` (tensor columns travel as arrays; the exact Arrow type
 is restored on the way out). A ``limit`` takes the first rows in partition order
@@ -53,7 +53,6 @@ from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.spark_bridge import (
     SparkFrameSource,
     clear_spark_cache,
-    from_spark,
     to_spark,
 )
 from feedline.engines.spark_plan import build_job, quiet_pandas_warning
@@ -67,7 +66,6 @@ __all__ = [
     "SparkEngine",
     "SparkFrameSource",
     "clear_spark_cache",
-    "from_spark",
     "spark_session",
     "to_spark",
 ]

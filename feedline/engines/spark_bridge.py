@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from feedline.io.source import ExecutionReport, ReadTask, Source, fingerprint_of
 from feedline.io.storage import Location, resolve
 
-__all__ = ["SparkFrameSource", "clear_spark_cache", "from_spark", "plan_fingerprint", "to_spark"]
+__all__ = ["SparkFrameSource", "clear_spark_cache", "plan_fingerprint", "to_spark"]
 
 
 def default_cache_dir() -> str:
@@ -176,24 +176,6 @@ class SparkFrameSource(Source):
                 yield batch.select(list(columns)) if columns is not None else batch
 
         return [ReadTask("the Spark DataFrame", read)]
-
-
-def from_spark(df: Any, *, cache: bool = True, cache_dir: str | None = None) -> Any:
-    """A feedline :class:`~feedline.dataset.Dataset` over a Spark DataFrame.
-
-    With ``cache=True`` the DataFrame is computed once (by Spark, into ``cache_dir``) and
-    every use reads the materialized copy; see :mod:`feedline.engines.spark_bridge`.
-
-    Examples
-    --------
-    >>> import feedline as fl
-    >>> ds = fl.from_spark(spark.range(100))  # doctest: +SKIP
-    >>> ds.write("out/").rows  # doctest: +SKIP
-    100
-    """
-    from feedline.dataset import Dataset
-
-    return Dataset.from_source(SparkFrameSource(df, cache=cache, cache_dir=cache_dir))
 
 
 def to_spark(ds: Any, spark: Any = None) -> Any:

@@ -148,7 +148,7 @@ def build_job(
 
 
 def _build_job(spark, plan, mode, preserve_order, partitions, partial, merge, write) -> Job:
-    from feedline.dataset import infer_schema
+    from feedline.engines.schema import infer_schema
 
     pushed = pushdown(plan)
     segments = split_at_limits(pushed.remaining)

@@ -98,7 +98,7 @@ class Manifest:
 
     def to_json(self) -> str:
         """The manifest as JSON text."""
-        from feedline import __version__
+        from feedline._version import __version__
 
         document = {
             "format": "feedline",

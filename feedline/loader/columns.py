@@ -162,7 +162,7 @@ def parse_budget(value: int | str) -> int:
     >>> parse_budget("2GB")
     2000000000
     """
-    from feedline.engines.local import parse_bytes
+    from feedline.io.sizes import parse_bytes
 
     return parse_bytes(value)
 

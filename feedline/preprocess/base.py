@@ -124,16 +124,12 @@ class Preprocessor(ABC):
         Partial statistics are computed per batch in parallel and merged, so the same fit
         runs on any engine.
         """
-        from feedline.engines.base import get_engine
-
         fitted = copy.copy(self)
         if not self.needs_fit:
             return fitted
         data = ds.sample(fraction, seed) if fraction is not None else ds
         data = data.select(list(self.fit_columns()))
-        merged = get_engine(engine).aggregate(
-            data._resolved_plan(), self.partial, self.merge
-        )
+        merged = data.aggregate(self.partial, self.merge, engine=engine)
         if merged is None:
             raise ConfigurationError(
                 f"{type(self).__name__}({', '.join(self.columns)}) cannot be fitted: the data "

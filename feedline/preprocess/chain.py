@@ -151,13 +151,11 @@ def _fit_group(steps: tuple[Preprocessor, ...], start: int) -> list[Preprocessor
 def _fit_together(
     group: list[Preprocessor], data: Dataset, engine: str | Engine | None
 ) -> list[Preprocessor]:
-    from feedline.engines.base import get_engine
-
     columns = list(dict.fromkeys(c for step in group for c in step.fit_columns()))
-    merged = get_engine(engine).aggregate(
-        data.select(columns)._resolved_plan(),
+    merged = data.select(columns).aggregate(
         lambda batch: tuple(step.partial(batch) for step in group),
         lambda a, b: tuple(step.merge(x, y) for step, x, y in zip(group, a, b, strict=True)),
+        engine=engine,
     )
     if merged is None:
         raise ConfigurationError(

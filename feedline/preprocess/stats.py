@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -97,20 +96,14 @@ def stats(
     >>> result["x"]["mean"], result["x"]["nulls"], result["c"]["top"][0]
     (2.0, 1, ['a', 2])
     """
-    from feedline.engines.base import get_engine
-    from feedline.plan import Select
-
     if columns is not None:
         ds = ds.select(list(columns))
-    plan, engine = ds._resolved_plan(), get_engine(engine)
     profiler = Profiler(ds.schema(), top_k=top_k)
-    merged = engine.aggregate(plan, profiler.partial, profiler.merge) or profiler.empty()
+    merged = ds.aggregate(profiler.partial, profiler.merge, engine=engine) or profiler.empty()
     ranks = None
     if spearman and len(profiler.numeric) > 1 and merged.rows:
-        ranks = engine.aggregate(
-            plan.then(Select(tuple(profiler.numeric))),
-            lambda b: profiler.rank_partial(b, merged),
-            CoMoments.merge,
+        ranks = ds.select(list(profiler.numeric)).aggregate(
+            lambda b: profiler.rank_partial(b, merged), CoMoments.merge, engine=engine
         )
     return profiler.finish(merged, ranks)
 
@@ -127,32 +120,26 @@ def stored_stats(ds: Dataset, columns: Sequence[str] | None = None) -> Stats | N
     return found.select(wanted)
 
 
-def store_stats(
-    path: str | os.PathLike[str],
-    *,
-    storage_options: dict[str, Any] | None = None,
-    engine: str | Engine | None = None,
-) -> Stats:
-    """Compute :func:`stats` of the feedline dataset at ``path`` and store them in its manifest.
+def store_stats(ds: Dataset, *, engine: str | Engine | None = None) -> Stats:
+    """Compute :func:`stats` of an opened feedline dataset and store them in its manifest.
 
-    The manifest is replaced atomically under the dataset's writer lock
-    (:func:`feedline.io.commit.replace_manifest`), so readers see either the old or the new
-    manifest and a write that committed meanwhile is never overwritten.
-    ``Dataset.write(stats=True)`` calls this after its commit.
+    ``ds`` is ``fl.open(path)`` with no operators applied. The manifest is replaced
+    atomically under the dataset's writer lock (:func:`feedline.io.commit.replace_manifest`),
+    so readers see either the old or the new manifest and a write that committed meanwhile
+    is never overwritten. ``Dataset.write(stats=True)`` calls this after its commit.
     """
     from feedline.io.commit import replace_manifest
-    from feedline.io.storage import resolve
-    from feedline.readers import open as open_dataset
 
-    ds = open_dataset(path, storage_options=storage_options)
-    if ds.manifest is None:
+    target = getattr(ds.plan.source, "target", None)
+    if ds.manifest is None or target is None or ds.plan.ops:
         raise FormatError(
-            f"{os.fspath(path)!r} has no feedline manifest to store statistics in. "
-            "Fix: write it with Dataset.write() first."
+            f"{ds.plan.source.describe()} is not an opened feedline dataset with a manifest "
+            "to store statistics in. Fix: write it with Dataset.write() and pass "
+            "fl.open(path)."
         )
     result = stats(ds, engine=engine)
     updated = dataclasses.replace(ds.manifest, statistics=result.to_dict())
-    replace_manifest(resolve(path, storage_options), ds.manifest, updated)
+    replace_manifest(target, ds.manifest, updated)
     return result
 
 

@@ -31,9 +31,10 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context"),
 ]
 
-from feedline.engines.ray_bridge import from_ray, to_ray  # noqa: E402
+from feedline.engines.ray_bridge import to_ray  # noqa: E402
 from feedline.engines.ray_stages import needs_actor  # noqa: E402
 from feedline.plan import Transform  # noqa: E402
+from feedline.readers import from_ray  # noqa: E402
 
 
 @pytest.fixture(scope="module")

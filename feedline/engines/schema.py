@@ -1,0 +1,79 @@
+"""The output schema of a plan, learnt from metadata or from a small sample.
+
+Engines call :func:`infer_schema` to type their outputs (Spark's ``mapInArrow`` schema, the
+writers' manifest schema for empty results) without importing :mod:`feedline.dataset`.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from feedline.engines.base import get_engine
+from feedline.engines.fusion import BatchPipeline
+from feedline.errors import ConfigurationError
+from feedline.plan import Filter, Limit, MapBatches, Plan, Select, Transform
+
+__all__ = ["SCHEMA_SAMPLE_ROWS", "infer_schema"]
+
+#: rows of the first input batch used to learn the output schema of user functions
+SCHEMA_SAMPLE_ROWS = 16
+
+
+def infer_schema(plan: Plan) -> pa.Schema:
+    """The plan's output schema.
+
+    Derived from metadata while the operators allow it; a user function without an
+    ``output_schema`` is run on the first ``SCHEMA_SAMPLE_ROWS`` rows of the first
+    non-empty input batch (on an empty batch when the input is empty). A later
+    ``map_batches`` with an ``output_schema`` decides the schema from there on, so the
+    functions before it are not run at all.
+    """
+    typed = [
+        i
+        for i, op in enumerate(plan.ops)
+        if isinstance(op, MapBatches) and op.output_schema is not None
+    ]
+    schema = plan.source.schema()
+    skip_to = -1
+    for position, op in enumerate(plan.ops):
+        if position < skip_to:
+            continue
+        if isinstance(op, Select):
+            from feedline.io.source import check_columns
+
+            check_columns(schema, op.columns, "the dataset")
+            schema = pa.schema([schema.field(c) for c in op.columns])
+        elif isinstance(op, MapBatches) and op.output_schema is not None:
+            schema = op.output_schema
+        elif isinstance(op, MapBatches | Transform) or (
+            isinstance(op, Filter) and not op.is_expression
+        ):
+            if isinstance(op, Filter):
+                continue
+            later = [i for i in typed if i > position]
+            if later:
+                skip_to = later[-1]
+                continue
+            return _schema_by_sampling(plan, position, schema)
+    return schema
+
+
+def _schema_by_sampling(plan: Plan, position: int, schema: pa.Schema) -> pa.Schema:
+    head = Plan(plan.source, tuple(plan.ops[:position]))
+    sample = None
+    for batch in get_engine("local").execute(head.then(Limit(SCHEMA_SAMPLE_ROWS))):
+        sample = batch
+        break
+    if sample is None:
+        sample = schema.empty_table().to_batches() or [
+            pa.RecordBatch.from_pylist([], schema=schema)
+        ]
+        sample = sample[0]
+    rest = [op for op in plan.ops[position:] if not isinstance(op, Limit)]
+    out = next(iter(BatchPipeline(rest)([sample], "the schema sample")), None)
+    if out is None:
+        raise ConfigurationError(
+            "Cannot infer the output schema: the user function returned no rows for the "
+            "sample. Fix: pass output_schema= to map_batches."
+        )
+    return out.schema
