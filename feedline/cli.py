@@ -1,4 +1,9 @@
-"""The ``feedline`` command: inspect, convert, verify, bench-loader and demo."""
+"""The ``feedline`` command: inspect, convert, verify, bench-loader and demo.
+
+Everything printed that came from data (column names, lineage, paths, statistics, error
+messages) goes through :func:`safe_text` first, so a hostile manifest cannot drive the
+terminal (escape sequences, bidi overrides) or inject Rich markup.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,47 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from feedline.errors import FeedlineError
 
 __all__ = ["main"]
 
 _READERS = {"parquet", "csv", "jsonl", "images", "text"}
+
+
+def safe_text(value: object, style: str = "") -> Text:
+    """``value`` as inert terminal text: shown as is, never driving the terminal.
+
+    Every character Python does not call printable (C0/C1 controls such as ESC, BEL and
+    NUL, bidi overrides, zero-width and other format characters, line separators) is shown
+    as its Python escape (``\\x1b``, ``\\u202e``), and the result is a Rich ``Text``, so
+    ``[bold]`` in data is never parsed as markup (nor ``:emoji:`` codes).
+
+    Examples
+    --------
+    >>> print(safe_text("\\x1b]0;title\\x07[bold]x[/] \\u202egnp.exe").plain)
+    \\x1b]0;title\\x07[bold]x[/] \\u202egnp.exe
+    """
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return Text(text, style=style)
+
+
+def _safe_table(table: Table) -> Table:
+    """Make the plain strings of a table built elsewhere (statistics, drift) inert."""
+
+    def inert(value: Any) -> Any:
+        return safe_text(value) if isinstance(value, str) else value
+
+    table.title, table.caption = inert(table.title), inert(table.caption)
+    for column in table.columns:
+        column.header, column.footer = inert(column.header), inert(column.footer)
+        column._cells[:] = [inert(cell) for cell in column.cells]  # Rich's list of cells
+    return table
 
 
 def _human(n: float) -> str:
@@ -90,7 +127,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     ds = fl.open(args.path, storage_options=_storage(args))
     manifest = ds.manifest
     schema = ds.schema()
-    summary = Table(title=f"feedline dataset: {args.path}", show_header=False)
+    summary = Table(title=safe_text(f"feedline dataset: {args.path}"), show_header=False)
     summary.add_column("key", style="bold")
     summary.add_column("value")
     if manifest is not None:
@@ -98,8 +135,8 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
         summary.add_row("shards", str(len(manifest.shards)))
         summary.add_row("row groups", str(len(manifest.row_group_sizes)))
         summary.add_row("bytes", _human(manifest.bytes))
-        summary.add_row("format version", str(manifest.format_version))
-        summary.add_row("created", manifest.created)
+        summary.add_row("format version", safe_text(manifest.format_version))
+        summary.add_row("created", safe_text(manifest.created))
         for key in (
             "source",
             "source_fingerprint",
@@ -108,11 +145,13 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
             "feedline_version",
         ):
             if key in manifest.lineage:
-                summary.add_row(f"lineage.{key}", str(manifest.lineage[key]))
+                summary.add_row(f"lineage.{key}", safe_text(manifest.lineage[key]))
         if manifest.lineage.get("plan"):
-            summary.add_row("lineage.plan", " -> ".join(manifest.lineage["plan"]))
+            plan = manifest.lineage["plan"]
+            steps = plan if isinstance(plan, list) else [plan]
+            summary.add_row("lineage.plan", safe_text(" -> ".join(map(str, steps))))
         skipped = manifest.write.get("report", {}).get("records_skipped", 0)
-        summary.add_row("records skipped at write", str(skipped))
+        summary.add_row("records skipped at write", safe_text(skipped))
     else:
         summary.add_row("rows", f"{ds.count():,}")
         summary.add_row("manifest", "none (plain Parquet folder)")
@@ -122,7 +161,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     fields.add_column("type")
     fields.add_column("nullable")
     for field in schema:
-        fields.add_row(field.name, str(field.type), str(field.nullable))
+        fields.add_row(safe_text(field.name), safe_text(field.type), str(field.nullable))
     console.print(fields)
     if manifest is not None:
         shards = Table(title="shards")
@@ -130,11 +169,11 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
             shards.add_column(name)
         for shard in manifest.shards[: args.max_shards]:
             shards.add_row(
-                shard.path,
+                safe_text(shard.path),
                 f"{shard.rows:,}",
                 _human(shard.bytes),
                 str(len(shard.row_groups)),
-                shard.checksum[:23] + "…",
+                safe_text(shard.checksum[:23] + "…"),
             )
         if len(manifest.shards) > args.max_shards:
             shards.add_row(f"… {len(manifest.shards) - args.max_shards} more", "", "", "", "")
@@ -166,13 +205,14 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
             on_rows=lambda n: progress.advance(task, n),
             storage_options=_storage(args),
         )
-    console.print(
-        f"[green]Wrote {info.rows:,} rows in {info.shards} shard(s), {_human(info.bytes)}, "
-        f"in {info.seconds:.2f} s ({info.rows_per_second:,.0f} rows/s) → {info.path}"
-    )
+    console.print(Text.assemble(
+        f"Wrote {info.rows:,} rows in {info.shards} shard(s), {_human(info.bytes)}, "
+        f"in {info.seconds:.2f} s ({info.rows_per_second:,.0f} rows/s) → ", safe_text(info.path),
+        style="green"))
     skipped = info.report.get("records_skipped", 0)
     if skipped:
-        console.print(f"[yellow]{skipped} record(s) skipped; see `feedline inspect {args.dst}`")
+        console.print(safe_text(f"{skipped} record(s) skipped; see `feedline inspect {args.dst}`",
+                                style="yellow"))
     return 0
 
 
@@ -196,9 +236,9 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     ) as progress:
         task = progress.add_task("verify", total=len(manifest.shards))
         verify_manifest(target, manifest, on_shard=lambda _s: progress.advance(task))
-    console.print(
-        f"[green]OK: {len(manifest.shards)} shard(s), {manifest.rows:,} rows, checksums match"
-    )
+    console.print(safe_text(
+        f"OK: {len(manifest.shards)} shard(s), {manifest.rows:,} rows, checksums match",
+        style="green"))
     return 0
 
 
@@ -212,11 +252,12 @@ def cmd_bench_loader(args: argparse.Namespace, console: Console) -> int:
         epochs=args.epochs,
         chart=args.chart,
     )
-    table = Table(title=f"loader benchmark: {args.path}")
+    table = Table(title=safe_text(f"loader benchmark: {args.path}"))
     table.add_column("metric", style="bold")
     table.add_column("value")
     for key, value in result.items():
-        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
+        table.add_row(safe_text(key),
+                      safe_text(f"{value:,.3f}" if isinstance(value, float) else value))
     console.print(table)
     return 0
 
@@ -240,22 +281,22 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
         )
         found = None if args.recompute else stored_stats(ds, columns)
         if found is not None:
-            console.print(f"[dim]{path}: statistics stored in the manifest[/]")
+            console.print(safe_text(f"{path}: statistics stored in the manifest", style="dim"))
         return found if found is not None else stats(ds, columns)
 
     result = load(args.path)
     for table in result.tables():
-        console.print(table)
+        console.print(_safe_table(table))
     document, status = result.to_dict(), 0
     if args.against:
         report = compare(result, load(args.against), columns=columns)
-        console.print(report.table())
+        console.print(_safe_table(report.table()))
         drifted = report.drifted
         console.print(
-            f"[bold red]DRIFT in {len(drifted)} of {len(report.columns)} column(s): "
-            f"{', '.join(drifted)}[/]"
+            safe_text(f"DRIFT in {len(drifted)} of {len(report.columns)} column(s): "
+                      f"{', '.join(drifted)}", style="bold red")
             if drifted
-            else f"[green]No drift in {len(report.columns)} column(s)[/]"
+            else safe_text(f"No drift in {len(report.columns)} column(s)", style="green")
         )
         document["drift"] = report.to_dict()
         status = 1 if drifted and args.fail_on_drift else 0
@@ -266,7 +307,7 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
         from feedline.preprocess.stats_html import write_html
 
         page = write_html(result, args.html, title=f"feedline statistics: {args.path}")
-        console.print(f"[green]Wrote {page}[/]")
+        console.print(safe_text(f"Wrote {page}", style="green"))
     return status
 
 
@@ -359,9 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args, console) or 0)
     except FeedlineError as exc:
-        Console(stderr=True).print(
-            f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}", soft_wrap=True
-        )
+        message = safe_text(f" {type(exc).__name__}: {exc}")
+        Console(stderr=True).print(Text.assemble(("error:", "bold red"), message), soft_wrap=True)
         return 2
 
 

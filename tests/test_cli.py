@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -81,3 +82,71 @@ def test_console_script_entry_point(csv_folder, tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert fl.open(out).count() == 50
+
+
+# Data that would drive a terminal if printed raw: OSC (window title) ended by BEL, CSI
+# (clear screen), NUL, a C1 CSI, a bidi override, and Rich markup.
+HOSTILE = ["\x1b]0;pwned\x07title", "\x1b[2Jwipe", "nul\x00byte", "c1\x9b31m", "bidi\u202egnp.exe",
+           "[bold red]markup[/]"]
+
+
+@pytest.fixture
+def plain_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wide output without colours, so every escape byte in it would come from the data."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "250")
+
+
+def assert_inert(text: str, shown: list[str]) -> None:
+    bad = sorted({c for c in text if not c.isprintable() and c != "\n"})
+    assert not bad, f"control characters reached the terminal: {bad}"
+    for value in shown:  # each hostile value is shown, escaped
+        assert repr(value)[1:-1].replace("\\'", "'") in text, value
+
+
+def test_safe_text_escapes_controls_and_markup() -> None:
+    from feedline.cli import safe_text
+
+    assert safe_text("plain [b]x[/] ü 日本").plain == "plain [b]x[/] ü 日本"
+    assert safe_text("\x1b[2J\x07\x00\u202e\u2028\ufeff\t").plain == \
+        "\\x1b[2J\\x07\\x00\\u202e\\u2028\\ufeff\\t"
+    assert safe_text(3).plain == "3" and not safe_text("[bold]x[/]").spans
+
+
+def test_inspect_stats_verify_escape_hostile_names_and_lineage(tmp_path, capsys,
+                                                               plain_console) -> None:
+    out = tmp_path / "ds"
+    table = pa.table({**{n: [1.0, 2.0, 4.0, 8.0] for n in HOSTILE},
+                      "cat": ["\x1b[31mred", "[blink]b[/]", "z\u202e", "\x07"]})
+    fl.from_arrow(table).write(out)
+    path = out / "_feedline.json"
+    manifest = json.loads(path.read_text())
+    manifest["lineage"]["source"] = "\x1b]8;;http://evil\x07link\x1b]8;;\x07 [blink]s[/]"
+    manifest["lineage"]["plan"] = ["\x1b[31mRead\u202e", "[link=http://x]Map[/link]\x00"]
+    path.write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert_inert(text, [*HOSTILE, manifest["lineage"]["source"],
+                        " -> ".join(manifest["lineage"]["plan"])])
+    assert main(["stats", str(out), "--against", str(out), "--recompute"]) == 0
+    text = capsys.readouterr().out
+    assert_inert(text, [*HOSTILE[:3], "\x1b[31mred", "[blink]b[/]"])
+    assert "No drift in 7 column(s)" in text
+    assert main(["verify", str(out)]) == 0
+    assert_inert(capsys.readouterr().out, [])
+
+
+def test_convert_summary_and_errors_escape_paths(csv_folder, tmp_path, capsys,
+                                                 plain_console) -> None:
+    dst = tmp_path / "out\x1b]0;x\x07[red]y[/]\u202e"
+    assert main(["convert", str(csv_folder), str(dst), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "Wrote 50 rows" in text
+    assert_inert(text, ["out\x1b]0;x\x07[red]y[/]\u202e"])
+    missing = tmp_path / "\x1b[2Jmissing[bold]x[/]"
+    assert main(["inspect", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "does not exist" in err
+    assert_inert(err, ["\x1b[2Jmissing[bold]x[/]"])

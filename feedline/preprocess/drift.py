@@ -180,6 +180,8 @@ class DriftReport:
 
     def table(self) -> Table:
         """A rich table: one row per column, with a DRIFT flag."""
+        from rich.text import Text
+
         from feedline.preprocess.stats import _table
 
         def fmt(v: float | None, spec: str = ".3f") -> str:
@@ -203,7 +205,7 @@ class DriftReport:
                 fmt(c["ks_pvalue"], ".2g"),
                 fmt(c["psi"]),
                 nulls,
-                "[bold red]DRIFT[/]" if c["drift"] else "[green]ok[/]",
+                Text("DRIFT", "bold red") if c["drift"] else Text("ok", "green"),
                 c["reason"] or c.get("note", ""),
             )
         return table

@@ -4,6 +4,9 @@
   what the resize needs (never upsampling): 2-5x faster for photos much larger than the target.
 - **Filter**: antialiased bilinear with ``reducing_gap=3`` (box-reduce big reductions first;
   per Pillow, indistinguishable from a full resample), as torchvision; lanczos: ~2x slower.
+- **Orientation**: the EXIF (or XMP) orientation tag is applied, so a photo taken sideways
+  comes out upright (``PIL.ImageOps.exif_transpose``, on the drafted image; a no-op without
+  a tag). An unreadable orientation tag leaves the picture as stored.
 - **Threads**: one pool per process decodes a batch (Pillow releases the GIL) into one
   preallocated array, wrapped without a copy. Pillow's globals are never changed.
 - **Normalize** belongs at the loader edge, so stored pixels stay ``uint8`` (4x smaller).
@@ -53,7 +56,19 @@ def decode_pool() -> ThreadPoolExecutor:
 
 
 #: everything one decode needs (immutable, shared by the pool's threads); image: PIL.Image
-_Spec = namedtuple("_Spec", "image height width mode crop chw max_pixels resample background")
+_Spec = namedtuple("_Spec",
+                   "image height width mode crop chw max_pixels resample background ops")
+_DRAFTABLE = ("JPEG", "MPO")
+#: EXIF orientation -> where a point (x, y) of a w x h image lands after ``exif_transpose``
+_TURNS = {
+    2: lambda x, y, w, h: (w - x, y),  # mirrored
+    3: lambda x, y, w, h: (w - x, h - y),  # upside down
+    4: lambda x, y, w, h: (x, h - y),
+    5: lambda x, y, w, h: (y, x),
+    6: lambda x, y, w, h: (h - y, x),  # taken with the camera turned right: rotate clockwise
+    7: lambda x, y, w, h: (h - y, w - x),
+    8: lambda x, y, w, h: (y, w - x),
+}
 
 
 def _decode_into(data: bytes | None, dst: np.ndarray, spec: _Spec) -> str | None:
@@ -69,8 +84,17 @@ def _decode_into(data: bytes | None, dst: np.ndarray, spec: _Spec) -> str | None
             if w * h > spec.max_pixels:
                 return (f"the image is too large: {w}x{h} = {w * h:,} pixels > max_pixels="
                         f"{spec.max_pixels:,} (a possible decompression bomb; nothing decoded)")
-            box = _draft(opened, w, h, spec)
+            # JPEG's EXIF is in its header: read before drafting (others' may follow the pixels)
+            turn = _orientation(opened) if opened.format in _DRAFTABLE else None
+            box = _draft(opened, w, h, spec, turned=turn in (5, 6, 7, 8))
             opened.load()  # raises on truncated data (LOAD_TRUNCATED_IMAGES stays False)
+            turn = _orientation(opened) if turn is None else turn
+            if turn in _TURNS:
+                size = opened.size
+                spec.ops.exif_transpose(opened, in_place=True)
+                (x0, y0), (x1, y1) = (_TURNS[turn](x, y, *size) for x, y in
+                                      ((box[0], box[1]), (box[2], box[3])))
+                box = (min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
             im = _resize(_to_mode(opened, spec), box, spec)
             pixels = np.frombuffer(im.tobytes(), np.uint8).reshape(spec.height, spec.width, -1)
             dst[...] = pixels.transpose(2, 0, 1) if spec.chw else pixels
@@ -83,11 +107,21 @@ def _decode_into(data: bytes | None, dst: np.ndarray, spec: _Spec) -> str | None
     return None
 
 
-def _draft(im: Any, w: int, h: int, spec: _Spec) -> tuple[float, float, float, float]:
+def _orientation(im: Any) -> int:
+    """The image's EXIF/XMP orientation (1: as stored); 1 when its EXIF block is corrupt."""
+    try:
+        return int(im.getexif().get(0x0112, 1))  # ExifTags.Base.Orientation
+    except Exception:  # noqa: BLE001 - any broken metadata: keep the pixels as stored
+        return 1
+
+
+def _draft(im: Any, w: int, h: int, spec: _Spec,
+           turned: bool = False) -> tuple[float, float, float, float]:
     """JPEG: decode at 1/2..1/8 scale, never below what the resize needs. Returns the region
-    holding the picture (the original size over the scale, possibly fractional)."""
-    if im.format in ("JPEG", "MPO"):
-        H, W = spec.height, spec.width
+    holding the picture (the original size over the scale, possibly fractional). ``turned``:
+    the stored image is the picture turned by 90 degrees (EXIF orientation 5 to 8)."""
+    if im.format in _DRAFTABLE:
+        H, W = (spec.width, spec.height) if turned else (spec.height, spec.width)
         s = max(W / w, H / h)
         need = (max(W, math.ceil(w * s - 1e-6)), max(H, math.ceil(h * s - 1e-6)))
         drafted = im.draft("L" if spec.mode == "L" else "RGB", need if spec.crop else (W, H))
@@ -236,11 +270,12 @@ class DecodeImages(Preprocessor):
         """Decode with the shared thread pool: the ``(n, *shape)`` ``uint8`` array (failed
         rows undefined) and, per image, ``None`` or why it could not be decoded."""
         try:
-            from PIL import Image
+            from PIL import Image, ImageOps
         except ImportError as exc:
             raise MissingDependencyError("pillow", "images", "Decoding images") from exc
         spec = _Spec(Image, *self.size, self.mode, self.resize != "stretch", self.layout == "CHW",
-                     self.max_pixels, Image.Resampling[self.resample.upper()], self.background)
+                     self.max_pixels, Image.Resampling[self.resample.upper()], self.background,
+                     ImageOps)
         out = np.empty((len(blobs), *self.shape), np.uint8)
         if len(blobs) <= 1:
             return out, [_decode_into(b, out[i], spec) for i, b in enumerate(blobs)]

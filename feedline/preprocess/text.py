@@ -192,7 +192,9 @@ class Tokenize(Preprocessor):
     tokenizer:
         A path or fsspec URL of a Hugging Face ``tokenizer.json``; a ``tokenizers.Tokenizer``
         (copied; its JSON goes into ``state``); ``"clip:<merges file>"`` or a
-        :class:`~feedline.preprocess.clip_bpe.ClipTokenizer` for OpenAI CLIP's BPE.
+        :class:`~feedline.preprocess.clip_bpe.ClipTokenizer` for OpenAI CLIP's BPE
+        (``"clip:"`` is its fast preset; ``ClipTokenizer(path, preset="open_clip")`` gives
+        open_clip's ids exactly, with ftfy; the ids column stays ``int32``).
     max_length:
         Row length (CLIP: 77).
     pad:

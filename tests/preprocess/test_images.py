@@ -261,6 +261,76 @@ def test_grey_jpeg_with_draft_to_l():
     assert np.abs(out.astype(int) - reference.astype(int)).mean() < 2.0
 
 
+# ---------------------------------------------------------------- EXIF orientation
+
+# How a camera stores an upright picture for each EXIF orientation (the inverse of what a
+# viewer applies): 6 = camera turned right, so the stored pixels are the picture turned left.
+STORED = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+          4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+          6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
+          8: Image.Transpose.ROTATE_270}
+
+
+def marked(w: int, h: int) -> Image.Image:
+    """High-contrast and asymmetric: a red top-left quadrant, a green bar along the top right,
+    a blue stripe down the left of the bottom half, on black."""
+    a = np.zeros((h, w, 3), np.uint8)
+    a[: h // 2, : w // 2] = (255, 0, 0)
+    a[: h // 6, w // 2 :] = (0, 255, 0)
+    a[h // 2 :, : w // 8] = (0, 0, 255)
+    return Image.fromarray(a)
+
+
+def as_taken(upright: Image.Image, orientation: int, fmt: str = "JPEG") -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    options = {"quality": 100, "subsampling": 0} if fmt == "JPEG" else {}
+    return encode(upright.transpose(STORED[orientation]), fmt, exif=exif, **options)
+
+
+@pytest.mark.parametrize("orientation", [6, 3, 8, 2, 4, 5, 7])
+def test_exif_orientation_is_applied(orientation):
+    upright = marked(330, 210)  # drafted at 1/4: 82.5 x 52.5, a fractional region
+    files = {"taken.jpg": as_taken(upright, orientation), "upright.jpg": encode(
+        upright, "JPEG", quality=100, subsampling=0)}
+    assert Image.open(io.BytesIO(files["taken.jpg"])).size != upright.size or orientation < 5
+    for p in (DecodeImages(size=(42, 64)), DecodeImages(size=(21, 32)),
+              DecodeImages(size=(60, 40), resize="stretch")):
+        got, reference = decoded(p, files).astype(int)
+        error = np.abs(got - reference)  # JPEG noise only; turned: ~100, half a pixel off: ~90
+        assert error.mean() < 1.0 and error.max() < 40, (orientation, p.size)
+        h, w = p.size
+        red = got[: h // 2 - 2, 2 : w // 2 - 2]
+        assert (red[..., 0] > 200).all() and (red[..., 1:] < 60).all()  # the marker quadrant
+        assert (got[h // 2 + 2 :, w // 2 :] < 60).all()  # no marker in the bottom right
+    stored = DecodeImages(size=(42, 64)).decode([files["taken.jpg"]])[0][0]  # 1/8 draft
+    full = pil_reference(Image.open(io.BytesIO(files["upright.jpg"])), (42, 64))
+    assert np.abs(stored.astype(int) - full).mean() < 3.0
+
+
+@pytest.mark.parametrize("orientation", [6, 8])
+def test_exif_orientation_of_png_without_resizing_is_exact(orientation):
+    upright = marked(90, 60)
+    data = as_taken(upright, orientation, "PNG")
+    got = decoded(DecodeImages(size=(60, 90)), {"taken.png": data})[0]
+    assert np.array_equal(got, np.asarray(upright))
+    chw = decoded(DecodeImages(size=(60, 90), layout="CHW"), {"taken.png": data})[0]
+    assert np.array_equal(chw, np.asarray(upright).transpose(2, 0, 1))
+
+
+@pytest.mark.parametrize("patch", [{18: b"\x00\x09"}, {18: b"\x00\x00"},  # out of range
+                                   {12: b"\x00\x02\x00\x00\x00\x04", 18: b"ab\x00\x00"}])  # text
+def test_odd_orientation_tags_keep_the_pixels_as_stored(patch):
+    upright = marked(64, 48)
+    data = bytearray(as_taken(upright, 6))
+    tiff = data.index(b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x01\x01\x12") + 6  # one tag
+    for offset, value in patch.items():
+        data[tiff + offset : tiff + offset + len(value)] = value
+    got = decoded(DecodeImages(size=(64, 48)), {"odd.jpg": bytes(data)})[0]
+    stored = np.asarray(upright.transpose(STORED[6]))
+    assert np.abs(got.astype(int) - stored).mean() < 2.0
+
+
 # ---------------------------------------------------------------- bad images
 
 

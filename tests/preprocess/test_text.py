@@ -83,20 +83,29 @@ def get_pairs(word: tuple) -> set:
 
 
 class ReferenceClip:
-    """A straightforward port of OpenAI CLIP's simple_tokenizer.py (without ftfy)."""
+    """A straightforward port of OpenAI CLIP's simple_tokenizer.py (without ftfy); with
+    ``open_clip=True``, of open_clip's ``SimpleTokenizer``: ftfy first, its token names."""
 
-    def __init__(self, bpe_path: Path) -> None:
+    def __init__(self, bpe_path: Path, open_clip: bool = False) -> None:
+        if open_clip:
+            import ftfy
+
+            self.fix = ftfy.fix_text
+            self.special = ["<start_of_text>", "<end_of_text>"]
+        else:
+            self.fix, self.special = (lambda text: text), ["<|startoftext|>", "<|endoftext|>"]
         self.byte_encoder = ref_bytes_to_unicode()
         merges = gzip.decompress(bpe_path.read_bytes()).decode("utf-8").split("\n")
         merges = [tuple(m.split()) for m in merges[1:49152 - 256 - 2 + 1]]  # as published
         vocab = list(ref_bytes_to_unicode().values())
         vocab = vocab + [v + "</w>" for v in vocab]
-        vocab += ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+        vocab += ["".join(m) for m in merges] + self.special
         self.encoder = dict(zip(vocab, range(len(vocab)), strict=True))
         self.bpe_ranks = dict(zip(merges, range(len(merges)), strict=True))
-        self.cache = {"<|startoftext|>": "<|startoftext|>", "<|endoftext|>": "<|endoftext|>"}
-        self.pat = re.compile(r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|"""
-                              r"""[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""", re.IGNORECASE)
+        self.cache = {t: t for t in self.special}
+        self.pat = re.compile("|".join(map(re.escape, self.special))
+                              + r"""|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
+                              re.IGNORECASE)
 
     def bpe(self, token: str) -> str:
         if token in self.cache:
@@ -133,7 +142,7 @@ class ReferenceClip:
         return self.cache[token]
 
     def encode(self, text: str) -> list[int]:
-        text = html.unescape(html.unescape(text)).strip()  # basic_clean without ftfy
+        text = html.unescape(html.unescape(self.fix(text))).strip()  # basic_clean
         text = " ".join(text.split()).strip().lower()  # whitespace_clean, lower
         ids = []
         for token in re.findall(self.pat, text):
@@ -142,7 +151,7 @@ class ReferenceClip:
         return ids
 
     def __call__(self, texts: list[str], context_length: int = 77) -> np.ndarray:
-        sot, eot = self.encoder["<|startoftext|>"], self.encoder["<|endoftext|>"]
+        sot, eot = (self.encoder[t] for t in self.special)
         result = np.zeros((len(texts), context_length), dtype=np.int64)
         for i, text in enumerate(texts):
             tokens = [sot, *self.encode(text), eot]
@@ -410,3 +419,94 @@ def test_tokenize_with_clip(clip_vocab: Path, reference: ReferenceClip) -> None:
     bare = Tokenize("text", f"clip:{clip_vocab}", 5, add_special_tokens=False, pad=False)
     assert bare.transform_batch(batch)["text"].to_pylist() == \
         [reference.encode(s)[:5] for s in SENTENCES[:40]]
+
+
+# Text that ftfy, HTML unescaping, Unicode case rules and truncation each change
+ADVERSARIAL = [
+    "", " ", " \t\n ", "&amp;amp;", "&amp;amp;amp;lt;b&amp;amp;gt;", "Fish &amp; Chips &nbsp;x",
+    "&lt;b&gt;bold&lt;/b&gt; it&#x2019;s &#8220;q&#8221; &hellip;", "<b>&amp;amp;</b> &copy",
+    "â€œquotedâ€\x9d", "â€œquotedâ€", "Ã©tÃ© sÃ³ voilÃ\xa0le travail", "âœ” No problems",
+    "ﬁsh ﬂow ﬀ", "ＬＯＵＤ\u3000ＮＯＩＳＥＳ", "e\u0301 cafe\u0301 Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǫ̗̻ n\u0303",
+    "\ufeffhello \ufeff world", "\x00\x01\x1b[31mred\x1b[0m\x7f \x0b\x0c\x1c\x1d\x85 a\r\nb\rc",
+    "😀 👍🏽 👨\u200d👩\u200d👧 🇫🇷", "日本語のテキスト 中文 한국어", "“curly” ‘single’ — dash… ",
+    "İstanbul ΣΑΣ Straße ſ \u0345 \u0378", "<start_of_text> x <END_OF_TEXT> <|endoftext|>",
+    "it's WE'LL don't 12,345.6 #1 (2x)", "\ud83d\ude00 \ud800 lone surrogates",
+    " ".join(SENTENCES[:40]), "ab" * 300, "x" * 1500,  # far over the context length
+]
+
+
+@pytest.fixture(scope="module")
+def open_clip_reference(clip_vocab: Path) -> ReferenceClip:
+    return ReferenceClip(clip_vocab, open_clip=True)
+
+
+@pytest.fixture(scope="module")
+def open_clip(clip_vocab: Path) -> ClipTokenizer:
+    return ClipTokenizer(clip_vocab, preset="open_clip")
+
+
+def test_open_clip_preset_equals_reference(open_clip: ClipTokenizer, clip: ClipTokenizer,
+                                           open_clip_reference: ReferenceClip) -> None:
+    ref, texts = open_clip_reference, ADVERSARIAL + SENTENCES
+    assert open_clip.special_tokens == ("<start_of_text>", "<end_of_text>")
+    assert open_clip.vocab_size == len(ref.encoder)
+    assert open_clip.encode_batch(texts) == [ref.encode(t) for t in texts]
+    got, expected = open_clip(texts), ref(texts)
+    assert got.dtype == np.int64 and got.shape == (len(texts), 77)
+    np.testing.assert_array_equal(got, expected)
+    assert (got[:, -1] == open_clip.eot_token_id).sum() >= 5  # cut rows keep the end token
+    np.testing.assert_array_equal(open_clip(texts, 4), ref(texts, 4))
+    np.testing.assert_array_equal(open_clip(ADVERSARIAL[3]), ref([ADVERSARIAL[3]]))
+    # what the default leaves out: ftfy changes most of the adversarial texts
+    differ = [a != b for a, b in zip(clip.encode_batch(ADVERSARIAL[:-4]),
+                                     open_clip.encode_batch(ADVERSARIAL[:-4]), strict=True)]
+    assert sum(differ) >= 12 and clip(["a"]).dtype == np.int32
+
+
+MOJIBAKE = st.lists(st.sampled_from([*"âÃ€œ\x9d©¨Â\xa0³ﬁ＆&;#<> \n\r\t\x00\x1bab", "&lt;"]),
+                    max_size=12).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(WORDS + ODD + ADVERSARIAL[:-3]), st.text(max_size=8),
+                          MOJIBAKE), max_size=8), st.sampled_from([" ", "", "\n", "&amp;"]))
+def test_open_clip_preset_any_text(open_clip: ClipTokenizer, open_clip_reference: ReferenceClip,
+                                   parts: list[str], joint: str) -> None:
+    text = joint.join(parts)
+    assert open_clip.encode(text) == open_clip_reference.encode(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.sampled_from(["\t", "\n", *(chr(c) for c in range(32, 127) if c != 38)])))
+def test_ftfy_leaves_the_texts_it_skips_unchanged(text: str) -> None:
+    import ftfy
+
+    from feedline.preprocess.clip_bpe import _FTFY_IDENTITY
+
+    assert _FTFY_IDENTITY.fullmatch(text)
+    assert ftfy.fix_text(text) == text
+    assert not any(_FTFY_IDENTITY.fullmatch(chr(c)) for c in [*range(9), *range(11, 32), 38, 127])
+
+
+def test_open_clip_preset_options_state_and_errors(clip_vocab: Path, open_clip: ClipTokenizer,
+                                                   open_clip_reference: ReferenceClip) -> None:
+    t = Tokenize("text", open_clip, 77)
+    out = fl.from_arrow(batched_table(ADVERSARIAL[:-6] + SENTENCES[:60])).transform(t).to_arrow()
+    np.testing.assert_array_equal(column(out, "text"),
+                                  open_clip_reference(ADVERSARIAL[:-6] + SENTENCES[:60]))
+    batch = pa.record_batch({"text": ADVERSARIAL[:-6]})
+    rebuilt = from_state(json.loads(json.dumps(t.state)))
+    assert rebuilt._backend.preset == "open_clip"
+    assert rebuilt.transform_batch(batch).equals(t.transform_batch(batch))
+    copy = pickle.loads(pickle.dumps(open_clip))
+    assert copy.preset == "open_clip" and copy.encode(ADVERSARIAL[8]) == open_clip.encode(
+        ADVERSARIAL[8])
+    same = ClipTokenizer(clip_vocab, preset="open_clip", fix_text=True,
+                         special_tokens=["<start_of_text>", "<end_of_text>"])
+    assert same.encode_batch(ADVERSARIAL) == open_clip.encode_batch(ADVERSARIAL)
+    with pytest.raises(ConfigurationError, match=r"preset='openclip' is not known.*Fix:"):
+        ClipTokenizer(clip_vocab, preset="openclip")
+    for wrong in ({"fix_text": False}, {"num_merges": 10},
+                  {"special_tokens": ["<|startoftext|>", "<|endoftext|>"]}):
+        with pytest.raises(ConfigurationError, match=r"always runs ftfy.*Fix:"):
+            ClipTokenizer(clip_vocab, preset="open_clip", **wrong)
