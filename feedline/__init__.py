@@ -30,6 +30,7 @@ from feedline.errors import (
 from feedline.io.format import verify
 from feedline.io.retry import RetryPolicy
 from feedline.loader import Loader, Windows
+from feedline.loader.records import record_to_tensors
 from feedline.preprocess import (
     Bucketizer,
     Chain,
@@ -119,6 +120,7 @@ __all__ = [
     "read_jsonl",
     "read_parquet",
     "read_text",
+    "record_to_tensors",
     "spark_session",
     "stats",
     "tracking",

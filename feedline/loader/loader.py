@@ -10,6 +10,7 @@ groups of about ``GROUP_BYTES``, gathered with one take into reused buffers).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
@@ -26,7 +27,8 @@ from feedline.loader.columns import parse_budget
 from feedline.loader.formats import FORMATS, can_pin, to_format
 from feedline.loader.order import EpochPlan, global_order
 from feedline.loader.prefetch import Prefetcher
-from feedline.loader.resume import STATE_VERSION, epoch_plan, restore
+from feedline.loader.resume import epoch_plan, restore
+from feedline.loader.state import State, parse_states
 from feedline.loader.timing import Timing
 from feedline.loader.windows import Windows
 
@@ -392,28 +394,33 @@ class Loader:
         >>> loader.state_dict()["batches"]
         1
         """
-        return {
-            "version": STATE_VERSION,
-            "seed": self.seed,
-            "epoch": self._epoch,
-            "batches": self._consumed,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "shuffle": self.shuffle,
-            "shuffle_window": self._prepare().window,
-            "num_samples": self.num_samples,
-            "history": [s.as_dict() for s in self._segments],
-        }
+        return State(
+            seed=self.seed, epoch=self._epoch, batches=self._consumed, rank=self.rank,
+            world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
+            shuffle=self.shuffle, shuffle_window=self._prepare().window,
+            num_samples=self.num_samples, history=self._segments, fingerprint=self._fingerprint,
+        ).as_dict()  # fmt: skip
+
+    @functools.cached_property
+    def _fingerprint(self) -> str | None:
+        """The dataset's fingerprint (its manifest's shard checksums); ``None`` if unwritten."""
+        if getattr(self.dataset, "manifest", None) is None:
+            return None
+        return self.dataset.plan.source.fingerprint()
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resume from ``state_dict()``: the next iteration yields exactly the unseen batches.
 
         Seed, shuffle and window come from the state (the order must be the checkpoint's).
-        With a different ``world_size`` or ``batch_size`` the samples no old rank yielded are
-        split over the new ranks (elastic resume). One state stands for all old ranks having
-        yielded as many batches (lock-step training); pass every old rank's state otherwise.
+        With a different ``world_size``, ``batch_size`` or ``drop_last`` the samples no old
+        rank yielded are split over the new ranks (elastic resume). One state stands for all
+        old ranks having yielded as many batches (lock-step training); pass every old rank's
+        state otherwise.
+
+        Every field is validated first (types, ranges, keys, version), then the state must
+        have been taken on this dataset (the manifest's fingerprint and the sample count) at
+        a position its epoch holds; anything else raises :class:`ConfigurationError` naming
+        the field and leaves the loader as it was (see :mod:`feedline.loader.state`).
 
         Examples
         --------
@@ -428,12 +435,14 @@ class Loader:
         >>> head + [b["id"].tolist() for b in resumed] == whole
         True
         """
-        self._close_active()
+        states = parse_states(state)  # before loading any data
         backend = self._prepare()
         at = restore(
-            state, num_samples=backend.num_samples, streaming=backend.mode == "none",
+            states, num_samples=backend.num_samples, streaming=backend.mode == "none",
             world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
+            fingerprint=self._fingerprint,
         )  # fmt: skip
+        self._close_active()
         self.seed, self.shuffle, backend.window = at.seed, at.shuffle, at.window
         self._epoch, self._segments, self._consumed = at.epoch, at.segments, at.batches
         self._restored = True

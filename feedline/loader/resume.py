@@ -1,9 +1,14 @@
-"""Loader checkpoints: the tiny JSON-safe state and the epoch plan it implies.
+"""Loader checkpoints: where a restored loader stands and the epoch plan it implies.
+
+The state itself (a tiny JSON-safe dict) and its validation live in
+:mod:`feedline.loader.state`.
 
 An epoch may be split into *segments*: a resume under a different world layout (elastic)
 closes the old segment, recording how many samples each old rank had yielded, and the new
-world splits what remains (:func:`feedline.loader.order.elastic_split`). The plan of any
-rank at any point is therefore a pure function of (order, segments, layout, batches yielded).
+world splits what remains (:func:`remaining_after` of every segment, each under its own
+layout, then :func:`~feedline.loader.order.split_for_rank`: the semantics of
+:func:`~feedline.loader.order.elastic_split`). The plan of any rank at any point is
+therefore a pure function of (order, segments, layout, batches yielded).
 """
 
 from __future__ import annotations
@@ -15,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.order import EpochPlan, elastic_split, samples_seen, split_for_rank
+from feedline.loader.order import EpochPlan, samples_seen, split_for_rank
+from feedline.loader.state import (
+    STATE_VERSION,
+    Segment,
+    State,
+    check_position,
+    parse_states,
+    real_samples,
+    remaining_samples,
+)
 
 __all__ = [
     "STATE_VERSION",
@@ -26,36 +40,6 @@ __all__ = [
     "remaining_after",
     "restore",
 ]
-
-STATE_VERSION = 1
-_KEYS = ("version", "seed", "epoch", "batches", "rank", "world_size", "batch_size", "drop_last")
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A finished part of an epoch: a world layout and the samples each of its ranks yielded."""
-
-    world_size: int
-    batch_size: int
-    drop_last: bool
-    consumed: tuple[int, ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "world_size": self.world_size,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "consumed": list(self.consumed),
-        }
-
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> Segment:
-        return cls(
-            int(doc["world_size"]),
-            int(doc["batch_size"]),
-            bool(doc["drop_last"]),
-            tuple(int(c) for c in doc["consumed"]),
-        )
 
 
 def remaining_after(order: np.ndarray, segment: Segment) -> np.ndarray:
@@ -74,7 +58,9 @@ def remaining_after(order: np.ndarray, segment: Segment) -> np.ndarray:
         drop_last=segment.drop_last,
     )
     arr = np.asarray(order, dtype=np.int64)
-    return arr[~np.isin(arr, seen, assume_unique=True)]
+    unseen = np.ones(int(arr.max()) + 1 if arr.size else 0, dtype=bool)  # by row index: O(n)
+    unseen[seen] = False
+    return arr[unseen[arr]]
 
 
 def epoch_plan(
@@ -95,86 +81,32 @@ def epoch_plan(
     >>> plan.indices.tolist()
     [8, 9]
     """
-    if not segments:
-        return split_for_rank(
-            order, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last
-        )
-    for segment in segments[:-1]:
+    for segment in segments:  # each with its own layout (drop_last included)
         order = remaining_after(order, segment)
-    last = segments[-1]
-    return elastic_split(
-        order,
-        consumed_per_rank=last.consumed,
-        old_world_size=last.world_size,
-        old_batch_size=last.batch_size,
-        new_rank=rank,
-        new_world_size=world_size,
-        batch_size=batch_size,
-        drop_last=drop_last,
+    return split_for_rank(
+        order, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last
     )
 
 
-def _check(state: Any) -> Mapping[str, Any]:
-    if not isinstance(state, Mapping) or any(k not in state for k in _KEYS):
-        raise ConfigurationError(
-            f"Not a feedline loader state: expected a dict with keys {list(_KEYS)}, got "
-            f"{state!r:.200}. Fix: pass what Loader.state_dict() returned."
-        )
-    if state["version"] != STATE_VERSION:
-        raise ConfigurationError(
-            f"Loader state version {state['version']!r} is not supported (this feedline writes "
-            f"version {STATE_VERSION}). Fix: resume with the feedline version that saved it."
-        )
-    return state
+def merge_states(states: Any) -> tuple[State, list[int]]:
+    """One state (or one per old rank), validated, as ``(reference state, batches per rank)``.
 
-
-def merge_states(
-    states: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-) -> tuple[Mapping[str, Any], list[Segment], Segment | None, int]:
-    """Combine one state (or one per old rank) into what a loader resumes from.
-
-    Returns ``(reference state, earlier segments, closed segment or None, batches)``: with
-    the same layout and equal counts the position is ``batches`` into the current segment;
-    otherwise the old segment is closed (``closed``) and the new world starts at batch 0. A
-    single state stands for every old rank having yielded the same number of batches, which
-    is what lock-step data-parallel training does; pass all ranks' states otherwise.
+    A single state stands for every old rank having yielded the same number of batches,
+    which is what lock-step data-parallel training does; pass all ranks' states otherwise.
 
     Examples
     --------
-    >>> state = {"version": 1, "seed": 0, "epoch": 2, "batches": 3, "rank": 0,
-    ...          "world_size": 2, "batch_size": 4, "drop_last": True}
-    >>> _, history, closed, batches = merge_states(state)
-    >>> history, closed.consumed, batches
-    ([], (12, 12), 3)
+    >>> state = {"version": 2, "seed": 0, "epoch": 2, "batches": 3, "rank": 0,
+    ...          "world_size": 2, "batch_size": 4, "drop_last": True, "shuffle": True,
+    ...          "shuffle_window": None, "num_samples": 100, "history": [], "fingerprint": None}
+    >>> ref, counts = merge_states(state)
+    >>> ref.epoch, counts
+    (2, [3, 3])
     """
-    items = [_check(states)] if isinstance(states, Mapping) else [_check(s) for s in states]
-    if not items:
-        raise ConfigurationError(
-            "load_state_dict() got an empty list of states. Fix: pass the state_dict() of "
-            "every rank (or one state)."
-        )
-    first = items[0]
-    for s in items[1:]:
-        for key in ("seed", "epoch", "world_size", "batch_size", "drop_last", "history"):
-            if s.get(key) != first.get(key):
-                raise ConfigurationError(
-                    f"The loader states disagree on {key!r} ({s.get(key)!r} vs "
-                    f"{first.get(key)!r}). Fix: pass the states of one checkpoint, one per rank."
-                )
-    history = [Segment.from_dict(d) for d in first.get("history", [])]
-    world, bs = int(first["world_size"]), int(first["batch_size"])
+    items = parse_states(states)
     if len(items) == 1:
-        counts = [int(first["batches"])] * world
-    else:
-        by_rank = {int(s["rank"]): int(s["batches"]) for s in items}
-        if sorted(by_rank) != list(range(world)):
-            raise ConfigurationError(
-                f"Got states for ranks {sorted(by_rank)} of a world of {world}. Fix: pass one "
-                "state per old rank (or a single state when all ranks yielded as many batches)."
-            )
-        counts = [by_rank[r] for r in range(world)]
-    closed = Segment(world, bs, bool(first["drop_last"]), tuple(c * bs for c in counts))
-    return first, history, closed, counts[0]
+        return items[0], [items[0].batches] * items[0].world_size
+    return items[0], [s.batches for s in sorted(items, key=lambda s: s.rank)]
 
 
 @dataclass(frozen=True)
@@ -197,17 +129,21 @@ def restore(
     world_size: int,
     batch_size: int,
     drop_last: bool,
+    fingerprint: str | None = None,
 ) -> Position:
     """The position a loader with this layout resumes at from ``states`` (see merge_states).
 
-    With the checkpoint's layout and equal progress on every rank, the loader continues at
-    the same batch; otherwise the old layout becomes a finished segment and the new world
-    starts the rest of the epoch at its batch 0 (elastic resume).
+    Every state is validated (:mod:`feedline.loader.state`) and must have been taken on this
+    dataset (``fingerprint``, ``num_samples``). With the checkpoint's layout and equal
+    progress on every rank, the loader continues at the same batch; otherwise the old layout
+    becomes a finished segment and the new world starts the rest of the epoch at its batch 0
+    (elastic resume). The order (seed, shuffle, window) is always the checkpoint's.
 
     Examples
     --------
-    >>> state = {"version": 1, "seed": 0, "epoch": 2, "batches": 3, "rank": 0,
-    ...          "world_size": 2, "batch_size": 4, "drop_last": True, "shuffle": True}
+    >>> state = {"version": 2, "seed": 0, "epoch": 2, "batches": 3, "rank": 0,
+    ...          "world_size": 2, "batch_size": 4, "drop_last": True, "shuffle": True,
+    ...          "shuffle_window": None, "num_samples": 100, "history": [], "fingerprint": None}
     >>> restore(state, num_samples=100, streaming=False, world_size=2, batch_size=4,
     ...         drop_last=True).batches
     3
@@ -215,23 +151,22 @@ def restore(
     ...             drop_last=True).segments)
     1
     """
-    ref, history, closed, batches = merge_states(states)
-    if ref.get("num_samples", num_samples) != num_samples:
-        raise ConfigurationError(
-            f"The loader state is for {ref['num_samples']} samples but this dataset has "
-            f"{num_samples}. Fix: resume on the dataset the checkpoint was taken on."
-        )
-    window = ref.get("shuffle_window")
-    shuffle = bool(ref.get("shuffle", True))
-    if streaming and window is None and shuffle:
+    items = parse_states(states)
+    for state in items:
+        check_position(state, num_samples=num_samples, fingerprint=fingerprint)
+    ref, counts = merge_states(items)
+    if streaming and ref.shuffle_window is None and ref.shuffle:
         raise ConfigurationError(
             "The loader state was taken with an exact in-memory shuffle, but this loader "
             "streams (the data is over memory_budget). Fix: pass cache='memory' or a larger "
             "memory_budget to resume it."
         )
-    layout = (closed.world_size, closed.batch_size, closed.drop_last)
-    same = layout == (world_size, batch_size, drop_last) and len(set(closed.consumed)) <= 1
-    segments = tuple(history) if same else (*history, closed)
-    return Position(
-        int(ref["seed"]), shuffle, window, int(ref["epoch"]), segments, batches if same else 0
-    )
+    layout = (ref.world_size, ref.batch_size, ref.drop_last)
+    if layout == (world_size, batch_size, drop_last) and len(set(counts)) <= 1:
+        segments, batches = ref.history, counts[0]
+    else:  # padding repeats left out of ``consumed``: a huge padded layout costs nothing
+        left, bs = remaining_samples(num_samples, ref.history), ref.batch_size
+        consumed = tuple(real_samples(left, r, c * bs, ref.world_size, bs)
+                         for r, c in enumerate(counts))  # fmt: skip
+        segments, batches = (*ref.history, Segment(*layout, consumed)), 0
+    return Position(ref.seed, ref.shuffle, ref.shuffle_window, ref.epoch, segments, batches)

@@ -142,6 +142,26 @@ class Preprocessor(ABC):
         """The columns ``fit`` reads (default: the input columns)."""
         return self.columns
 
+    def _not_fitted_error(self) -> ConfigurationError:
+        """The error for using this unfitted preprocessor: it says where a fitted copy is.
+
+        Neither ``p.fit(ds)`` nor ``ds.transform(p)`` changes ``p`` (one preprocessor may
+        serve several pipelines, each fitted on its own data): ``fit`` returns a fitted copy,
+        and the copy a pipeline fits when it runs is stored in the manifest of what it writes.
+
+        Examples
+        --------
+        >>> from feedline.preprocess.scalers import StandardScaler
+        >>> "fl.open(path).preprocessor" in str(StandardScaler("x")._not_fitted_error())
+        True
+        """
+        return ConfigurationError(
+            f"{self!r} is not fitted: p.fit(ds) returns a fitted copy and ds.transform(p) fits "
+            "its own copy when the pipeline runs; neither changes p. Fix: use the fitted copy: "
+            "p = p.fit(ds), or after ds.transform(p).write(path), fl.open(path).preprocessor "
+            "(the fitted pipeline stored in the manifest)."
+        )
+
     # ------------------------------------------------------------------ applying
 
     @abstractmethod
@@ -153,10 +173,7 @@ class Preprocessor(ABC):
     ) -> pa.RecordBatch:
         """Apply the preprocessor to a ``RecordBatch`` (pure and vectorized)."""
         if not self.is_fitted:
-            raise ConfigurationError(
-                f"{self!r} is not fitted. Fix: call .fit(ds) first, or use ds.transform(p), "
-                "which fits it when the pipeline first runs."
-            )
+            raise self._not_fitted_error()
         missing = [c for c in self.columns if batch.schema.get_field_index(c) < 0]
         if missing:
             from feedline.errors import SchemaError

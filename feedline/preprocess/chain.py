@@ -264,7 +264,7 @@ class Concat(Preprocessor):
     def feature_names(self) -> list[str]:
         """One name per slot of the output tensor: ``col`` or ``col[i]`` / ``col[i, j]``."""
         if self.fitted is None:
-            raise ConfigurationError(f"{self!r} is not fitted. Fix: call .fit(ds) first.")
+            raise self._not_fitted_error()
         names = []
         for item in self.fitted["layout"]:
             shape = item["shape"]
