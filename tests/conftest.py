@@ -110,3 +110,17 @@ def s3_bucket(s3_endpoint: str) -> S3Bucket:
         aws_secret_access_key="testing",
     ).create_bucket(Bucket=name)
     return bucket
+
+
+@pytest.fixture
+def s3_proxy(s3_bucket: S3Bucket) -> Iterator[tuple[S3Bucket, Any]]:
+    """``s3_bucket`` reached through a loopback HTTP proxy (tests/s3_proxy.py) that counts the
+    requests the server receives and injects faults; returns (that bucket seen through the
+    proxy, the proxy). ``s3_bucket`` itself still talks to the server directly."""
+    from s3_proxy import S3Proxy
+
+    proxy = S3Proxy(s3_bucket.endpoint).start()
+    try:
+        yield S3Bucket(s3_bucket.url, proxy.endpoint, s3_options(proxy.endpoint)), proxy
+    finally:
+        proxy.stop()

@@ -476,3 +476,158 @@ def test_a_manifest_put_whose_response_is_lost_leaves_a_complete_dataset(s3_buck
     fl.from_arrow(pa.table({"id": [3]})).write(url, storage_options=options)
     assert _ids(url, options) == [3]
     _assert_clean(url, options)
+
+
+# --------------------------------------------------------------------------- conditional S3
+
+
+def test_on_s3_two_writers_racing_on_a_publish_one_gets_concurrent_write_error(
+    s3_bucket, s3_proxy, monkeypatch
+):
+    """A's manifest PUT is in flight (held by the proxy, after A's last check) while B breaks
+    A's lock as stale and commits: A's PUT is conditional on the manifest A started from, so
+    it fails instead of silently overwriting B's commit."""
+    from s3_proxy import Rule
+
+    proxied, proxy = s3_proxy
+    url, options = f"{s3_bucket.url}/ds", s3_bucket.storage_options  # B: straight to the server
+    _write_old(url, options)
+    held = proxy.add(Rule("PUT", f"/ds/{MANIFEST_NAME}", hold=True, times=1))
+    outcome: list[BaseException | None] = []
+
+    def writer_a() -> None:
+        try:
+            fl.from_arrow(pa.table({"id": [1] * 50})).write(
+                url, storage_options=proxied.storage_options
+            )
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    try:
+        assert held.arrived.wait(60), "writer A never reached its manifest PUT"
+        monkeypatch.setattr(writelock, "LOCK_TIMEOUT_S", -1.0)  # B judges A's lock stale
+        fl.from_arrow(pa.table({"id": [2] * 50})).write(url, storage_options=options)
+    finally:
+        held.release()
+        thread.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], fl.ConcurrentWriteError), outcome
+    assert "committed by another writer" in str(outcome[0]) and "Fix:" in str(outcome[0])
+    assert _ids(url, options) == [2] * 50  # B's commit stands, complete
+    monkeypatch.setattr(writelock, "LOCK_TIMEOUT_S", 120.0)
+    _assert_clean(url, options)
+
+
+def test_on_s3_a_heartbeat_on_a_lock_someone_else_broke_fails_cleanly(
+    s3_bucket, s3_proxy, monkeypatch
+):
+    """The heartbeat's PUT is in flight (after it read the lock as its own) when another
+    writer breaks the lock and takes it: the PUT is conditional on the ETag read, so it
+    fails; the heartbeat stops, the lock counts as lost, and the other lock is untouched."""
+    from s3_proxy import Rule
+
+    proxied, proxy = s3_proxy
+    monkeypatch.setattr(writelock, "HEARTBEAT_S", 0.05)
+    folder = resolve(f"{s3_bucket.url}/ds", proxied.storage_options)
+    lock = writelock.WriterLock(folder, "aaaaaaaaaaaa")
+    lock.acquire()
+    held = proxy.add(Rule("PUT", f"/ds/{LOCK_NAME}", hold=True, times=1))
+    fs, key = s3_bucket.fs(), f"{s3_bucket.url[5:]}/ds/{LOCK_NAME}"
+    other = writelock._lock_text("bbbbbbbbbbbb", time.time())
+    try:
+        assert held.arrived.wait(30), "the heartbeat never wrote"
+        fs.rm_file(key)  # another writer breaks the lock...
+        fs.pipe_file(key, other)  # ...and takes it
+    finally:
+        held.release()
+    lock._thread.join(30)
+    assert not lock._thread.is_alive()  # the heartbeat stopped, nothing raised
+    assert fs.cat_file(key) == other  # never overwritten
+    assert not lock.held()
+    write = commit_mod.PendingWrite(folder)
+    write._lock = lock
+    with pytest.raises(fl.ConcurrentWriteError, match=r"lost its lock.*Fix:"):
+        write.check_unchanged()
+    lock.release()
+    assert fs.cat_file(key) == other  # a release deletes only its own lock
+
+
+def test_on_s3_a_release_deletes_only_the_lock_it_read(s3_bucket, s3_proxy):
+    from s3_proxy import Rule
+
+    proxied, proxy = s3_proxy
+    folder = resolve(f"{s3_bucket.url}/ds", proxied.storage_options)
+    fs, key = s3_bucket.fs(), f"{s3_bucket.url[5:]}/ds/{LOCK_NAME}"
+    lock = writelock.WriterLock(folder, "aaaaaaaaaaaa")
+    lock.acquire()
+    held = proxy.add(Rule(("DELETE", "POST"), f"ds/{LOCK_NAME}", hold=True, times=1))
+    other = writelock._lock_text("bbbbbbbbbbbb", time.time())
+    releasing = threading.Thread(target=lock.release)
+    releasing.start()
+    try:
+        assert held.arrived.wait(30), "the release never deleted"
+        fs.pipe_file(key, other)  # taken over after the release read it as its own
+    finally:
+        held.release()
+        releasing.join(30)
+    assert fs.cat_file(key) == other
+
+
+def test_on_s3_breaking_a_stale_lock_deletes_only_the_lock_judged_stale(
+    s3_bucket, s3_proxy, monkeypatch
+):
+    from s3_proxy import Rule
+
+    proxied, proxy = s3_proxy
+    folder = resolve(f"{s3_bucket.url}/ds", proxied.storage_options)
+    fs, key = s3_bucket.fs(), f"{s3_bucket.url[5:]}/ds/{LOCK_NAME}"
+    abandoned = {"write_id": "aaaaaaaaaaaa", "host": "elsewhere", "heartbeat": time.time() - 3600}
+    fs.pipe_file(key, json.dumps(abandoned).encode())
+    monkeypatch.setattr(writelock, "LOCK_TIMEOUT_S", 60.0)
+    held = proxy.add(Rule(("DELETE", "POST"), f"ds/{LOCK_NAME}", hold=True, times=1))
+    breaker = writelock.WriterLock(folder, "bbbbbbbbbbbb")
+    outcome: list[BaseException | None] = []
+
+    def acquire() -> None:
+        try:
+            breaker.acquire()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=acquire)
+    thread.start()
+    fresh = writelock._lock_text("cccccccccccc", time.time())
+    try:
+        assert held.arrived.wait(30), "the stale lock was never deleted"
+        fs.pipe_file(key, fresh)  # a third writer broke it first and holds it now
+    finally:
+        held.release()
+        thread.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], fl.ConcurrentWriteError), outcome
+    assert fs.cat_file(key) == fresh  # the live lock survived
+    breaker.release()
+
+
+@pytest.mark.parametrize("key", [LOCK_NAME, MANIFEST_NAME])
+def test_on_s3_a_conditional_put_whose_response_is_lost_is_recognised_as_done(
+    s3_bucket, s3_proxy, key
+):
+    """The lock's create (If-None-Match) or the manifest's PUT (If-Match) takes effect but
+    its response is lost (a 500); the retry's condition then fails, and reading the object
+    back shows it was this write's own request, so the write goes on and commits."""
+    from s3_proxy import Rule
+
+    proxied, proxy = s3_proxy
+    url, options = f"{s3_bucket.url}/ds", s3_bucket.storage_options
+    _write_old(url, options)
+    proxy.add(Rule("PUT", f"/ds/{key}", status=500, code="InternalError", after=True, times=1))
+    retry = fl.RetryPolicy(attempts=3, base_delay=0.001, max_delay=0.002)
+    table = pa.table({"id": NEW})
+    fl.from_arrow(table).write(url, rows_per_shard=100, storage_options={
+        **proxied.storage_options, "retry": retry})  # fmt: skip
+    assert proxy.count("PUT", f"/ds/{key}") >= 2  # the lost one, and the retry
+    assert _ids(url, options) == NEW
+    _assert_clean(url, options)

@@ -319,3 +319,85 @@ def test_cli_convert_verify_inspect_stats_on_s3(
     assert main(["verify", url, "--quiet"]) == 2  # no credentials: a clear error, exit 2
     assert main(["verify", url, "--storage-option", "novalue"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- one retry bound
+
+#: the bound under test: every request is sent at most this many times, by whichever layer
+BOUND = fl.RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.02, jitter=0.0)
+
+
+def _one_shard(url: str, options: dict[str, Any]) -> None:
+    fl.from_arrow(pa.table({"id": np.arange(60, dtype=np.int64)})).write(
+        url, rows_per_shard=100, storage_options=options
+    )
+
+
+def _open_manifest(url: str, options: dict[str, Any], _tmp: Path) -> None:
+    fl.open(url, storage_options=options)
+
+
+def _download_shard(url: str, options: dict[str, Any], tmp: Path) -> None:
+    # the loader's shard cache downloads whole shards: feedline's own retry, nothing below
+    loader = fl.open(url, storage_options=options).loader(
+        batch_size=8, format="numpy", cache_dir=tmp / "cache"
+    )
+    list(loader)
+
+
+def _upload_shard(url: str, options: dict[str, Any], _tmp: Path) -> None:
+    _one_shard(url, options)  # botocore retries the PUT; feedline calls it once
+
+
+def _commit_manifest(url: str, options: dict[str, Any], _tmp: Path) -> None:
+    _one_shard(url, options)  # the conditional manifest PUT: feedline's retry, botocore once
+
+
+@pytest.mark.parametrize(
+    ("method", "key", "code", "operation"),
+    [
+        pytest.param("GET", "/_feedline.json", "ServiceUnavailable", _open_manifest, id="read"),
+        pytest.param("GET", "/_feedline.json", "SlowDown", _open_manifest, id="read-slowdown"),
+        pytest.param("GET", "/part-", "ServiceUnavailable", _download_shard, id="download"),
+        pytest.param("PUT", "/part-", "ServiceUnavailable", _upload_shard, id="upload"),
+        pytest.param("PUT", "/_feedline.json", "SlowDown", _commit_manifest, id="commit"),
+    ],
+)
+def test_a_persistent_503_reaches_the_server_at_most_attempts_times(
+    s3_bucket: Any, s3_proxy: Any, tmp_path: Path, method: str, key: str, code: str, operation: Any
+) -> None:
+    """botocore, s3fs and feedline each used to retry around the others (up to 5 x 5 x 5
+    requests for one SlowDown); now exactly one layer retries each request."""
+    from s3_proxy import Rule
+
+    proxied, proxy = s3_proxy
+    url = f"{s3_bucket.url}/ds"
+    if operation in (_open_manifest, _download_shard):
+        _one_shard(url, s3_bucket.storage_options)  # written directly, not through the proxy
+    proxy.add(Rule(method, key, status=503, code=code))  # persistent: every matching request
+    options = {**proxied.storage_options, "retry": BOUND}
+    with pytest.raises(fl.StorageError, match=r"after 3 attempts.*Fix:"):
+        operation(url, options, tmp_path)
+    assert proxy.count(method, key) == BOUND.attempts
+
+
+def test_the_retry_bound_survives_pickling_to_engine_workers(s3_proxy: Any) -> None:
+    import pickle
+
+    from s3_proxy import Rule
+
+    proxied, proxy = s3_proxy
+    loc = resolve(f"{proxied.url}/k.bin", {**proxied.storage_options, "retry": BOUND})
+    copy = pickle.loads(pickle.dumps(loc))
+    proxy.add(Rule("HEAD", "/k.bin", status=503))
+    with pytest.raises(fl.StorageError, match="after 3 attempts"):
+        copy.fs.info(copy.path)  # a metadata call: botocore's retries, s3fs's loop off
+    assert proxy.count("HEAD", "/k.bin") == BOUND.attempts
+
+
+def test_botocore_attempts_cannot_be_set_beside_the_policy(s3_bucket: Any) -> None:
+    options = {**s3_bucket.storage_options, "config_kwargs": {"retries": {"max_attempts": 9}}}
+    with pytest.raises(fl.ConfigurationError, match=r"one bound.*Fix:"):
+        resolve(s3_bucket.url, options)
+    adaptive = {**s3_bucket.storage_options, "config_kwargs": {"retries": {"mode": "adaptive"}}}
+    assert resolve(s3_bucket.url, adaptive).fs.backend_retries

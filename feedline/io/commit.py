@@ -17,7 +17,8 @@ dataset or the new one, and the next write cleans up whatever the crash left:
    dead (same host, pid gone) or whose heartbeat is older than :data:`LOCK_TIMEOUT_S` is
    stale and is broken; any other lock makes the write fail at once with
    :class:`~feedline.errors.ConcurrentWriteError`. The write also notes the manifest it
-   started from (the sha256 of its bytes): optimistic concurrency on top of the lock.
+   started from (the sha256 of its bytes, and on S3 its ETag): optimistic concurrency on
+   top of the lock.
 2. **Stage.** Shards are written under their final names (new to this write) to
    ``.feedline-staging-<write id>/`` (hidden from readers and from plain Parquet
    listings). On object stores, where a rename is a full copy, the local engine writes
@@ -30,7 +31,10 @@ dataset or the new one, and the next write cleans up whatever the crash left:
    names only the old shards.
 4. **Commit.** Check lock and manifest again, then replace the manifest in one step
    (local disk: temporary file, ``fsync``, ``os.replace``, ``fsync`` of the folder; object
-   stores: one PUT, which S3 makes visible atomically). This is the commit point.
+   stores: one PUT, which S3 makes visible atomically). This is the commit point. On S3 the
+   PUT is conditional on the manifest the write started from (``If-Match`` on its ETag, or
+   ``If-None-Match: *`` when there was none), so a writer that committed between the check
+   and the PUT is never overwritten: this write fails with ``ConcurrentWriteError`` instead.
 5. **Clean up.** Delete every shard file the new manifest does not name (older writes,
    interrupted writes), every staging folder and temporary manifest, then the lock.
    A failure here does not fail the write: the next write cleans up.
@@ -43,7 +47,8 @@ its lock, unless its manifest was committed.
 
 Readers that opened the old manifest lose its shards at step 5; they fail with a
 clear :class:`~feedline.errors.DataError` and must re-open. Backends other than local
-disk and S3 fall back to "check, then create" for the lock, which is not atomic.
+disk and S3 fall back to "check, then create" for the lock and "check, then write" for the
+manifest, which are not atomic.
 """
 
 from __future__ import annotations
@@ -59,9 +64,10 @@ from collections.abc import Iterator
 
 from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError
 from feedline.io.manifest import MANIFEST_NAME, Manifest
+from feedline.io.nospace import out_of_space_as_storage_error
 from feedline.io.shards import shard_name
 from feedline.io.storage import Location
-from feedline.io.writelock import LOCK_NAME, WriterLock
+from feedline.io.writelock import LOCK_NAME, WriterLock, conditional
 
 __all__ = [
     "LOCK_NAME",
@@ -138,6 +144,17 @@ def _manifest_token(target: Location) -> str | None:
         return None
 
 
+def _manifest_base(target: Location) -> tuple[str | None, str | None]:
+    """:func:`_manifest_token` and the manifest's version (S3 ETag), from one read."""
+    if not conditional(target):
+        return _manifest_token(target), None
+    try:
+        data, version = target.fs.read_versioned(target.join(MANIFEST_NAME))
+    except FileNotFoundError:
+        return None, None
+    return hashlib.sha256(data).hexdigest(), version
+
+
 class PendingWrite:
     """One write in progress at ``target``: its id, lock and staging folder.
 
@@ -152,6 +169,7 @@ class PendingWrite:
         self.staging = target.child(STAGING_PREFIX + self.write_id)
         self._lock = WriterLock(target, self.write_id)
         self.base: str | None = None
+        self.base_version: str | None = None  # the S3 ETag of the manifest at ``base``
         self.committed = False
 
     @property
@@ -174,11 +192,15 @@ class PendingWrite:
                 "re-run the write."
             )
         if _manifest_token(self.target) != self.base:
-            raise ConcurrentWriteError(
-                f"{self.target.url!r} was committed by another writer while the write "
-                f"{self.write_id} ran; that write was kept and this one was not committed. "
-                "Fix: make sure one writer at a time writes this path, and re-run the write."
-            )
+            raise self.overtaken()
+
+    def overtaken(self) -> ConcurrentWriteError:
+        """The error of a write that another writer's commit overtook."""
+        return ConcurrentWriteError(
+            f"{self.target.url!r} was committed by another writer while the write "
+            f"{self.write_id} ran; that write was kept and this one was not committed. "
+            "Fix: make sure one writer at a time writes this path, and re-run the write."
+        )
 
     def release(self) -> None:
         """Release the writer lock (idempotent)."""
@@ -212,7 +234,7 @@ def begin_write(target: Location) -> PendingWrite:
     write = PendingWrite(target)
     write._lock.acquire()
     try:
-        write.base = _manifest_token(target)
+        write.base, write.base_version = _manifest_base(target)
     except BaseException:
         write.release()
         raise
@@ -222,6 +244,9 @@ def begin_write(target: Location) -> PendingWrite:
 @contextlib.contextmanager
 def writing(target: Location) -> Iterator[PendingWrite]:
     """:func:`begin_write` as a context: anything but a committed write is aborted on exit.
+
+    A full disk (or quota, or file size limit) anywhere in the write is raised as a
+    :class:`~feedline.errors.StorageError` naming the dataset, after the abort.
 
     Examples
     --------
@@ -236,14 +261,15 @@ def writing(target: Location) -> Iterator[PendingWrite]:
     >>> sorted(n.split("-")[0] for n in _names(target))
     ['_feedline.json', 'part']
     """
-    write = begin_write(target)
-    try:
-        yield write
-    finally:
-        if write.committed:
-            write.release()
-        else:
-            write.abort()
+    with out_of_space_as_storage_error(target.url):  # after the abort below cleaned up
+        write = begin_write(target)
+        try:
+            yield write
+        finally:
+            if write.committed:
+                write.release()
+            else:
+                write.abort()
 
 
 def commit(write: PendingWrite, manifest: Manifest) -> None:
@@ -291,6 +317,11 @@ def _publish(write: PendingWrite, text: bytes) -> None:
         write.check_unchanged()
         os.replace(temporary, target.join(MANIFEST_NAME))
         fsync_dir(target.path)
+    elif conditional(target):
+        write.check_unchanged()
+        # the commit point: a PUT only if the manifest is still the one the write started from
+        if target.fs.write_if(target.join(MANIFEST_NAME), text, write.base_version) is None:
+            raise write.overtaken()
     else:
         write.check_unchanged()
         target.fs.pipe_file(target.join(MANIFEST_NAME), text)  # the object store's commit point

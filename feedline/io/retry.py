@@ -1,15 +1,17 @@
 """Retrying transient storage faults: a policy, an error classifier and the retry loop.
 
 Object stores fail now and then in ways that go away when asked again: timeouts, connection
-resets, HTTP 5xx, throttling (``SlowDown``). :class:`RetryPolicy` retries such calls with
-exponential backoff and jitter, a bounded number of times, then raises
-:class:`~feedline.errors.StorageError` naming the object, the attempts and the last error.
-Permanent errors (not found, permission denied, disk full) are never retried.
+resets, HTTP 5xx, throttling (``SlowDown``). :class:`RetryPolicy` bounds how often such a
+request is sent, then :class:`~feedline.errors.StorageError` names the object, the attempts
+and the last error. Permanent errors (not found, permission denied, disk full) are never
+retried.
 
 :func:`feedline.io.storage.resolve` applies the policy to every remote filesystem through
 :class:`~feedline.io.retrying.RetryingFileSystem`; choose it with the reserved
 ``storage_options`` key ``"retry"`` (a :class:`RetryPolicy`, a dict of its fields, or an
-int: the attempts).
+int: the attempts). Where the backend can retry by itself under that bound (S3: botocore,
+see :mod:`feedline.io.s3`) it does, and feedline's own loop (:meth:`RetryPolicy.run`) runs
+only where nothing below retries; never both around one request.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from typing import Any, TypeVar
 
 from feedline.errors import ConfigurationError, FeedlineError, StorageError
 
-__all__ = ["RetryPolicy", "call_with_timeout", "is_transient", "storage_error"]
+__all__ = [
+    "RetryPolicy",
+    "backend_attempts",
+    "call_with_timeout",
+    "is_transient",
+    "precondition_failed",
+    "storage_error",
+]
 
 T = TypeVar("T")
 
@@ -71,6 +80,7 @@ TRANSIENT_CODES = frozenset(
         "ServiceUnavailable",
         "ServerBusy",
         "OperationTimedOut",
+        "ConditionalRequestConflict",  # S3 409: a concurrent conditional write; ask again
     }
 )
 #: exception class names (any module) of transport-level faults
@@ -95,18 +105,25 @@ TRANSIENT_NAMES = frozenset(
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How transient storage faults are retried.
+    """How transient storage faults are retried: one bound on the tries of each request.
 
-    Attempt ``k`` (from 1) that fails transiently waits ``min(max_delay, base_delay *
+    ``attempts`` is the most times one storage request is sent, whichever layer resends it.
+    On S3 botocore retries most requests itself, configured with this bound (s3fs's own
+    retry loop is turned off), and its backoff applies (standard mode: a random wait of up
+    to ``min(20, 2**(k-1))`` s after attempt ``k``). feedline's own loop (:meth:`run`) retries, with
+    the backend trying once per attempt, only what nothing below retries: a read that breaks
+    off mid-object (re-opened at its position), a whole-object read, a conditional write
+    whose response may have been lost, and every call on backends feedline cannot configure.
+    There, attempt ``k`` (from 1) that fails transiently waits ``min(max_delay, base_delay *
     2**(k-1))``, shortened by up to ``jitter`` (a fraction) at random, before attempt ``k+1``.
-    After ``attempts`` attempts the call raises :class:`~feedline.errors.StorageError`.
+    When the attempts run out the call raises :class:`~feedline.errors.StorageError`.
 
     Parameters
     ----------
     attempts:
-        Tries in all (1 = no retry).
+        Tries of one request in all (1 = no retry).
     base_delay, max_delay:
-        Seconds of backoff after the first failure, and its cap.
+        Seconds of backoff after the first failure, and its cap (feedline's own retries).
     jitter:
         Fraction (0..1) of each delay taken off at random, so many workers do not retry in step.
     timeout:
@@ -265,14 +282,10 @@ def is_transient(exc: BaseException) -> bool:
     >>> is_transient(FileNotFoundError("s3://b/k")), is_transient(PermissionError("403"))
     (False, False)
     """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in _chain(exc):
         verdict = _verdict(current)
         if verdict is not None:
             return verdict
-        current = current.__cause__ or current.__context__
     return False
 
 
@@ -284,12 +297,11 @@ def _verdict(exc: BaseException) -> bool | None:
         return False
     if isinstance(exc, NotADirectoryError | FileExistsError):
         return False
+    if _error_code(exc) in TRANSIENT_CODES:
+        return True
     status = _http_status(exc)
     if status is not None:
         return status >= 500 or status in (408, 429)
-    code = _error_code(exc)
-    if code in TRANSIENT_CODES:
-        return True
     if isinstance(exc, TimeoutError | ConnectionError):
         return True
     if type(exc).__name__ in TRANSIENT_NAMES:
@@ -321,6 +333,54 @@ def _error_code(exc: BaseException) -> str | None:
         code = response.get("Error", {}).get("Code")
         return str(code) if code is not None else None
     return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes (``__cause__``, else ``__context__``), without cycles."""
+    found: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in found):
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def backend_attempts(exc: BaseException) -> int | None:
+    """How many times the storage client sent the request that failed with ``exc``.
+
+    botocore reports its retries in the error's response metadata; ``None`` when no client
+    in the chain of causes says.
+
+    Examples
+    --------
+    >>> class ClientError(Exception):
+    ...     response = {"ResponseMetadata": {"HTTPStatusCode": 503, "RetryAttempts": 2}}
+    >>> backend_attempts(OSError("wrapped")), backend_attempts(ClientError())
+    (None, 3)
+    """
+    for current in _chain(exc):
+        response = getattr(current, "response", None)
+        if isinstance(response, Mapping):
+            retries = response.get("ResponseMetadata", {}).get("RetryAttempts")
+            if isinstance(retries, int) and not isinstance(retries, bool):
+                return retries + 1
+    return None
+
+
+def precondition_failed(exc: BaseException) -> bool:
+    """True when ``exc`` says a conditional request's condition did not hold (HTTP 412).
+
+    Examples
+    --------
+    >>> class ClientError(Exception):
+    ...     response = {"Error": {"Code": "PreconditionFailed"}, "ResponseMetadata": {}}
+    >>> precondition_failed(ClientError()), precondition_failed(OSError("other"))
+    (True, False)
+    """
+    return any(
+        _http_status(current) == 412 or _error_code(current) == "PreconditionFailed"
+        for current in _chain(exc)
+    )
 
 
 def storage_error(what: str, url: str, exc: BaseException, attempts: int = 1) -> StorageError:

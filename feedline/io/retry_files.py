@@ -1,8 +1,10 @@
 """The file objects of :class:`~feedline.io.retrying.RetryingFileSystem`.
 
-:class:`RetryingReadFile` re-opens and seeks back after a failed or short read;
-:class:`SpooledUpload` spools a written file locally and uploads it whole on ``close``, so a
-failed upload is retried from the start.
+:class:`RetryingReadFile` re-opens and seeks back after a failed or short read (on the
+filesystem's ``bare`` backend: feedline's retries are the only ones there);
+:class:`SpooledUpload` spools a written file locally and uploads it whole on ``close``: the
+backend retries each request of the upload where it can (S3), else feedline retries the
+whole upload from the start.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ UPLOAD_CHUNK = 8 << 20
 
 
 class RetryingReadFile(io.RawIOBase):
-    """A read-only file over ``fs.inner`` that re-opens and seeks back after a failed read.
+    """A read-only file over ``fs.bare`` that re-opens and seeks back after a failed read.
 
     A read that returns fewer bytes than the object still holds (a dropped connection)
     counts as a transient failure too, so a truncated transfer is never taken for the end.
@@ -42,12 +44,12 @@ class RetryingReadFile(io.RawIOBase):
         super().__init__()
         self.fs, self.path, self._options = fs, path, options
         self._pos = 0
-        self._raw: Any = fs.call("open", path, lambda _a: self._open_at(0))
+        self._raw: Any = fs.call("open", path, lambda _a: self._open_at(0), own=True)
         size = getattr(self._raw, "size", None)
         self.size = size if isinstance(size, int) else fs.size(path)
 
     def _open_at(self, position: int) -> Any:
-        raw = self.fs.inner.open(self.path, "rb", **self._options)
+        raw = self.fs.bare.open(self.path, "rb", **self._options)
         if position:
             raw.seek(position)
         return raw
@@ -102,7 +104,7 @@ class RetryingReadFile(io.RawIOBase):
                 raise
             return raw, b"".join(chunks)
 
-        raw, data = self.fs.call("read", self.path, attempt)
+        raw, data = self.fs.call("read", self.path, attempt, own=True)
         if raw is not self._raw:
             self._drop()
             self._raw = raw
@@ -161,7 +163,7 @@ def _close_quietly(handle: Any) -> None:
 
 
 class SpooledUpload(io.RawIOBase):
-    """A write-only file spooled locally and uploaded whole (with retries) on ``close``.
+    """A write-only file spooled locally and uploaded whole on ``close``.
 
     Only ``close()`` (or leaving a ``with`` block normally) uploads: a file left by an error
     in its ``with`` block, or garbage-collected unclosed, uploads nothing, so a writer that

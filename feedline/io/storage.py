@@ -10,6 +10,10 @@ the reserved storage option ``"retry"`` (a policy, a dict of its fields, or the 
 
     fl.open("s3://bucket/ds", storage_options={"anon": False, "retry": fl.RetryPolicy(8)})
 
+Its ``attempts`` bound every request once, whichever layer retries: on S3 (s3fs) botocore is
+configured to retry up to that many times and s3fs's own retry loop is off
+(:mod:`feedline.io.s3`); feedline's loop runs only where nothing below retries.
+
 Listings cached by the backend (s3fs caches directory listings per filesystem instance) are
 dropped for the resolved path and everything below it, so a dataset rewritten by another
 process since the last call is seen as it is now.
@@ -112,10 +116,16 @@ def resolve(url: str | os.PathLike[str], storage_options: dict[str, Any] | None 
         ) from exc
     if isinstance(fs, _UNWRAPPED):
         return Location(fs, path, text)
-    _forget_listings(fs, path)
     from feedline.io.retrying import RetryingFileSystem
 
-    return Location(RetryingFileSystem(fs, policy), path, text)
+    bare = None
+    if type(fs).__module__.split(".", 1)[0] == "s3fs":
+        from feedline.io import s3
+
+        fs, bare = s3.backends(fs, policy)  # botocore retries, under the policy's bound
+        _forget_listings(bare, path)
+    _forget_listings(fs, path)
+    return Location(RetryingFileSystem(fs, policy, bare), path, text)
 
 
 def _forget_listings(fs: fsspec.AbstractFileSystem, path: str) -> None:
@@ -142,7 +152,8 @@ def expand_paths(
     """Expand files, folders (recursively) and glob patterns into a sorted list of files.
 
     Hidden files and folders (``.name`` / ``_name``) inside folders are skipped, so a
-    dataset's manifest and staging folders are never read as data.
+    dataset's manifest and staging folders are never read as data. A path that exists is
+    taken literally even when it holds glob characters (``[``, ``]``, ``*``, ``?``).
 
     Parameters
     ----------
@@ -170,7 +181,8 @@ def expand_paths(
     for item in items:
         loc = resolve(item, storage_options)
         fs = loc.fs
-        if _has_glob(loc.path):
+        # an existing path is taken as it is: "scan [1].csv" names a file, not a pattern
+        if _has_glob(loc.path) and not fs.exists(loc.path):
             matches = sorted(fs.glob(loc.path))
             if not matches:
                 raise DataError(f"The pattern {loc.url!r} matched no {what}s. Fix: check the path.")

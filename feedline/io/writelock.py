@@ -7,13 +7,20 @@ when the object exists; other fsspec backends: check, then create, which is not 
 It names the write id, host, pid and a heartbeat time that a daemon thread refreshes
 every :data:`HEARTBEAT_S` seconds while the write runs.
 
+On S3 every change of the lock after its creation is conditional on the ETag read just
+before (``If-Match``): a heartbeat rewrites the lock only if it is still the one this write
+read as its own, breaking a stale lock deletes only the stale lock that was judged, and a
+release deletes only this write's lock. A heartbeat that finds the lock broken (or taken)
+stops, and the write then fails at its commit with
+:class:`~feedline.errors.ConcurrentWriteError`; it never overwrites another writer's lock.
+
 A lock is *stale*, and the next writer deletes it and takes its place, when its holder
 is a dead process on this host (SIGKILL, OOM) or its heartbeat is older than
 :data:`LOCK_TIMEOUT_S` (a writer on another machine that died). Any other lock makes
 the new write fail at once with :class:`~feedline.errors.ConcurrentWriteError`, whose
-message names the holder. Two writers breaking the same stale lock at once can both
-believe they hold it; the commit re-checks the lock (and the manifest) right before
-committing, so only one of them commits.
+message names the holder. Elsewhere than on S3, two writers breaking the same stale lock at
+once can both believe they hold it; the commit re-checks the lock (and the manifest) right
+before committing (on S3 it commits with a conditional PUT), so only one of them commits.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import uuid
 from typing import Any
 
 from feedline.errors import ConcurrentWriteError
+from feedline.io.retrying import RetryingFileSystem
 from feedline.io.storage import Location
 
 __all__ = ["HEARTBEAT_S", "LOCK_NAME", "LOCK_TIMEOUT_S", "WriterLock"]
@@ -51,6 +59,11 @@ def _lock_text(write_id: str, started: float) -> bytes:
     ).encode()
 
 
+def conditional(location: Location) -> bool:
+    """True when ``location``'s storage takes conditional writes and deletes (S3)."""
+    return isinstance(location.fs, RetryingFileSystem) and location.fs.conditional
+
+
 def _create_exclusive(location: Location, data: bytes) -> None:
     """Create ``location`` holding ``data``; FileExistsError if it exists (atomic where it can)."""
     if location.is_local:
@@ -65,17 +78,21 @@ def _create_exclusive(location: Location, data: bytes) -> None:
         location.fs.pipe_file(location.path, data, mode="create")
 
 
-def _read_lock(location: Location) -> dict[str, Any] | None:
-    """The lock's content; ``{}`` when unreadable, ``None`` when there is no lock."""
+def _read_lock(location: Location) -> tuple[dict[str, Any] | None, str | None]:
+    """The lock's content (``{}`` when unreadable, ``None`` when there is no lock) and its
+    version (the S3 ETag; ``None`` elsewhere), read together."""
     try:
-        raw = location.fs.cat_file(location.path)
+        if conditional(location):
+            raw, version = location.fs.read_versioned(location.path)
+        else:
+            raw, version = location.fs.cat_file(location.path), None
     except FileNotFoundError:
-        return None
+        return None, None
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+        return {}, version
+    return (doc if isinstance(doc, dict) else {}), version
 
 
 def _stale(doc: dict[str, Any], location: Location) -> bool:
@@ -120,6 +137,7 @@ class WriterLock:
         self.write_id = write_id
         self._started = time.time()
         self._stop = threading.Event()
+        self._lost = threading.Event()  # a heartbeat found the lock broken or taken
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> None:
@@ -131,14 +149,14 @@ class WriterLock:
                 holder = None
                 break
             except FileExistsError:
-                holder = _read_lock(self.location) or {}
+                found, version = _read_lock(self.location)
+                holder = found or {}
                 if holder.get("write_id") == self.write_id:
                     holder = None  # a retried create whose first attempt took effect
                     break
                 if not _stale(holder, self.location):
                     break
-                with contextlib.suppress(FileNotFoundError):
-                    self.location.fs.rm_file(self.location.path)  # break the stale lock
+                self._break(version)
         if holder is not None:
             raise ConcurrentWriteError(
                 f"Another write to this dataset is in progress: {self._holder(holder)}. Fix: "
@@ -160,17 +178,45 @@ class WriterLock:
             f"heartbeat {age})"
         )
 
+    def _break(self, version: str | None) -> None:
+        """Delete the stale lock just read (on S3: only if it is still that very lock)."""
+        with contextlib.suppress(FileNotFoundError):
+            if version is not None and conditional(self.location):
+                self.location.fs.delete_if(self.location.path, version)
+            else:
+                self.location.fs.rm_file(self.location.path)
+
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            with contextlib.suppress(Exception):  # a missed beat only shortens the lease
-                if self.held():
-                    self.location.fs.pipe_file(
-                        self.location.path, _lock_text(self.write_id, self._started)
-                    )
+            try:
+                if not self.refresh():
+                    return  # broken or taken: stop; the commit's check fails cleanly
+            except Exception:  # noqa: BLE001 - a missed beat only shortens the lease
+                continue
+
+    def refresh(self) -> bool:
+        """Rewrite the heartbeat if the lock is still this write's; False (and the lock counts
+        as lost from then on) when it is not. On S3 the rewrite is conditional on the lock
+        read, so a lock broken or taken in between is never overwritten."""
+        doc, version = _read_lock(self.location)
+        if doc is None or doc.get("write_id") != self.write_id:
+            self._lost.set()
+            return False
+        text = _lock_text(self.write_id, self._started)
+        if version is not None and conditional(self.location):
+            if self.location.fs.write_if(self.location.path, text, version) is None:
+                self._lost.set()
+                return False
+        else:
+            self.location.fs.pipe_file(self.location.path, text)
+        return True
 
     def held(self) -> bool:
-        """True while the lock file is this write's."""
-        return (_read_lock(self.location) or {}).get("write_id") == self.write_id
+        """True while the lock file is this write's (and no heartbeat found it lost)."""
+        if self._lost.is_set():
+            return False
+        doc, _ = _read_lock(self.location)
+        return (doc or {}).get("write_id") == self.write_id
 
     def release(self) -> None:
         self._stop.set()
@@ -178,5 +224,10 @@ class WriterLock:
             self._thread.join()
             self._thread = None
         with contextlib.suppress(Exception):  # an abandoned lock expires by itself
-            if self.held():
+            doc, version = _read_lock(self.location)
+            if (doc or {}).get("write_id") != self.write_id:
+                return
+            if version is not None and conditional(self.location):
+                self.location.fs.delete_if(self.location.path, version)  # only this lock
+            else:
                 self.location.fs.rm_file(self.location.path)
