@@ -1,32 +1,36 @@
-"""Time-series windows: a sampler over the cache yielding (inputs, targets) windows.
+"""Time-series windows: a sampler yielding (inputs, targets) windows, gathered per batch.
 
 Rows are sorted by ``order_by`` within each series (``by``); window ``w`` starts at a row
 ``s`` of a series with ``s + size + horizon`` inside it, so no window crosses a series
-boundary. The features and targets are stacked once into 2-d arrays; a batch is one
-``np.take`` of window starts on a ``sliding_window_view`` (a zero-copy view) of each. Windows
-are the loader's samples: the same pure order functions shuffle, shard and resume them.
+boundary. The features (and targets) are packed once, row-major, into one contiguous
+``(rows, width)`` array (:mod:`feedline.loader.series`), so a window is one contiguous block.
+
+The interface the loader uses is small: :class:`WindowSampler` numbers the windows (the
+loader's samples, shuffled, sharded and resumed by the pure functions of
+:mod:`feedline.loader.order`), :meth:`WindowSampler.window_starts` maps window ids to start
+rows (:func:`window_starts`: O(series) memory, not O(windows)), and :func:`gather_windows`
+copies only the batch's windows (one ``np.take`` of ``starts[:, None] + arange(size)`` rows):
+memory is O(data + batch), never the ``(windows, size, width)`` tensor.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from numpy.lib.stride_tricks import sliding_window_view
 
 from feedline.errors import ConfigurationError, SchemaError
-from feedline.loader.cache import FileLayout, read_table, take_rows
-from feedline.loader.columns import ColumnSpec, chunk_to_numpy, column_specs
+from feedline.loader.columns import ColumnSpec, column_specs
+from feedline.loader.series import load_series
 
 if TYPE_CHECKING:
-    from feedline.dataset import Dataset
+    from feedline.io.shard_source import BatchStream, ShardSource
+    from feedline.loader.cache import FileLayout
 
-__all__ = ["WindowSampler", "Windows"]
+__all__ = ["WindowSampler", "Windows", "gather_windows", "window_counts", "window_starts"]
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -41,9 +45,12 @@ class Windows:
 
     Each sample is ``inputs`` (``size`` consecutive rows of ``features``) and ``targets``
     (the next ``horizon`` rows of ``targets``). A batch holds ``inputs`` of shape
-    ``(batch, size, len(features))`` and ``targets`` of shape ``(batch, horizon,
-    len(targets))``; a single column name instead of a list drops the last axis. Mixed
-    feature dtypes are promoted to a common one (``np.result_type``).
+    ``(batch, size, F)`` and ``targets`` of shape ``(batch, horizon, T)``: the listed columns
+    are gathered together, side by side, ``F`` (``T``) being their total width (a scalar
+    column takes 1, a packed fixed-shape tensor or fixed-size list column its element count).
+    A single column name instead of a list gives that column's own shape: ``(batch, size)``
+    for a scalar, ``(batch, size, 8)`` for a packed column of 8 features. Mixed dtypes are
+    promoted to a common one (``np.result_type``).
 
     Parameters
     ----------
@@ -58,7 +65,8 @@ class Windows:
     order_by:
         The time column; rows are sorted by it within each series.
     features:
-        Input columns (default: every numeric column but ``by`` and ``order_by``).
+        Input columns, scalar numeric or packed (``arrow.fixed_shape_tensor`` / fixed-size
+        list) (default: every scalar numeric column but ``by`` and ``order_by``).
     targets:
         Target columns (default: the features).
 
@@ -70,6 +78,14 @@ class Windows:
     >>> batch = next(iter(ds.loader(windows=w, batch_size=2, shuffle=False, format="numpy")))
     >>> batch["inputs"].tolist(), batch["targets"].tolist()
     ([[0.0, 10.0], [10.0, 20.0]], [[20.0], [30.0]])
+
+    Several feature columns come as one ``(batch, size, F)`` tensor:
+
+    >>> ds = fl.from_arrow(pa.table({"a": [0.0, 1.0, 2.0], "b": [5.0, 6.0, 7.0]}))
+    >>> w = Windows(size=2, horizon=1, features=["a", "b"], targets="b")
+    >>> batch = next(iter(ds.loader(windows=w, batch_size=1, format="numpy")))
+    >>> batch["inputs"].shape, batch["targets"].tolist()
+    ((1, 2, 2), [[7.0]])
     """
 
     size: int
@@ -100,34 +116,84 @@ class Windows:
                 )
 
 
-def _series_starts(keys: list[np.ndarray], n: int) -> np.ndarray:
-    """First row of each run of equal keys (rows already sorted), plus ``n`` at the end."""
-    change = np.zeros(n, dtype=bool)
-    if n:
-        change[0] = True
-    for key in keys:
-        change[1:] |= key[1:] != key[:-1]
-    return np.append(np.flatnonzero(change), n)
+def window_counts(bounds: np.ndarray, span: int, stride: int) -> np.ndarray:
+    """Windows of ``span`` rows each series holds: ``bounds`` are the series' first rows + end.
+
+    Examples
+    --------
+    >>> window_counts(np.array([0, 10, 12, 20]), span=3, stride=2).tolist()
+    [4, 0, 3]
+    """
+    lengths = np.diff(np.asarray(bounds, dtype=np.int64))
+    return np.where(lengths >= span, (lengths - span) // stride + 1, 0)
 
 
-def _stack(table: pa.Table, specs: list[ColumnSpec], squeeze: bool) -> np.ndarray:
-    """The columns of ``specs`` as one (rows, columns) array, or (rows,) when ``squeeze``."""
-    arrays = [
-        chunk_to_numpy(table.column(s.name).combine_chunks(), s, "the windows' source")
-        for s in specs
-    ]
-    dtype = np.result_type(*[a.dtype for a in arrays])
-    if squeeze:
-        return np.ascontiguousarray(arrays[0], dtype=dtype)
-    return np.stack(arrays, axis=1).astype(dtype, copy=False)
+def window_starts(
+    ids: np.ndarray, bounds: np.ndarray, first_ids: np.ndarray, stride: int
+) -> np.ndarray:
+    """The first row of windows ``ids``; window ids run series after series.
+
+    ``first_ids[k]`` is the id of series ``k``'s first window (``[0, *cumsum(counts)]``,
+    one entry per series and the total at the end); a series with no window takes no id.
+
+    Examples
+    --------
+    >>> bounds, counts = np.array([0, 10, 12, 20]), np.array([4, 0, 3])
+    >>> first_ids = np.concatenate([[0], np.cumsum(counts)])
+    >>> window_starts(np.array([0, 3, 4, 6]), bounds, first_ids, stride=2).tolist()
+    [0, 6, 12, 16]
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    series = np.searchsorted(first_ids, ids, side="right") - 1
+    return bounds[series] + (ids - first_ids[series]) * stride
+
+
+def gather_windows(
+    values: np.ndarray, starts: np.ndarray, length: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``values[s : s + length]`` for every ``s`` in ``starts``, as one array.
+
+    ``values`` holds one time step per row and must be C-contiguous (``np.take`` of a
+    non-contiguous array copies it whole first). Only the windows asked for are copied: the
+    result (or ``out``) has shape ``(len(starts), length, *values.shape[1:])``.
+
+    Examples
+    --------
+    >>> gather_windows(np.arange(10.0), np.array([6, 0]), 3).tolist()
+    [[6.0, 7.0, 8.0], [0.0, 1.0, 2.0]]
+    """
+    rows = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)
+    if out is None:
+        return np.take(values, rows, axis=0)
+    return np.take(values, rows, axis=0, out=out, mode="clip")  # the rows are valid
 
 
 class WindowSampler:
-    """The windows of a dataset held in memory; ``gather(window_ids)`` builds a batch."""
+    """The windows of a dataset held in memory: ids to start rows, and batches gathered.
+
+    The features (and the targets, when they differ) are packed row-major, sorted by
+    ``(by, order_by)`` (see :mod:`feedline.loader.series`). Window ids run series after
+    series, in time order; the loader shuffles, shards and resumes them with the pure order
+    functions of :mod:`feedline.loader.order` over ``[num_rows]`` samples. A batch is
+    :meth:`gather` of its ids: memory is the data plus the batches, never every window.
+
+    Examples
+    --------
+    >>> import feedline as fl, pyarrow as pa
+    >>> v = [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]
+    >>> ds = fl.from_arrow(pa.table({"s": [0, 0, 0, 1, 1, 1], "v": v}))
+    >>> sampler = WindowSampler(ds._loader_source(), Windows(2, 1, by="s", features="v"),
+    ...                         layout=None, widen_unsigned=False)
+    >>> sampler.num_rows, sampler.window_starts(np.array([0, 1])).tolist()
+    (2, [0, 3])
+    >>> batch = sampler.gather(np.array([1, 0]))
+    >>> batch["inputs"].tolist(), batch["targets"].tolist()
+    ([[10.0, 11.0], [0.0, 1.0]], [[12.0], [2.0]])
+    """
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: ShardSource | BatchStream,
         windows: Windows,
         *,
         layout: FileLayout | None,
@@ -146,72 +212,80 @@ class WindowSampler:
             for f in schema
             if f.name not in keys and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
         )
+        if not features:
+            raise SchemaError(
+                f"Windows: no numeric feature column besides by= / order_by= (columns: "
+                f"{schema.names}). Fix: pass features= naming the input columns."
+            )
         targets = _names(windows.targets) or features
         self.windows = windows
         self.feature_specs = self._specs(schema, features, widen_unsigned)
         self.target_specs = self._specs(schema, targets, widen_unsigned) if windows.horizon else []
-        needed = list(dict.fromkeys([*features, *targets, *keys]))
-        table = read_table(dataset, needed, layout)
-        if windows.by or windows.order_by:
-            sort_keys = [(c, "ascending") for c in keys]
-            table = table.take(pc.sort_indices(table, sort_keys=sort_keys))
-        table = table.combine_chunks()
-        n = table.num_rows
-        squeeze_in = isinstance(windows.features, str)
-        squeeze_out = squeeze_in if windows.targets is None else isinstance(windows.targets, str)
-        self.inputs = _stack(table, self.feature_specs, squeeze_in)
-        self.outputs = _stack(table, self.target_specs, squeeze_out) if self.target_specs else None
-        by = [np.asarray(table.column(windows.by).to_numpy())] if windows.by else []
-        bounds = _series_starts(by, n)
-        span = windows.size + windows.horizon
-        starts = [
-            np.arange(lo, hi - span + 1, windows.stride, dtype=np.int64)
-            for lo, hi in itertools.pairwise(bounds)
-            if hi - lo >= span
-        ]
-        self.starts = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
-        self.num_series = len(bounds) - 1
-        # (rows - size + 1, size, features...) views of the stacked arrays: no copy
-        self._input_view = self._view(self.inputs, windows.size)
-        self._output_view = (
-            self._view(self.outputs, windows.horizon) if self.outputs is not None else None
-        )
+        blocks = {"inputs": self.feature_specs}
+        if self.target_specs:
+            blocks["targets"] = self.target_specs
+        series = load_series(dataset, blocks, by=windows.by, order_by=windows.order_by,
+                             layout=layout)  # fmt: skip
+        single_out = windows.features if windows.targets is None else windows.targets
+        #: per key: the packed (rows, width) array reshaped to one time step per row
+        self.arrays = {
+            "inputs": self._step_view(series.arrays["inputs"], self.feature_specs,
+                                      isinstance(windows.features, str)),
+        }  # fmt: skip
+        if self.target_specs:
+            self.arrays["targets"] = self._step_view(
+                series.arrays["targets"], self.target_specs, isinstance(single_out, str)
+            )
+        self.nbytes, self.resorted = series.nbytes, series.resorted
+        self.num_series = len(series.bounds) - 1
+        counts = window_counts(series.bounds, windows.size + windows.horizon, windows.stride)
+        #: series k starts at row bounds[k]; its first window has id first_ids[k]
+        self.bounds = series.bounds[:-1]
+        self.first_ids = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
     @staticmethod
     def _specs(schema: pa.Schema, names: Sequence[str], widen: bool) -> list[ColumnSpec]:
         specs = column_specs(schema, names, widen_unsigned=widen)
-        bad = [s.name for s in specs if s.kind != "numeric"]
+        bad = [s.name for s in specs if s.kind not in ("numeric", "tensor")]
         if bad:
             raise SchemaError(
-                f"Windows: column(s) {bad} are not scalar numeric columns; windows stack scalar "
-                "features over time. Fix: pass numeric columns as features= / targets=."
+                f"Windows: column(s) {bad} are not numeric columns; windows stack numeric "
+                "features (scalars or fixed-shape tensors) over time. Fix: pass numeric columns "
+                "as features= / targets=."
             )
         return specs
 
     @staticmethod
-    def _view(values: np.ndarray, length: int) -> np.ndarray:
-        if len(values) < length:
-            return np.zeros((0, length, *values.shape[1:]), dtype=values.dtype)
-        return np.moveaxis(sliding_window_view(values, length, axis=0), -1, 1)
+    def _step_view(packed: np.ndarray, specs: list[ColumnSpec], single: bool) -> np.ndarray:
+        """One time step per row: a single column keeps its own shape, several are packed."""
+        if single:
+            return packed.reshape(len(packed), *specs[0].shape)
+        return packed
 
     @property
     def num_rows(self) -> int:
         """The number of windows (the loader's samples)."""
-        return int(self.starts.size)
+        return int(self.first_ids[-1])
 
     def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Per output key: the shape of one sample and the dtype."""
-        out = {"inputs": (self._input_view.shape[1:], self.inputs.dtype)}
-        if self._output_view is not None:
-            out["targets"] = (self._output_view.shape[1:], self.outputs.dtype)
-        return out
+        lengths = {"inputs": self.windows.size, "targets": self.windows.horizon}
+        return {k: ((lengths[k], *a.shape[1:]), a.dtype) for k, a in self.arrays.items()}
+
+    def describe(self) -> dict[str, int | bool]:
+        """``num_series`` and ``rows_resorted`` (the rows were not stored in time order)."""
+        return {"num_series": self.num_series, "rows_resorted": self.resorted}
+
+    def window_starts(self, ids: np.ndarray) -> np.ndarray:
+        """The first row (in the sorted, packed arrays) of windows ``ids``."""
+        return window_starts(ids, self.bounds, self.first_ids, self.windows.stride)
 
     def gather(
         self, indices: np.ndarray, out: Mapping[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:
-        """Windows ``indices``: ``inputs`` and ``targets``, one take on each view."""
-        first = self.starts[indices]
-        views = {"inputs": (self._input_view, first)}
-        if self._output_view is not None:
-            views["targets"] = (self._output_view, first + self.windows.size)
-        return {k: take_rows(view, at, out, k) for k, (view, at) in views.items()}
+        """Windows ``indices``: ``inputs`` and ``targets`` (into ``out`` where it has the key)."""
+        first = self.window_starts(indices)
+        at = {"inputs": first, "targets": first + self.windows.size}
+        lengths = {"inputs": self.windows.size, "targets": self.windows.horizon}
+        out = out or {}
+        return {k: gather_windows(a, at[k], lengths[k], out.get(k)) for k, a in self.arrays.items()}
