@@ -29,7 +29,7 @@ from feedline.errors import (
 )
 from feedline.io.format import verify
 from feedline.io.retry import RetryPolicy
-from feedline.loader import Loader, Windows
+from feedline.loader import ImageTransform, Loader, Windows
 from feedline.loader.records import record_to_tensors
 from feedline.preprocess import (
     Bucketizer,
@@ -79,6 +79,7 @@ __all__ = [
     "FeedlineError",
     "FormatError",
     "HashingEncoder",
+    "ImageTransform",
     "Imputer",
     "IncompleteDatasetError",
     "IntegrityError",

@@ -8,8 +8,10 @@ Examples
 [[0, 1], [2, 3]]
 """
 
+from feedline.loader import nodes
 from feedline.loader.bench import bench_loader
 from feedline.loader.loader import Loader
+from feedline.loader.transforms import ImageTransform
 from feedline.loader.windows import Windows
 
-__all__ = ["Loader", "Windows", "bench_loader"]
+__all__ = ["ImageTransform", "Loader", "Windows", "bench_loader", "nodes"]

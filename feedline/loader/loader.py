@@ -5,7 +5,11 @@ of (row-group sizes, seed, epoch, rank, world size); the data path only gathers 
 requested columns are cached as NumPy arrays when they fit ``memory_budget`` (exact global
 permutation); otherwise row groups stream pool by pool (two-level shuffle, memory bounded by
 ``shuffle_window``). A background thread keeps ``prefetch`` batches ready (small batches in
-groups of about ``GROUP_BYTES``, gathered with one take into reused buffers).
+groups of about 1 MiB, gathered with one take into reused buffers).
+
+The loader is a façade over a pipeline of nodes (:mod:`feedline.loader.nodes`): order →
+gather → map (``transform=``, in thread or process workers) → format → pin → prefetch →
+device. :meth:`Loader.source_node` starts a pipeline of your own.
 """
 
 from __future__ import annotations
@@ -14,34 +18,34 @@ import functools
 import os
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.backend import Backend, open_backend
-from feedline.loader.buffers import BufferPool
-from feedline.loader.cache import as_batch_value
+from feedline.loader.backend import Backend, as_source, open_backend
 from feedline.loader.columns import parse_budget
-from feedline.loader.formats import FORMATS, can_pin, to_format
+from feedline.loader.formats import FORMATS, can_pin
+from feedline.loader.nodes import Gather, Node, Order
+from feedline.loader.nodes.workers import make_workers
 from feedline.loader.order import EpochPlan, global_order
-from feedline.loader.prefetch import Prefetcher
+from feedline.loader.pipeline import default_pipeline, group_size
 from feedline.loader.resume import epoch_plan, restore
+from feedline.loader.skips import Skips
 from feedline.loader.state import State, parse_states
 from feedline.loader.timing import Timing
+from feedline.loader.torch import distributed_defaults
+from feedline.loader.views import LoaderViews
 from feedline.loader.windows import Windows
 
 if TYPE_CHECKING:
     from feedline.dataset import Dataset
+    from feedline.io.shard_source import BatchStream, ShardSource
 
 __all__ = ["Loader"]
 
 CACHES = ("auto", "memory", "none")
-#: bytes of batches the prefetch thread gathers with one take (see ``Loader._group_size``)
-GROUP_BYTES = 1 << 20
-#: most batches gathered with one take
-MAX_GROUP = 64
 
 
 def _int(name: str, value: Any, low: int) -> int:
@@ -53,27 +57,38 @@ def _int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
-class Loader:
+class Loader(LoaderViews):
     """Batches of a dataset for a training loop (see ``Dataset.loader``).
 
     Parameters
     ----------
     dataset:
-        A :class:`~feedline.dataset.Dataset` (best: ``fl.open(path)`` of a written dataset) or
-        a path to open.
+        A :class:`~feedline.dataset.Dataset` (best: ``fl.open(path)`` of a written dataset), a
+        path to open, or a :class:`~feedline.io.shard_source.ShardSource`.
     batch_size:
         Samples per batch on each rank.
     shuffle, seed:
-        Shuffle every epoch; the order depends only on ``(seed, epoch)``.
+        Shuffle every epoch (the training default); the order depends only on ``(seed,
+        epoch)``. ``seed=None`` means 0, or the checkpoint's seed after
+        :meth:`load_state_dict`; an explicit seed must match the checkpoint's.
     rank, world_size:
         This process's rank and the number of processes; ranks get disjoint, equally many
-        batches that together cover the epoch.
+        batches that together cover the epoch. ``None`` (default): ``torch.distributed``'s
+        rank and world size when it is initialized, else 0 and 1.
     drop_last:
-        ``True`` drops the remainder (< ``world_size * batch_size`` samples); ``False`` pads
-        the last batches by repeating samples, marked in ``"_padded"`` when
-        ``return_padding_mask=True``.
+        ``True`` drops the remainder (< ``world_size * batch_size`` samples); ``False`` keeps
+        every sample: each rank's last batch is short (the last step's samples fill the
+        ranks' last batches in rank order, so a later rank's may be shorter or empty) and
+        every rank still yields ``len(loader)`` batches. ``None`` (default): ``True`` when
+        shuffling (training: a different remainder each epoch), ``False`` with
+        ``shuffle=False`` (evaluation: every sample, once). Evaluate with ``shuffle=False``.
+    pad_last:
+        With ``drop_last=False``: fill the last batches to ``batch_size`` by repeating
+        samples from the start of the epoch instead (full batches on every rank; the repeats
+        are marked in ``"_padded"`` with ``return_padding_mask=True``, which implies it).
     columns:
-        Columns to load (default all). String columns need ``strings="list"``.
+        Columns to load (default all). String columns need ``strings="list"`` (or a
+        ``transform``).
     cache:
         ``"memory"`` loads the columns into NumPy arrays (exact permutation), ``"none"``
         streams row groups (two-level shuffle), ``"auto"`` caches when the estimate from the
@@ -114,6 +129,42 @@ class Loader:
         ``loader/batches``, ``loader/samples``, ``loader/seconds``) to the MLflow run active
         when the loader is created, with ``step=epoch``, each time an epoch completes; a run
         id logs to that run instead. Needs ``feedline[mlflow]``; see :mod:`feedline.tracking`.
+    stack:
+        ``{"features": ["a", "b", ...]}``: one ``(batch, F)`` array per key of those numeric
+        columns side by side (``F`` = their total width; a tensor column adds its element
+        count), held in their common dtype; the columns leave the batch dict unless
+        ``columns=`` names them (then they come as views of the stack). Scalar columns of one
+        dtype are held row-major in one block either way: a batch is one take per block.
+    dtype:
+        Convert as the cache fills: one dtype for every column of its family (``np.float32``
+        turns float64 features into float32 and keeps an int64 label), or
+        ``{column or stack: dtype}``.
+    transform, batched:
+        ``fn(sample: dict, rng: np.random.Generator) -> dict`` applied to every sample, or
+        with ``batched=True`` ``fn(batch: dict, rngs) -> dict`` to every batch
+        (:class:`~feedline.loader.nodes.Map`); ``rng`` is seeded by ``(seed, epoch, row
+        index)`` (:func:`~feedline.loader.rng.sample_rng`): augmentation differs per epoch,
+        repeats on a re-run and on an exact resume, whatever the workers. Results are stacked
+        per batch (arrays of one shape, numbers; other values as lists). String and binary
+        columns reach it as Python values (``strings="list"`` implied). A
+        :class:`~feedline.preprocess.vision.Skipped` result (e.g. an undecodable image under
+        ``on_error="skip"``, see :class:`~feedline.loader.transforms.ImageTransform`) drops
+        that sample: its batch is shorter (never refilled, so resume stays exact and every
+        rank keeps ``len(loader)`` batches), and it is counted in :meth:`stats` and
+        :meth:`metrics`.
+    num_workers, worker_type:
+        Run ``transform`` in ``num_workers`` ``"thread"`` workers (GIL-releasing work:
+        Pillow decode, NumPy, tokenizers) or ``"process"`` workers (Python-heavy work; the
+        transform must be importable, outputs come back through shared memory); 0 runs it
+        in the prefetch thread. Workers start once per loader and stop on :meth:`close`,
+        garbage collection or exit; batches come out in order regardless of worker timing.
+    device:
+        Move each batch to this torch device (``"cuda"``, ``"cuda:1"``) with
+        ``non_blocking=True`` on a side CUDA stream, one batch ahead (pair with
+        ``pin_memory=True``); ``None`` or a CPU device leaves batches where they are.
+
+    Evaluation: ``loader(batch_size=..., shuffle=False)`` (``drop_last`` then defaults to
+    ``False``): every sample once, in stored order, a short last batch.
 
     Examples
     --------
@@ -121,17 +172,20 @@ class Loader:
     >>> loader = fl.range(10).loader(batch_size=4, format="numpy", seed=1)
     >>> len(loader), [b["id"].shape for b in loader]
     (2, [(4,), (4,)])
+    >>> evaluation = fl.range(10).loader(batch_size=4, shuffle=False, format="numpy")
+    >>> [b["id"].tolist() for b in evaluation]
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     """
 
     def __init__(
         self,
-        dataset: Dataset | str | os.PathLike[str],
+        dataset: Dataset | ShardSource | str | os.PathLike[str],
         batch_size: int = 256,
         shuffle: bool = True,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = True,
+        seed: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool | None = None,
         columns: Sequence[str] | None = None,
         cache: str = "auto",
         prefetch: int = 2,
@@ -146,13 +200,22 @@ class Loader:
         track: bool | str = False,
         cache_dir: str | os.PathLike[str] | bool | None = None,
         cache_limit: int | str = "20GB",
+        stack: Mapping[str, Sequence[str]] | None = None,
+        dtype: Any = None,
+        pad_last: bool = False,
+        transform: Callable[..., Any] | None = None,
+        batched: bool = False,
+        num_workers: int = 0,
+        worker_type: str = "thread",
+        device: Any = None,
     ) -> None:
-        if isinstance(dataset, str | os.PathLike):
-            from feedline.readers import open as open_dataset
-
-            dataset = open_dataset(dataset)
+        if isinstance(dataset, str | os.PathLike):  # opened now: a wrong path fails here
+            dataset = as_source(dataset)
         self.batch_size = _int("batch_size", batch_size, 1)
-        self.seed, self.world_size = _int("seed", seed, 0), _int("world_size", world_size, 1)
+        self._seed_given = seed is not None
+        self.seed = 0 if seed is None else _int("seed", seed, 0)
+        rank, world_size = distributed_defaults(rank, world_size)
+        self.world_size = _int("world_size", world_size, 1)
         self.rank, self.prefetch = _int("rank", rank, 0), _int("prefetch", prefetch, 0)
         if self.rank >= self.world_size:
             raise ConfigurationError(
@@ -173,12 +236,20 @@ class Loader:
             )
         if isinstance(columns, str):
             columns = [columns]
-        self.dataset, self.shuffle, self.drop_last = dataset, bool(shuffle), bool(drop_last)
+        self.dataset, self.shuffle = dataset, bool(shuffle)
+        self.drop_last = self.shuffle if drop_last is None else bool(drop_last)
         self.columns, self.cache, self.format = columns, cache, format
         self.memory_budget = parse_budget(memory_budget)
-        self.windows, self.strings = windows, strings
         self.return_padding_mask = bool(return_padding_mask)
+        self.pad_last = bool(pad_last) or self.return_padding_mask
         self.pin_memory = bool(pin_memory) and can_pin(format, stacklevel=5)
+        self.transform, self.batched = transform, bool(batched)
+        self.num_workers, self.worker_type = num_workers, worker_type
+        self._workers = self._make_workers()
+        if transform is not None and strings == "raise":
+            strings = "list"  # the transform gets string and binary values (e.g. encoded images)
+        self.windows, self.strings = windows, strings
+        self.device = self._check_device(device)
         if cache_dir is True or cache_dir is None:
             from feedline.loader.shard_cache import default_cache_dir
 
@@ -194,24 +265,34 @@ class Loader:
         self._requested_window = shuffle_window
         self._epoch, self._consumed, self._segments, self._restored = 0, 0, (), False
         self._backend: Backend | None = None
+        self._resolved: ShardSource | BatchStream | None = None
+        self.stack, self.dtype = stack, dtype
         self._plan_cache: tuple[Any, EpochPlan] | None = None
         self._active: weakref.ref | None = None
         self._token: object = None
         self._timing = Timing(self.batch_size)
+        self._skips = Skips()
         self._tracker = None
         if track is not False:
             from feedline.tracking import EpochLogger
 
             self._tracker = EpochLogger(track)
 
+    def _source(self) -> ShardSource | BatchStream:
+        """What this loader reads (see :func:`~feedline.loader.backend.as_source`), once."""
+        if self._resolved is None:
+            self._resolved = as_source(self.dataset)
+        return self._resolved
+
     def _prepare(self) -> Backend:
         """Decide cache or stream, and load the cache (once, on first need)."""
         if self._backend is None:
             self._backend = open_backend(
-                self.dataset, columns=self.columns, windows=self.windows, cache=self.cache,
+                self._source(), columns=self.columns, windows=self.windows, cache=self.cache,
                 strings=self.strings, widen_unsigned=self.format == "torch",
                 budget=self.memory_budget, window=self._requested_window,
-                cache_dir=self.cache_dir, cache_limit=self.cache_limit,
+                cache_dir=self.cache_dir, cache_limit=self.cache_limit, stack=self.stack,
+                dtype=self.dtype,
             )  # fmt: skip
         return self._backend
 
@@ -234,17 +315,20 @@ class Loader:
         """Rows (or windows) in one epoch, before sharding."""
         return self._prepare().num_samples
 
-    def _plan(self) -> EpochPlan:
+    def _plan(self, epoch: int | None = None) -> EpochPlan:
+        """This rank's plan of ``epoch`` (default: the current one, with its segments)."""
         backend = self._prepare()
-        key = (self._epoch, self._segments, self.shuffle, backend.window, self.seed)
+        epoch = self._epoch if epoch is None else epoch
+        segments = self._segments if epoch == self._epoch else ()
+        key = (epoch, segments, self.shuffle, backend.window, self.seed)
         if self._plan_cache is None or self._plan_cache[0] != key:
             order = global_order(
-                backend.sizes, shuffle=self.shuffle, seed=self.seed, epoch=self._epoch,
+                backend.sizes, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
                 window=backend.window,
             )  # fmt: skip
             plan = epoch_plan(
-                order, self._segments, rank=self.rank, world_size=self.world_size,
-                batch_size=self.batch_size, drop_last=self.drop_last,
+                order, segments, rank=self.rank, world_size=self.world_size,
+                batch_size=self.batch_size, drop_last=self.drop_last, pad_last=self.pad_last,
             )  # fmt: skip
             self._plan_cache = (key, plan)
         return self._plan_cache[1]
@@ -295,14 +379,22 @@ class Loader:
         asked = time.perf_counter()  # the caller waits from here (the first call loads the cache)
         self._timing.begin(asked)
         self._close_active()
+        if self._workers is not None:
+            self._workers.start()  # processes start while the cache loads
+        plan = self._position()
+        self._token = token = object()
+        node = self._pipeline(fmt)
+        gen = self._consume(node, plan, self._consumed, self._epoch, token, asked)
+        self._active = weakref.ref(gen)
+        return gen
+
+    def _position(self) -> EpochPlan:
+        """The current epoch's plan, moving on to the next epoch when this one is complete."""
         plan = self._plan()
         if plan.num_batches and self._consumed >= plan.num_batches:
             self._epoch, self._consumed, self._segments = self._epoch + 1, 0, ()
             plan = self._plan()
-        self._token = token = object()
-        gen = self._consume(plan, self._consumed, self._epoch, fmt, token, asked)
-        self._active = weakref.ref(gen)
-        return gen
+        return plan
 
     def _close_active(self) -> None:
         gen = self._active() if self._active is not None else None
@@ -310,76 +402,103 @@ class Loader:
         if gen is not None:
             gen.close()
 
-    def _consume(self, plan: EpochPlan, start: int, epoch: int, fmt: str, token: object,
+    def source_node(self) -> Node:
+        """Order and gather over this loader's data, at its position: a pipeline's start.
+
+        Wrap it in nodes of your own (:mod:`feedline.loader.nodes`); its state and
+        ``reset(state)`` are exact (``{"epoch": e, "batch": k}``), and ``reset`` to another
+        epoch follows this loader's order for that epoch.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> loader = fl.range(5).loader(batch_size=2, shuffle=False)
+        >>> [b.data["id"].tolist() for b in loader.source_node()]
+        [[0, 1], [2, 3], [4]]
+        """
+        self._position()
+        order = Order(self._plan, epoch=self._epoch, batch=self._consumed)
+        return Gather(order, self._prepare(), shuffle=self.shuffle, seed=self.seed)
+
+    def _pipeline(self, fmt: str) -> Node:
+        """The default pipeline from the loader's position (:mod:`feedline.loader.pipeline`)."""
+        backend = self._prepare()
+        group = group_size(backend, self._shapes(), self.batch_size, self.prefetch)
+        return default_pipeline(
+            Order(self._plan, epoch=self._epoch, batch=self._consumed), backend,
+            shuffle=self.shuffle, seed=self.seed, fmt=fmt, group=group, transform=self.transform,
+            batched=self.batched, workers=self._workers, padding_mask=self.return_padding_mask,
+            pin=self.pin_memory, prefetch=self.prefetch, device=self.device,
+        )  # fmt: skip
+
+    def _consume(self, node: Node, plan: EpochPlan, start: int, epoch: int, token: object,
                  asked: float):  # fmt: skip
-        produced = self._produce(plan, start, epoch, fmt, self._group_size())
-        stream = Prefetcher(produced, 1) if self.prefetch else produced
         # raw clock readings per batch (see feedline.loader.timing): asked, got, previous got
         timing, clock, got, tail = self._timing, time.perf_counter, None, None
         run, append = timing.start_run(epoch, reset=start == 0), timing.rows.append
+        pull, limit, size = node.next, timing.limit, self.batch_size
         try:
-            for group in stream:
-                if len(timing.rows) > timing.limit:
+            while True:
+                try:
+                    item = pull()
+                except StopIteration:
+                    break
+                if len(timing.rows) > limit:
                     timing.trim()
-                for k, batch in group:
-                    if self._token is token:  # counted here, at the consumer: exact resume
-                        self._consumed, self._restored = k + 1, False
-                    now = clock()
-                    append((run, k, asked, now, got))
-                    got = now
-                    yield batch
-                    asked = clock()
+                k = item.number
+                if self._token is token:  # counted here, at the consumer: exact resume
+                    self._consumed, self._restored = k + 1, False
+                if len(item.indices) != size:  # a short batch (the last, or with skips)
+                    timing.short(run, k, size - len(item.indices))
+                    self._skips.add(epoch, item.skipped)
+                now = clock()
+                append((run, k, asked, now, got))
+                got = now
+                yield item.data
+                asked = clock()
             tail = None if got is None else asked - got  # the step after the last batch
         finally:
-            stream.close()
+            node.close()
             last = timing.end_run(run, tail)
             if self._tracker is not None and last + 1 == plan.num_batches:
                 self._tracker.log_epoch(timing.metrics_of(epoch))
 
-    def _group_size(self) -> int:
-        """Batches gathered with one take: ``prefetch``, or about ``GROUP_BYTES`` of batches.
+    def _make_workers(self) -> Any:
+        """The transform's worker pool (started on first use, closed with the loader)."""
+        if self.transform is None:
+            return None
+        if not callable(self.transform):
+            raise ConfigurationError(
+                f"Loader: transform={self.transform!r} is not callable. Fix: pass fn(sample, "
+                "rng) -> dict (or fn(batch, rngs) -> dict with batched=True)."
+            )
+        workers = make_workers(self.transform, self.num_workers, self.worker_type)
+        weakref.finalize(self, workers.close)
+        return workers
 
-        One hand-over between the prefetch thread and the training loop costs far more than
-        gathering a small batch, so small cached batches travel in groups (streaming keeps
-        ``prefetch``: a larger group would span, and hold, more shuffle pools).
+    def _check_device(self, device: Any) -> Any:
+        if device is not None and self.format != "torch":
+            raise ConfigurationError(
+                f"Loader: device={device!r} needs format='torch' (got {self.format!r}). Fix: "
+                "use format='torch', or move batches yourself."
+            )
+        return device
+
+    def close(self) -> None:
+        """Stop the current iteration and the transform's workers (threads or processes).
+
+        The loader stays usable: a later iteration starts new workers. Garbage collection and
+        interpreter exit close it too.
         """
-        if not self.prefetch or self._prepare().mode != "memory":
-            return max(1, self.prefetch)
-        row = sum(int(np.prod(s)) * (8 if d.kind == "O" else d.itemsize)
-                  for s, d in self._shapes().values())  # fmt: skip
-        fit = GROUP_BYTES // max(1, row * self.batch_size)
-        return max(self.prefetch, min(MAX_GROUP, fit))
+        self._close_active()
+        if self._workers is not None:
+            self._workers.close()
 
-    def _produce(self, plan: EpochPlan, start: int, epoch: int, fmt: str, size: int):
-        """Groups of ``size`` (batch number, batch) pairs; runs in the prefetch thread.
+    def __enter__(self) -> Loader:
+        return self
 
-        A group is gathered with one take per column; its batches are row slices (views).
-        """
-        b, backend = self.batch_size, self._prepare()
-        session = backend.session(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                                  indices=plan.indices[start * b :])  # fmt: skip
-        # unpinned groups are gathered into reused buffers (see BufferPool): the batches in
-        # the queue, the one the caller holds and the one being gathered each hold a set
-        pool = None if self.pin_memory else BufferPool(backend.shapes(), size * b, keep=4)
-        for first in range(start, plan.num_batches, size):
-            ks = range(first, min(first + size, plan.num_batches))
-            indices = plan.indices[first * b : (ks[-1] + 1) * b]
-            tensors: dict[str, Any] = {}
-            if pool is None:  # gather straight into page-locked tensors
-                from feedline.loader.torch import batch_buffers
-
-                tensors, views = batch_buffers(backend.shapes(), len(indices), pin=True)
-                arrays = session.gather(indices, out=views)
-            else:
-                arrays = session.gather(indices, out=pool.get(len(indices)))
-            group = []
-            for j, k in enumerate(ks):
-                rows = slice(j * b, (j + 1) * b)
-                batch = {n: as_batch_value(tensors.get(n, a)[rows]) for n, a in arrays.items()}
-                if self.return_padding_mask:
-                    batch["_padded"] = plan.padded[k * b : (k + 1) * b].copy()
-                group.append((k, to_format(batch, fmt)))
-            yield group
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -404,14 +523,13 @@ class Loader:
     @functools.cached_property
     def _fingerprint(self) -> str | None:
         """The dataset's fingerprint (its manifest's shard checksums); ``None`` if unwritten."""
-        if getattr(self.dataset, "manifest", None) is None:
-            return None
-        return self.dataset.plan.source.fingerprint()
+        return self._source().fingerprint
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resume from ``state_dict()``: the next iteration yields exactly the unseen batches.
 
-        Seed, shuffle and window come from the state (the order must be the checkpoint's).
+        Seed, shuffle and window come from the state (the order must be the checkpoint's); a
+        seed given explicitly to this loader must be the state's (else ConfigurationError).
         With a different ``world_size``, ``batch_size`` or ``drop_last`` the samples no old
         rank yielded are split over the new ranks (elastic resume). One state stands for all
         old ranks having yielded as many batches (lock-step training); pass every old rank's
@@ -440,87 +558,12 @@ class Loader:
         at = restore(
             states, num_samples=backend.num_samples, streaming=backend.mode == "none",
             world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
-            fingerprint=self._fingerprint,
+            fingerprint=self._fingerprint, seed=self.seed if self._seed_given else None,
         )  # fmt: skip
         self._close_active()
         self.seed, self.shuffle, backend.window = at.seed, at.shuffle, at.window
         self._epoch, self._segments, self._consumed = at.epoch, at.segments, at.batches
         self._restored = True
-
-    # ------------------------------------------------------------------ views and stats
-
-    def to_tf_dataset(self, label: str | None = None) -> Any:
-        """A ``tf.data.Dataset`` of this loader's batches (each pass iterates the loader).
-
-        Elements are dicts of tensors with a fixed batch dimension, or ``(features, label)``
-        pairs with ``label`` (ready for ``keras.Model.fit``); each pass is the loader's next
-        epoch. Needs ``feedline[tf]``.
-
-        Examples
-        --------
-        >>> import feedline as fl
-        >>> ds = fl.range(64).loader(batch_size=16).to_tf_dataset()  # doctest: +SKIP
-        >>> ds.element_spec  # doctest: +SKIP
-        {'id': TensorSpec(shape=(16,), dtype=tf.int64, name='id')}
-        """
-        from feedline.loader.tf import import_tensorflow, tf_dataset
-
-        import_tensorflow()
-        whole = not self._segments and (self._consumed == 0 or self._consumed >= len(self))
-        passes = len(self) if whole else None  # then every pass is a whole epoch
-        return tf_dataset(lambda: self._iterate("numpy"), self._shapes(), self.batch_size,
-                          label, cardinality=passes)  # fmt: skip
-
-    def timeline(self) -> list[dict[str, Any]]:
-        """Per batch delivered so far (the last 100,000): when, and where the time went.
-
-        Each entry: ``epoch``, ``batch``, ``time`` (seconds since the loader first started
-        iterating), ``samples``, ``wait_s`` (the caller blocked in ``next()`` for it, the
-        first batch of an iteration counting from ``iter()``) and ``step_s`` (the caller's
-        time between the previous batch and asking for this one; 0 for an iteration's first).
-
-        Examples
-        --------
-        >>> import feedline as fl
-        >>> loader = fl.range(8).loader(batch_size=4, format="numpy")
-        >>> _ = list(loader)
-        >>> [(t["epoch"], t["batch"], t["samples"], t["step_s"]) for t in loader.timeline()][0]
-        (0, 0, 4, 0.0)
-        """
-        return self._timing.timeline()
-
-    def metrics(self) -> list[dict[str, Any]]:
-        """Per epoch iterated so far: ``epoch``, ``batches``, ``samples``, ``seconds``,
-        ``samples_per_s`` and ``data_wait_fraction`` (wait / (wait + step)), from the caller's
-        side (see :meth:`timeline`; ``seconds`` leaves out pauses between iterations).
-
-        Examples
-        --------
-        >>> import feedline as fl
-        >>> loader = fl.range(8).loader(batch_size=4, format="numpy")
-        >>> _ = list(loader)
-        >>> m = loader.metrics()[0]
-        >>> m["batches"], m["samples"], 0 <= m["data_wait_fraction"] <= 1
-        (2, 8, True)
-        """
-        return self._timing.metrics()
-
-    def stats(self) -> dict[str, Any]:
-        """How the data is held: cache mode, cached bytes, window and streaming counters.
-
-        A remote dataset read through the shard cache adds its folder, limit and counters
-        (``shard_hits``, ``shard_downloads``, ``shard_download_bytes``, ``shard_evictions``,
-        ``shard_corrupt``, ``shard_prefetch_errors``; see
-        :class:`~feedline.loader.shard_cache.CacheStats`).
-
-        Examples
-        --------
-        >>> import feedline as fl
-        >>> s = fl.range(10).loader(batch_size=2).stats()
-        >>> s["cache"], s["cache_bytes"], s["num_samples"]
-        ('memory', 80, 10)
-        """
-        return self._prepare().describe()
 
     def __repr__(self) -> str:
         return (

@@ -42,8 +42,10 @@ class EpochPlan:
     """One rank's share of an epoch's global order.
 
     ``indices`` (int64 global row indices, in yield order) and ``padded`` (bool, True where the
-    sample repeats another to pad the epoch) are ``num_batches * batch_size`` long;
-    ``num_batches`` is the same on every rank.
+    sample repeats another to pad the epoch) are ``num_batches * batch_size`` long, or shorter
+    when the last batch is short (``drop_last=False, pad_last=False``: only that batch, the
+    rank's last, holds fewer than ``batch_size`` samples, possibly none); ``num_batches`` is the
+    same on every rank.
     """
 
     indices: np.ndarray
@@ -212,7 +214,8 @@ def _positions(rank: int, count: int, world_size: int, batch_size: int) -> np.nd
 
 
 def _split(
-    where: str, order: Any, rank: int, world_size: int, batch_size: int, drop_last: bool
+    where: str, order: Any, rank: int, world_size: int, batch_size: int, drop_last: bool,
+    pad_last: bool = True,
 ) -> EpochPlan:
     arr = _order(where, order)
     num_batches = _num_batches(where, arr.size, world_size, batch_size, drop_last)
@@ -236,18 +239,26 @@ def _split(
         padded = np.zeros(indices.size, dtype=bool)
     else:
         padded = (np.arange(total).reshape(steps)[:, r, :] >= arr.size).reshape(-1)
+        if not pad_last:  # the repeats all sit at the end of the rank's last batch: cut them
+            real = int(indices.size - np.count_nonzero(padded))
+            indices, padded = indices[:real], padded[:real]
     return EpochPlan(indices, padded, num_batches, int(batch_size))
 
 
 def split_for_rank(
-    order: np.ndarray, *, rank: int, world_size: int, batch_size: int, drop_last: bool
+    order: np.ndarray, *, rank: int, world_size: int, batch_size: int, drop_last: bool,
+    pad_last: bool = True,
 ) -> EpochPlan:
     """Rank ``rank``'s share of the global ``order`` (see the module docstring for the layout).
 
     Every rank gets the same number of batches; the ranks are disjoint. ``drop_last=True``
     truncates ``order`` to a multiple of ``step = world_size * batch_size`` (drops fewer than
     ``step`` samples); ``drop_last=False`` pads it to a multiple of ``step`` by repeating samples
-    from its start, cyclically, and marks the repeats in ``EpochPlan.padded``.
+    from its start, cyclically, and marks the repeats in ``EpochPlan.padded``; with
+    ``pad_last=False`` the repeats are left out instead, so each rank's last batch is short:
+    the last step's samples fill the ranks' last batches in rank order (rank 0's first), and
+    a rank past them gets an empty last batch. The positions of the real samples are the same
+    either way, so resuming and elastic re-sharding treat both alike.
 
     Raises
     ------
@@ -260,8 +271,12 @@ def split_for_rank(
     >>> plan = split_for_rank(list(range(10)), rank=1, world_size=2, batch_size=2, drop_last=False)
     >>> plan.num_batches, plan.indices.tolist(), plan.padded.tolist()
     (3, [2, 3, 6, 7, 0, 1], [False, False, False, False, True, True])
+    >>> short = split_for_rank(list(range(10)), rank=1, world_size=2, batch_size=2,
+    ...                        drop_last=False, pad_last=False)
+    >>> short.num_batches, [short.batch(k).tolist() for k in range(3)]
+    (3, [[2, 3], [6, 7], []])
     """
-    return _split("split_for_rank", order, rank, world_size, batch_size, drop_last)
+    return _split("split_for_rank", order, rank, world_size, batch_size, drop_last, pad_last)
 
 
 def resume_order(order: np.ndarray, *, consumed_global: int) -> np.ndarray:
@@ -335,6 +350,7 @@ def elastic_split(
     new_world_size: int,
     batch_size: int,
     drop_last: bool,
+    pad_last: bool = True,
 ) -> EpochPlan:
     """Elastic resume: split the samples no old rank has seen over a new world.
 
@@ -342,9 +358,9 @@ def elastic_split(
     ``old_batch_size``) of its :func:`split_for_rank` share under ``old_world_size``,
     ``old_batch_size`` and ``drop_last``. The unseen samples, in global order (those the old
     layout would have dropped included), are split with :func:`split_for_rank` semantics, padding
-    repeating from the start of the unseen ones. Seen plus the new ranks' non-padded samples is
-    the whole epoch without repeats (with ``drop_last=True``, minus fewer than
-    ``new_world_size * batch_size`` samples).
+    repeating from the start of the unseen ones (left out with ``pad_last=False``). Seen plus
+    the new ranks' non-padded samples is the whole epoch without repeats (with
+    ``drop_last=True``, minus fewer than ``new_world_size * batch_size`` samples).
 
     Examples
     --------
@@ -357,7 +373,7 @@ def elastic_split(
     arr, where = _order("elastic_split", order), "elastic_split"
     unseen = np.ones(arr.size, dtype=bool)
     unseen[_seen(where, arr.size, consumed_per_rank, old_world_size, old_batch_size, drop_last)] = 0
-    return _split(where, arr[unseen], new_rank, new_world_size, batch_size, drop_last)
+    return _split(where, arr[unseen], new_rank, new_world_size, batch_size, drop_last, pad_last)
 
 
 def shuffle_quality(

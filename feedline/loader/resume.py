@@ -71,8 +71,12 @@ def epoch_plan(
     world_size: int,
     batch_size: int,
     drop_last: bool,
+    pad_last: bool = True,
 ) -> EpochPlan:
     """This rank's plan for the rest of an epoch after the finished ``segments``.
+
+    ``pad_last=False`` leaves the padding repeats out: the rank's last batch is short (see
+    :func:`~feedline.loader.order.split_for_rank`).
 
     Examples
     --------
@@ -84,7 +88,8 @@ def epoch_plan(
     for segment in segments:  # each with its own layout (drop_last included)
         order = remaining_after(order, segment)
     return split_for_rank(
-        order, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last
+        order, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
+        pad_last=pad_last,
     )
 
 
@@ -130,6 +135,7 @@ def restore(
     batch_size: int,
     drop_last: bool,
     fingerprint: str | None = None,
+    seed: int | None = None,
 ) -> Position:
     """The position a loader with this layout resumes at from ``states`` (see merge_states).
 
@@ -137,7 +143,9 @@ def restore(
     dataset (``fingerprint``, ``num_samples``). With the checkpoint's layout and equal
     progress on every rank, the loader continues at the same batch; otherwise the old layout
     becomes a finished segment and the new world starts the rest of the epoch at its batch 0
-    (elastic resume). The order (seed, shuffle, window) is always the checkpoint's.
+    (elastic resume). The order (seed, shuffle, window) is always the checkpoint's; a
+    ``seed`` the loader was given explicitly must be the checkpoint's (another seed is another
+    order, so its positions would name other samples).
 
     Examples
     --------
@@ -150,11 +158,23 @@ def restore(
     >>> len(restore(state, num_samples=100, streaming=False, world_size=3, batch_size=4,
     ...             drop_last=True).segments)
     1
+    >>> restore(state, num_samples=100, streaming=False, world_size=2, batch_size=4,
+    ...         drop_last=True, seed=1)
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: Loader state field 'seed' differs: ... seed=0 but ...
     """
     items = parse_states(states)
     for state in items:
         check_position(state, num_samples=num_samples, fingerprint=fingerprint)
     ref, counts = merge_states(items)
+    if seed is not None and seed != ref.seed:
+        raise ConfigurationError(
+            f"Loader state field 'seed' differs: the checkpoint was taken with seed={ref.seed} "
+            f"but this loader was given seed={seed}, whose shuffle order names other samples at "
+            f"the same positions. Fix: build the loader with seed={ref.seed} (or leave seed "
+            "unset to adopt the checkpoint's), or start the epoch over without the state."
+        )
     if streaming and ref.shuffle_window is None and ref.shuffle:
         raise ConfigurationError(
             "The loader state was taken with an exact in-memory shuffle, but this loader "

@@ -29,9 +29,10 @@ def import_tensorflow() -> Any:
 
 
 def output_signature(
-    shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]], batch_size: int
+    shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]], batch_size: int | None
 ) -> dict[str, Any]:
-    """``tf.TensorSpec`` per key: ``(batch_size, *shape)``; object columns are ``tf.string``."""
+    """``tf.TensorSpec`` per key: ``(batch_size, *shape)`` (``None``: batches may be short);
+    object columns are ``tf.string``."""
     tf = import_tensorflow()
     return {
         name: tf.TensorSpec(
@@ -50,7 +51,7 @@ def to_tf(batch: Mapping[str, Any]) -> dict[str, Any]:
 def tf_dataset(
     batches: Callable[[], Iterator[dict[str, Any]]],
     shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]],
-    batch_size: int,
+    batch_size: int | None,
     label: str | None,
     cardinality: int | None = None,
 ) -> Any:

@@ -84,6 +84,12 @@ class Timing:
         self._runs: dict[int, list[int]] = {}  # epoch -> the runs its metrics add up
         self._sums: dict[int, list[Any]] = {}  # run -> [batches, wait, step] folded so far
         self._finished: set[int] = set()
+        self._short: dict[tuple[int, int], int] = {}  # (run, batch) -> samples under batch_size
+
+    def short(self, run: int, batch: int, missing: int) -> None:
+        """Batch ``batch`` of ``run`` held ``missing`` samples fewer than ``batch_size`` (a
+        short last batch, or samples a transform skipped)."""
+        self._short[(run, batch)] = missing
 
     def begin(self, now: float) -> None:
         """Mark the start of the first iteration (later calls keep the first mark)."""
@@ -145,13 +151,14 @@ class Timing:
     def timeline(self) -> list[dict[str, Any]]:
         """One dict per batch delivered (oldest first, the last ``maxlen``)."""
         origin, n, epoch_of = self.origin or 0.0, self.batch_size, self._epoch_of
+        short = self._short
         rows = list(self.rows)[-self.maxlen :]
         return [
             {
                 "epoch": epoch_of[run],
                 "batch": k,
                 "time": got - origin,
-                "samples": n,
+                "samples": n - short.get((run, k), 0),
                 "wait_s": got - asked,
                 "step_s": 0.0 if previous is None else asked - previous,
             }
@@ -161,10 +168,12 @@ class Timing:
     def metrics_of(self, epoch: int) -> dict[str, Any]:
         """The metrics of one epoch (zeros when it delivered nothing)."""
         batches, wait, step = 0, 0.0, 0.0
-        for run in self._runs.get(epoch, []):
+        runs = self._runs.get(epoch, [])
+        for run in runs:
             b, w, s = self._totals(run)
             batches, wait, step = batches + b, wait + w, step + s
-        return epoch_metrics(epoch, batches, batches * self.batch_size, wait, step)
+        missing = sum(m for (run, _), m in self._short.items() if run in runs)
+        return epoch_metrics(epoch, batches, batches * self.batch_size - missing, wait, step)
 
     def metrics(self) -> list[dict[str, Any]]:
         """One dict per epoch with at least one batch delivered, in epoch order."""

@@ -9,6 +9,7 @@ gathered straight into page-locked tensors (one copy, not two).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from feedline.errors import MissingDependencyError
 
-__all__ = ["batch_buffers", "import_torch", "pin_supported", "to_torch"]
+__all__ = ["batch_buffers", "distributed_defaults", "import_torch", "pin_supported", "to_torch"]
 
 
 def import_torch() -> Any:
@@ -70,3 +71,22 @@ def batch_buffers(
         if dtype.kind != "O"
     }
     return tensors, {name: t.numpy() for name, t in tensors.items()}
+
+
+def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[Any, Any]:
+    """``rank`` and ``world_size``, each ``None`` taken from ``torch.distributed`` when it is
+    initialized, else 0 and 1. torch is not imported for this (if it is not imported, no
+    process group can be initialized).
+
+    Examples
+    --------
+    >>> distributed_defaults(None, None), distributed_defaults(1, 4)
+    ((0, 1), (1, 4))
+    """
+    dist = sys.modules.get("torch.distributed")
+    ready = dist is not None and dist.is_available() and dist.is_initialized()
+    if rank is None:
+        rank = dist.get_rank() if ready else 0
+    if world_size is None:
+        world_size = dist.get_world_size() if ready else 1
+    return rank, world_size

@@ -106,7 +106,7 @@ def test_mid_epoch_resume_is_exact_with_batches_in_flight(write, stop: int) -> N
     assert state["batches"] == stop and state["epoch"] == 2
     assert len(json.dumps(state)) < 500  # tiny
     del iterator
-    resumed = ds.loader(batch_size=32, prefetch=4, seed=0, format="numpy")
+    resumed = ds.loader(batch_size=32, prefetch=4, format="numpy")  # seed=None: the state's
     resumed.load_state_dict(state)
     resumed.set_epoch(2)  # the restored epoch keeps its position
     rest = ids(resumed)

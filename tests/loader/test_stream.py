@@ -99,7 +99,7 @@ def test_a_shard_deleted_mid_epoch_reaches_the_caller_with_its_traceback(write) 
             pass
     assert victim.url.rsplit("/", 1)[-1] in str(info.value) and "removed" in str(info.value)
     frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
-    assert "iter_read" in frames and "_produce" in frames  # the prefetch thread's own frames
+    assert "iter_read" in frames and "_gather" in frames  # the prefetch thread's own frames
     assert not feedline_threads()
 
 

@@ -1,0 +1,176 @@
+"""The node protocol: small iterators with ``next`` / ``reset(initial_state)`` / ``get_state``.
+
+Every node yields :class:`Batch` records, one per batch of the epoch, in order. A record
+carries where it stands (``epoch``, ``number``: the batch's number in the epoch), the global
+row indices of its samples (``indices``, what per-sample randomness is keyed by), which of
+them pad the epoch (``padded``) and its payload (``data``: a dict of columns, or a list of
+sample dicts between a :class:`~feedline.loader.nodes.Map` that does not collate and a
+:class:`~feedline.loader.nodes.Collate`). Nodes fill in ``data`` as the record passes.
+
+A node's state is the position of the next batch it will deliver, ``{"epoch": e, "batch":
+k}``: tiny, JSON-safe and exact through every node, because each node counts the records it
+has *delivered* (a prefetching node that read ahead still reports the consumer's position)
+and every downstream result is a pure function of the batch's indices. ``reset(state)``
+passes the state down to the source (an :class:`~feedline.loader.nodes.Order`), which starts
+there; ``reset(None)`` starts the source's current epoch from its first batch. ``state_dict``
+/ ``load_state_dict`` are aliases, for code written against ``torch.nn.Module``-like objects.
+
+Examples
+--------
+>>> import numpy as np
+>>> from feedline.loader.nodes import Order
+>>> from feedline.loader.order import split_for_rank
+>>> node = Order(split_for_rank(np.arange(6), rank=0, world_size=1, batch_size=2,
+...                             drop_last=True))
+>>> [b.indices.tolist() for b in node]
+[[0, 1], [2, 3], [4, 5]]
+>>> node.reset({"epoch": 0, "batch": 2})
+>>> next(node).indices.tolist(), node.get_state()
+([4, 5], {'epoch': 0, 'batch': 3})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from feedline.errors import ConfigurationError
+
+__all__ = ["Batch", "Node", "Stage", "parse_position"]
+
+
+class Batch:
+    """One batch on its way through the nodes (see the module docstring).
+
+    ``skipped`` lists what a transform dropped from this batch (e.g.
+    :class:`~feedline.preprocess.vision.Skipped` markers), so it is counted where the batch is
+    delivered.
+    """
+
+    __slots__ = ("data", "epoch", "indices", "number", "padded", "skipped")
+
+    def __init__(
+        self,
+        epoch: int,
+        number: int,
+        indices: np.ndarray,
+        padded: np.ndarray | None = None,
+        data: Any = None,
+    ) -> None:
+        self.epoch, self.number, self.indices = epoch, number, indices
+        self.padded, self.data = padded, data
+        self.skipped: tuple[Any, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __repr__(self) -> str:
+        keys = list(self.data) if isinstance(self.data, dict) else type(self.data).__name__
+        return f"Batch(epoch={self.epoch}, number={self.number}, rows={len(self)}, data={keys})"
+
+
+def parse_position(state: Mapping[str, Any] | None, where: str) -> tuple[int, int] | None:
+    """``(epoch, batch)`` from a node state (``None`` stays ``None``), validated."""
+    if state is None:
+        return None
+    ok = isinstance(state, Mapping) and {"epoch", "batch"} <= set(state)
+    values = [state.get(k) for k in ("epoch", "batch")] if ok else []
+    if not ok or not all(isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 0
+                         for v in values):  # fmt: skip
+        raise ConfigurationError(
+            f"{where}.reset() got {state!r}; a node state is {{'epoch': e, 'batch': k}} with "
+            "non-negative ints. Fix: pass what the node's get_state() returned, or None."
+        )
+    return int(values[0]), int(values[1])
+
+
+class Node(Iterator[Batch]):
+    """Base of the loader's nodes: ``next()``, ``reset(initial_state)``, ``get_state()``.
+
+    Subclasses implement :meth:`next`, :meth:`reset` and :meth:`get_state`; :meth:`close`
+    releases threads and processes (idempotent; a closed node can be reset and used again
+    unless it says otherwise). Nodes are context managers.
+    """
+
+    def next(self) -> Batch:
+        """The next batch; raises ``StopIteration`` at the end of the epoch."""
+        raise NotImplementedError
+
+    def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
+        """Start again at ``initial_state`` (a :meth:`get_state` result) or the epoch's start."""
+        raise NotImplementedError
+
+    def get_state(self) -> dict[str, int]:
+        """The position of the next batch this node delivers: ``{"epoch": e, "batch": k}``."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, int]:
+        """Alias of :meth:`get_state`."""
+        return self.get_state()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Alias of ``reset(state)``."""
+        self.reset(state)
+
+    def close(self) -> None:
+        """Release what the node holds (threads, processes, buffers)."""
+
+    def __iter__(self) -> Node:
+        return self
+
+    def __next__(self) -> Batch:
+        return self.next()
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Stage(Node):
+    """A node with one source: it counts what it delivers and passes resets down.
+
+    Subclasses implement :meth:`produce` (the next record, from ``self.source``) and may
+    override :meth:`clear` (drop read-ahead state on reset).
+    """
+
+    def __init__(self, source: Node) -> None:
+        if not isinstance(source, Node):
+            raise ConfigurationError(
+                f"{type(self).__name__} takes a feedline node as its source, got "
+                f"{type(source).__name__}. Fix: start the pipeline with Order(...) (or "
+                "loader.source_node()) and wrap nodes around it."
+            )
+        self.source = source
+        self._position = self._source_position()
+
+    def _source_position(self) -> tuple[int, int]:
+        state = self.source.get_state()
+        return int(state["epoch"]), int(state["batch"])
+
+    def produce(self) -> Batch:
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """Forget anything read ahead of the delivered position."""
+
+    def next(self) -> Batch:
+        item = self.produce()
+        self._position = (item.epoch, item.number + 1)
+        return item
+
+    def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
+        parse_position(initial_state, type(self).__name__)
+        self.clear()
+        self.source.reset(initial_state)
+        self._position = self._source_position()
+
+    def get_state(self) -> dict[str, int]:
+        return {"epoch": self._position[0], "batch": self._position[1]}
+
+    def close(self) -> None:
+        self.clear()
+        self.source.close()

@@ -1,0 +1,133 @@
+"""Read the rows of each batch from the loader's backend (the memory cache or the stream)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from feedline.loader.backend import Backend
+from feedline.loader.buffers import BufferPool
+from feedline.loader.cache import as_batch_value
+from feedline.loader.nodes.base import Batch, Node, Stage
+
+__all__ = ["Gather"]
+
+
+class Gather(Stage):
+    """Fill each batch's ``data`` with its rows: a dict of column arrays (strings as lists).
+
+    Parameters
+    ----------
+    source:
+        A node yielding batches of row indices (an :class:`~feedline.loader.nodes.Order`).
+    backend:
+        Where rows come from (``Loader``'s backend: see :func:`~feedline.loader.backend.
+        open_backend`); a session per epoch serves ``gather(indices, out=None)``.
+    shuffle, seed:
+        The order's, so a streaming backend reads its pools in the order's sequence.
+    group:
+        Batches gathered with one take per column (their arrays are row slices of it): one
+        hand-over costs more than gathering a small batch, so small batches travel in groups.
+    pin:
+        Gather straight into page-locked torch tensors (one copy, not two; needs CUDA).
+    objects:
+        ``"list"`` turns object (string, bytes) columns into Python lists; ``"array"`` keeps
+        the object arrays (what a :class:`~feedline.loader.nodes.Map` indexes).
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> loader = fl.range(6).loader(batch_size=4, shuffle=False, drop_last=False)
+    >>> [b.data["id"].tolist() for b in loader.source_node()]
+    [[0, 1, 2, 3], [4, 5]]
+    """
+
+    def __init__(
+        self,
+        source: Node,
+        backend: Backend,
+        *,
+        shuffle: bool,
+        seed: int,
+        group: int = 1,
+        pin: bool = False,
+        objects: str = "list",
+    ) -> None:
+        super().__init__(source)
+        self.backend, self.shuffle, self.seed = backend, bool(shuffle), int(seed)
+        self.group, self.pin, self.objects = max(1, int(group)), bool(pin), objects
+        self._ready: deque[Batch] = deque()
+        self._session: Any = None
+        self._session_epoch: int | None = None
+        self._pool: BufferPool | None = None
+
+    def clear(self) -> None:
+        self._ready.clear()
+        self._session = self._session_epoch = None
+
+    def _session_for(self, epoch: int) -> Any:
+        if self._session is None or self._session_epoch != epoch:
+            upcoming = getattr(self.source, "upcoming", None)
+            self._session = self.backend.session(
+                shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                indices=upcoming() if upcoming is not None else None,
+            )  # fmt: skip
+            self._session_epoch = epoch
+        return self._session
+
+    def _out(self, rows: int, capacity: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(tensors to take the batches from, arrays to gather ``rows`` rows into)."""
+        shapes = getattr(self.backend, "buffer_shapes", self.backend.shapes)()
+        if self.pin:  # straight into page-locked tensors
+            from feedline.loader.torch import batch_buffers
+
+            return batch_buffers(shapes, rows, pin=True)
+        # unpinned groups go into reused buffers (see BufferPool): the batches in flight,
+        # the one the caller holds and the one being gathered each hold a set
+        if self._pool is None or self._pool.rows < rows:
+            self._pool = BufferPool(shapes, max(rows, capacity), keep=4)
+        return {}, self._pool.get(rows)
+
+    def _fill(self) -> None:
+        batches: list[Batch] = []
+        for _ in range(self.group):
+            try:
+                batches.append(self.source.next())
+            except StopIteration:
+                break
+            if batches[-1].epoch != batches[0].epoch:  # never gather across epochs
+                break
+        if not batches:
+            raise StopIteration
+        tail = batches.pop() if batches[-1].epoch != batches[0].epoch else None
+        if batches:
+            self._gather(batches)
+        if tail is not None:
+            self._gather([tail])
+
+    def _gather(self, batches: list[Batch]) -> None:
+        session = self._session_for(batches[0].epoch)
+        if len(batches) == 1:
+            indices = batches[0].indices
+        else:
+            indices = np.concatenate([b.indices for b in batches])
+        tensors, out = self._out(len(indices), len(batches[0].indices) * self.group)
+        arrays = session.gather(indices, out=out)
+        keep_objects = self.objects == "array"
+        start = 0
+        for batch in batches:
+            rows = slice(start, start + len(batch.indices))
+            start = rows.stop
+            data = {}
+            for name, array in arrays.items():
+                part = tensors.get(name, array)[rows]
+                data[name] = part if keep_objects else as_batch_value(part)
+            batch.data = data
+            self._ready.append(batch)
+
+    def produce(self) -> Batch:
+        if not self._ready:
+            self._fill()
+        return self._ready.popleft()

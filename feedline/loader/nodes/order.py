@@ -1,0 +1,100 @@
+"""The first node: this rank's batches of row indices, from the pure order functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from feedline.loader.nodes.base import Batch, Node, parse_position
+from feedline.loader.order import EpochPlan, global_order, split_for_rank
+
+__all__ = ["Order"]
+
+
+class Order(Node):
+    """Batches of global row indices: epoch ``epoch`` of ``plan``, from batch ``batch`` on.
+
+    Parameters
+    ----------
+    plan:
+        An :class:`~feedline.loader.order.EpochPlan`, or a function ``epoch -> EpochPlan``
+        (then :meth:`reset` may move to another epoch).
+    epoch, batch:
+        Where to start.
+
+    Its state is the next batch's position; ``reset(None)`` starts the current epoch again.
+
+    Examples
+    --------
+    >>> node = Order.of([5, 5], batch_size=4, shuffle=False, drop_last=False)
+    >>> [b.indices.tolist() for b in node]
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    >>> node.reset({"epoch": 1, "batch": 0})
+    >>> len(next(node)), node.get_state()
+    (4, {'epoch': 1, 'batch': 1})
+    """
+
+    def __init__(
+        self, plan: EpochPlan | Callable[[int], EpochPlan], *, epoch: int = 0, batch: int = 0
+    ) -> None:
+        self._make = plan if callable(plan) else None
+        self._fixed = None if callable(plan) else plan
+        self.epoch, self.batch = int(epoch), int(batch)
+        self._plan: EpochPlan | None = None
+
+    @classmethod
+    def of(
+        cls,
+        row_group_sizes: Sequence[int],
+        *,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = True,
+        pad_last: bool = False,
+        window: int | None = None,
+        epoch: int = 0,
+    ) -> Order:
+        """An ``Order`` over row groups of these sizes, one plan per epoch (a pure function
+        of the arguments and the epoch; see :mod:`feedline.loader.order`)."""
+
+        def plan(e: int) -> EpochPlan:
+            order = global_order(row_group_sizes, shuffle=shuffle, seed=seed, epoch=e,
+                                 window=window)  # fmt: skip
+            return split_for_rank(order, rank=rank, world_size=world_size, batch_size=batch_size,
+                                  drop_last=drop_last, pad_last=pad_last)  # fmt: skip
+
+        return cls(plan, epoch=epoch)
+
+    @property
+    def plan(self) -> EpochPlan:
+        """The current epoch's plan."""
+        if self._plan is None:
+            self._plan = self._fixed if self._make is None else self._make(self.epoch)
+        return self._plan
+
+    def upcoming(self) -> np.ndarray:
+        """The row indices of the batches still to come in this epoch, in order."""
+        return self.plan.indices[self.batch * self.plan.batch_size :]
+
+    def next(self) -> Batch:
+        plan, k = self.plan, self.batch
+        if k >= plan.num_batches:
+            raise StopIteration
+        self.batch = k + 1
+        rows = slice(k * plan.batch_size, (k + 1) * plan.batch_size)
+        return Batch(self.epoch, k, plan.indices[rows], plan.padded[rows])
+
+    def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
+        position = parse_position(initial_state, "Order")
+        epoch, batch = (self.epoch, 0) if position is None else position
+        if epoch != self.epoch and self._make is not None:
+            self._plan = None
+        self.epoch, self.batch = epoch, batch
+
+    def get_state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch": self.batch}

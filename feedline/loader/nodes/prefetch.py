@@ -1,0 +1,75 @@
+"""Run the nodes before it in a background thread, a bounded number of batches ahead."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from feedline.loader.nodes.base import Batch, Node, Stage
+from feedline.loader.prefetch import Prefetcher
+
+__all__ = ["Prefetch"]
+
+
+class Prefetch(Stage):
+    """Keep ``depth`` hand-overs of ``group`` batches ready, made by a background thread.
+
+    The thread runs every node before this one (gathers, workers' results); it starts at the
+    first :meth:`next` and stops (joined, never left behind) at the end of the epoch, on
+    :meth:`reset`, :meth:`close`, or when an exception in it is handed to the caller with its
+    original traceback. Small batches travel ``group`` at a time: one hand-over between
+    threads costs more than gathering a small batch. The state is the caller's position,
+    not the thread's.
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> node = Prefetch(fl.range(10).loader(batch_size=4, shuffle=False).source_node(), depth=2)
+    >>> [len(b) for b in node], node.get_state()
+    ([4, 4, 2], {'epoch': 0, 'batch': 3})
+    """
+
+    def __init__(self, source: Node, depth: int = 2, *, group: int = 1) -> None:
+        super().__init__(source)
+        self.depth, self.group = max(1, int(depth)), max(1, int(group))
+        self._thread: Prefetcher | None = None
+        self._ready: deque[Batch] = deque()
+        self._done = False
+
+    def _groups(self) -> Iterator[list[Batch]]:
+        source, group = self.source, self.group
+        while True:
+            items: list[Batch] = []
+            try:
+                for _ in range(group):
+                    items.append(source.next())
+            except StopIteration:
+                if items:
+                    yield items
+                return
+            yield items
+
+    def produce(self) -> Batch:
+        if self._ready:
+            return self._ready.popleft()
+        if self._done:
+            raise StopIteration
+        if self._thread is None:
+            self._thread = Prefetcher(self._groups(), self.depth)
+        try:
+            items = next(self._thread)
+        except StopIteration:
+            self._thread, self._done = None, True
+            raise
+        except BaseException:
+            self._thread = None
+            raise
+        self._ready.extend(items)
+        return self._ready.popleft()
+
+    def clear(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.close()
+        self._ready.clear()
+        self._done = False

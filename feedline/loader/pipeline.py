@@ -1,0 +1,74 @@
+"""The loader's default pipeline of nodes, and how many small batches travel together."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from feedline.loader.backend import Backend
+from feedline.loader.nodes import Format, Gather, Map, Node, Pin, Prefetch, ToDevice
+
+__all__ = ["GROUP_BYTES", "MAX_GROUP", "default_pipeline", "group_size"]
+
+#: bytes of batches the prefetch thread gathers with one take (see ``group_size``)
+GROUP_BYTES = 1 << 20
+#: most batches gathered with one take
+MAX_GROUP = 64
+
+
+def group_size(
+    backend: Backend, shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]], batch_size: int,
+    prefetch: int,
+) -> int:  # fmt: skip
+    """Batches gathered with one take: ``prefetch``, or about ``GROUP_BYTES`` of batches.
+
+    One hand-over between the prefetch thread and the training loop costs far more than
+    gathering a small batch, so small cached batches travel in groups (streaming keeps
+    ``prefetch``: a larger group would span, and hold, more shuffle pools).
+    """
+    if not prefetch or backend.mode != "memory":
+        return max(1, prefetch)
+    row = sum(int(np.prod(s)) * (8 if d.kind == "O" else d.itemsize)
+              for s, d in shapes.values())  # fmt: skip
+    fit = GROUP_BYTES // max(1, row * batch_size)
+    return max(prefetch, min(MAX_GROUP, fit))
+
+
+def default_pipeline(
+    order: Node,
+    backend: Backend,
+    *,
+    shuffle: bool,
+    seed: int,
+    fmt: str,
+    group: int,
+    transform: Callable[..., Any] | None,
+    batched: bool,
+    workers: Any,
+    padding_mask: bool,
+    pin: bool,
+    prefetch: int,
+    device: Any,
+) -> Node:
+    """order → gather → [map] → format → [pin] → [prefetch] → [device].
+
+    Without a transform, cached batches are gathered ``group`` at a time straight into
+    reused (or page-locked) buffers and handed over as one group; with one, the transform's
+    workers (``workers``, shared across epochs) map each batch and ``prefetch`` batches are
+    kept ready.
+    """
+    mapped = transform is not None
+    node: Node = Gather(order, backend, shuffle=shuffle, seed=seed, group=1 if mapped else group,
+                        pin=pin and not mapped)  # fmt: skip
+    if mapped:
+        node = Map(node, transform, batched=batched, seed=seed, workers=workers)
+    node = Format(node, fmt, padding_mask=padding_mask)
+    if pin and mapped:
+        node = Pin(node)
+    if prefetch:
+        node = Prefetch(node, depth=prefetch if mapped else 1, group=1 if mapped else group)
+    if device is not None and fmt == "torch":
+        node = ToDevice(node, device)
+    return node

@@ -1,0 +1,63 @@
+"""Transforms for the loader tests, in a small importable module: worker processes import it
+to unpickle them (a test module would drag pytest and its fixtures into every worker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from feedline.errors import DataError
+
+
+def augment(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """A random augmentation: the id, its features shifted by noise, a random flip bit."""
+    return {"id": sample["id"], "noisy": sample["x"] + rng.normal(size=3).astype(np.float32),
+            "flip": bool(rng.random() < 0.5)}  # fmt: skip
+
+
+def slow_augment(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """``augment`` taking a pseudo-random few milliseconds, so workers finish out of order."""
+    time.sleep((int(sample["id"]) * 7919 % 5) / 1000)
+    return augment(sample, rng)
+
+
+def batch_augment(batch: dict[str, Any], rngs: Any) -> dict[str, Any]:
+    """A batched augmentation: per-sample uniforms, vectorized."""
+    u = rngs.uniforms(2)
+    return {"id": batch["id"], "scaled": batch["x"] * u[:, :1].astype(np.float32)}
+
+
+def fail_on_7(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    if int(sample["id"]) == 7:
+        raise ValueError("sample seven is cursed")
+    return {"id": sample["id"]}
+
+
+def data_error_on_7(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    if int(sample["id"]) == 7:
+        raise DataError("Cannot decode sample 7. Fix: re-encode it.")
+    return {"id": sample["id"]}
+
+
+class KillOnce:
+    """Kills its worker process (SIGKILL) on sample 7, once: the marker file says it did."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __call__(self, sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        if int(sample["id"]) == 7 and not Path(self.marker).exists():
+            Path(self.marker).write_text("killed")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"id": sample["id"]}
+
+
+def big_output(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """A 64 KiB float32 array per sample, plus a string (which travels pickled)."""
+    return {"id": sample["id"], "image": np.full((16, 1024), float(sample["id"]), np.float32),
+            "name": f"s{int(sample['id'])}"}  # fmt: skip
