@@ -4,6 +4,10 @@ Usage::
 
     bash bench/setup_peers.sh        # once: peer venvs under bench/.venvs/ (git-ignored)
     flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py [--quick]
+    flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case W  # windows case
+    flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case J  # JPEG decode+augment
+    flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case A-wide  # 33 columns
+    flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case B  # tensor storage
 
 Two datasets are written once by feedline (4 Parquet shards each, zstd) and every loader
 reads those same shards:
@@ -208,6 +212,44 @@ def shard_files(data_dir: str) -> list[str]:
     return sorted(str(p) for p in Path(data_dir).glob("part-*.parquet"))
 
 
+# feedline stores a tensor column as fixed-size binary (the tensor type in the field's
+# ``feedline.tensor`` metadata; see feedline/io/tensor_codec.py), older datasets as lists:
+# what another reader does with either, written the way its users would.
+
+
+def stored_as_binary(spec: dict[str, Any]) -> bool:
+    """Whether the shards hold the feature column as fixed-size binary (else as lists)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pa.types.is_fixed_size_binary(pq.read_schema(shard_files(spec["dir"])[0])
+                                         .field(spec["feature"]).type)  # fmt: skip
+
+
+def tensor_array(column: Any, shape: Any, dtype: str) -> Any:
+    """An Arrow tensor column (binary-stored or list-encoded) as a ``(rows, *shape)`` array."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_fixed_size_binary(column.type):
+        n = column.type.byte_width // np.dtype(dtype).itemsize
+        flat = np.frombuffer(column.buffers()[1], dtype)[column.offset * n :]
+        return flat[: len(column) * n].reshape(len(column), *shape)
+    storage = column.storage if isinstance(column, pa.ExtensionArray) else column
+    return np.asarray(storage.flatten()).reshape(len(column), *shape)
+
+
+def stacked_rows(values: Any, shape: Any, dtype: str) -> Any:
+    """A pandas column of per-row arrays (lists) or ``bytes`` (binary) as one array."""
+    import numpy as np
+
+    if len(values) and isinstance(values[0], bytes):
+        return np.frombuffer(b"".join(values), dtype).reshape(len(values), *shape)
+    return np.stack(values).reshape(len(values), *shape)
+
+
 def run_feedline(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
@@ -234,7 +276,7 @@ def run_feedline(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     result["cache"], result["cache_bytes"] = stats["cache"], stats.get("cache_bytes")
     # the raw-gather ceiling: the loader's own arrays, the same index arrays, no prefetch
     arrays = loader._prepare().source.arrays  # the ColumnCache's dict of column -> array
-    sizes = file_layout(loader.dataset).row_group_sizes
+    sizes = file_layout(loader._source()).row_group_sizes
     epochs = max(1, result["epochs_complete"])
     orders = [
         global_order(sizes, shuffle=True, seed=SEED, epoch=e, window=None) for e in range(epochs)
@@ -257,7 +299,6 @@ def run_feedline(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
 
 def pandas_dataset(spec: dict[str, Any]) -> Any:
     """The map-style Dataset a PyTorch user writes over Parquet read with pandas."""
-    import numpy as np
     import pandas as pd
     from torch.utils.data import Dataset
 
@@ -265,7 +306,7 @@ def pandas_dataset(spec: dict[str, Any]) -> Any:
         def __init__(self, files: list[str], feature: str, shape: tuple[int, ...]) -> None:
             frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
             # pandas holds a tensor column as an object column of per-row arrays
-            self.x = np.stack(frame[feature].to_numpy()).reshape(len(frame), *shape)
+            self.x = stacked_rows(frame[feature].to_numpy(), shape, spec["dtype"])
             self.y = frame["label"].to_numpy()
             self.feature = feature
 
@@ -314,8 +355,10 @@ def run_hf(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     size = 1
     for d in shape:
         size *= d
+    binary = stored_as_binary(spec)  # then declared bytes and decoded per batch below
     features = datasets.Features({
-        spec["feature"]: datasets.List(datasets.Value(spec["dtype"]), length=size),
+        spec["feature"]: datasets.Value("binary") if binary
+        else datasets.List(datasets.Value(spec["dtype"]), length=size),
         "label": datasets.Value("int64"),
     })  # fmt: skip
 
@@ -327,6 +370,8 @@ def run_hf(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         ds = holder["ds"].shuffle(seed=SEED + epoch).with_format("torch")
         for batch in ds.iter(batch_size=BATCH, drop_last_batch=True):
             x = batch[spec["feature"]]
+            if binary:  # a list of bytes
+                x = torch.from_numpy(stacked_rows(x, shape, spec["dtype"]).copy())
             if x.dtype != dtype:  # its torch format widens every integer column to int64
                 x = x.to(dtype)
             yield {spec["feature"]: x.reshape(len(x), *shape), "label": batch["label"]}
@@ -345,7 +390,6 @@ def run_tf_data(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     buffer as large as the dataset (an exact global shuffle, like feedline's). Batches come out
     as TF tensors; ``.numpy()`` + ``torch.from_numpy`` hand them over without a copy.
     """
-    import numpy as np
     import pyarrow.parquet as pq
     import tensorflow as tf
     import torch
@@ -357,7 +401,7 @@ def run_tf_data(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         if epoch == 0:
             table = pq.read_table(shard_files(spec["dir"]), columns=[spec["feature"], "label"])
             column = table.column(spec["feature"]).combine_chunks()
-            x = np.asarray(column.storage.flatten()).reshape(len(table), *shape)
+            x = tensor_array(column, shape, spec["dtype"])
             y = table.column("label").to_numpy()
             del table, column
             holder["ds"] = (
@@ -380,8 +424,21 @@ def run_ray(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     buffer = int(spec["n"] * SHUFFLE_BUFFER_FRACTION)
     shape = tuple(spec["shape"])
 
+    def decode(table: Any) -> Any:  # binary-stored tensors: typed back, without a copy
+        import pyarrow as pa
+
+        column = table.column(spec["feature"])
+        values = tensor_array(column, shape, spec["dtype"])
+        tensor = pa.FixedShapeTensorArray.from_numpy_ndarray(values)
+        return table.set_column(table.schema.get_field_index(spec["feature"]), spec["feature"],
+                                tensor)  # fmt: skip
+
+    binary = stored_as_binary(spec)
+
     def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
         ds = ray.data.read_parquet(shard_files(spec["dir"]))
+        if binary:
+            ds = ds.map_batches(decode, batch_format="pyarrow")
         batches = ds.iter_torch_batches(
             batch_size=BATCH, local_shuffle_buffer_size=buffer, local_shuffle_seed=SEED + epoch,
             drop_last=True,
@@ -433,7 +490,8 @@ def run_petastorm(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     urls = ["file://" + f for f in shard_files(spec["dir"])]
 
     def stack(frame: Any) -> Any:  # the tensor column arrives as an object column of arrays
-        frame[feature] = list(np.stack(frame[feature].to_numpy()).reshape(len(frame), size))
+        rows = stacked_rows(frame[feature].to_numpy(), (size,), spec["dtype"])
+        frame[feature] = list(rows)
         return frame
 
     transform = TransformSpec(stack, edit_fields=[(feature, np.dtype(spec["dtype"]).type,
@@ -502,8 +560,7 @@ def write_mds(spec: dict[str, Any], out: Path) -> float:
     with MDSWriter(out=str(out), columns=columns, compression=None, size_limit="64mb") as w:
         for f in shard_files(spec["dir"]):
             for batch in pq.ParquetFile(f).iter_batches(batch_size=8192):
-                x = batch.column(feature).storage.flatten().to_numpy()
-                x = x.reshape(batch.num_rows, *shape)
+                x = tensor_array(batch.column(feature), shape, spec["dtype"])
                 y = batch.column("label").to_numpy()
                 for i in range(batch.num_rows):
                     w.write({feature: np.ascontiguousarray(x[i]), "label": y[i]})
@@ -799,9 +856,11 @@ def markdown(results, figures_lines, args, meta) -> str:
                    f"= one `arrow.fixed_shape_tensor` {spec['dtype']} {spec['shape']} column "
                    "(not one column per feature).")  # fmt: skip
     out.append(
-        "Parquet stores a fixed-shape tensor as a list column (a repetition and a definition "
-        "level per value) and uint8 values as INT32, so decoding B's images dominates every "
-        "Parquet reader's load time (feedline's first batch on B included)."
+        "feedline's writer stores a fixed-shape tensor column as fixed-size binary (PLAIN; the "
+        "tensor type in the field metadata, see feedline/io/tensor_codec.py), where Parquet "
+        "would store a list (a repetition and a definition level per value, uint8 as INT32); "
+        "the peers decode those bytes with NumPy (`np.frombuffer`; Ray: a `map_batches`, HF "
+        "datasets: the column declared binary). `--case B` compares the two storages."
     )
     out.append("")
     out.append("| " + " | ".join(HEADER) + " |")
@@ -839,6 +898,1315 @@ def markdown(results, figures_lines, args, meta) -> str:
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------------- case W: windows
+#
+# Time-series windows (``--case W``): ``fl.Windows`` vs the ``torch.utils.data.Dataset`` a user
+# writes by hand (``__getitem__`` slicing one window out of a NumPy array) under a
+# ``DataLoader`` with 0 and 2 workers. Each loader runs in its own process (``--worker``), so
+# its peak RSS is its own; results go to ``bench/out/loader_w.json``.
+
+W_OUT = HERE / "out" / "loader_w.json"
+W_SIZE, W_HORIZON, W_FEATURES = 96, 8, 8
+W_DATA: dict[str, dict[str, Any]] = {
+    "W": {"series": 2000, "steps": 5000},
+    "W-small": {"series": 100, "steps": 5000},
+}
+W_RUNNERS: dict[str, str] = {
+    "feedline": "feedline Loader(windows=fl.Windows(96, 8, by='series', order_by='t', "
+    "features=[f0..f7])), shuffle=True, format='torch', prefetch=2",
+    "torch-dl-w0": "torch DataLoader(shuffle=True, workers=0) over a map-style Dataset whose "
+    "__getitem__ slices one window of a (series, steps, 8) NumPy array",
+    "torch-dl-w2": "the same with num_workers=2",
+}
+
+
+def w_spec(name: str, work: Path) -> dict[str, Any]:
+    d = W_DATA[name]
+    windows = d["series"] * (d["steps"] - W_SIZE - W_HORIZON + 1)
+    data_bytes = d["series"] * d["steps"] * W_FEATURES * 4
+    out = work / f"{name}-{d['series']}x{d['steps']}x{W_FEATURES}"
+    return {**d, "name": name, "dir": str(out), "windows": windows, "data_bytes": data_bytes}
+
+
+def w_make_data(spec: dict[str, Any]) -> None:
+    """Write ``series`` (int32), ``t`` (int64) and ``f0..f7`` (float32), sorted, 4 shards."""
+    import numpy as np
+    import pyarrow as pa
+
+    import feedline as fl
+
+    out = Path(spec["dir"])
+    if (out / "_feedline.json").exists():
+        return
+    s, t, rng = spec["series"], spec["steps"], np.random.default_rng(SEED)
+    columns: dict[str, Any] = {
+        "series": np.repeat(np.arange(s, dtype=np.int32), t),
+        "t": np.tile(np.arange(t, dtype=np.int64) * 60, s),  # one step a minute, in seconds
+    }
+    for j in range(W_FEATURES):
+        columns[f"f{j}"] = rng.standard_normal(s * t, dtype=np.float32)
+    start, n = time.perf_counter(), s * t
+    fl.from_arrow(pa.table(columns)).write(
+        out, rows_per_shard=n // SHARDS, bytes_per_shard=None, row_group_rows=n // 16,
+    )  # fmt: skip
+    print(f"wrote {spec['name']}: {n:,} rows in {time.perf_counter() - start:.1f}s", flush=True)
+
+
+def w_peak_rss() -> int:
+    """This process's peak RSS since its exec (``VmHWM``).
+
+    ``ru_maxrss`` is no use in a child: Linux carries the parent's high-water mark over the
+    fork and exec (a parent that wrote the data makes every child look as large).
+    """
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+def w_measure(make: Callable[[], Iterator[Any]], spec: dict[str, Any], batches: int,
+              multiprocess: bool) -> dict[str, Any]:  # fmt: skip
+    """Time to the first batch (building included), then samples/s over ``batches - 1``."""
+    import torch
+
+    want = {"inputs": (W_SIZE, W_FEATURES), "targets": (W_HORIZON, W_FEATURES)}
+
+    def check(batch: dict[str, Any]) -> int:
+        for key, shape in want.items():
+            x = batch[key]
+            if tuple(x.shape) != (BATCH, *shape) or x.dtype != torch.float32:
+                raise AssertionError(f"{key} {tuple(x.shape)} {x.dtype}: want {shape} float32")
+        return BATCH
+
+    sampler = TreeSampler() if multiprocess else None
+    base = rss_now()
+    start = time.perf_counter()
+    it = make()
+    check(next(it))
+    first = time.perf_counter()
+    samples = 0
+    for _, batch in zip(range(batches - 1), it, strict=False):
+        samples += check(batch)
+    end = time.perf_counter()
+    del it
+    return {
+        "first_batch_s": first - start,
+        "samples_per_s": samples / (end - first),
+        "seconds": end - first,
+        "samples": samples,
+        "rss_after_imports": base,
+        "peak_rss": w_peak_rss(),
+        "tree_peak_rss": sampler.stop() if sampler else None,
+        "data_bytes": spec["data_bytes"],
+    }
+
+
+def w_run_feedline(spec: dict[str, Any], batches: int) -> dict[str, Any]:
+    import numpy as np
+
+    import feedline as fl
+    from feedline.loader.windows import gather_windows
+
+    holder: dict[str, Any] = {}
+    windows = fl.Windows(W_SIZE, W_HORIZON, by="series", order_by="t",
+                         features=[f"f{j}" for j in range(W_FEATURES)])  # fmt: skip
+
+    def make() -> Iterator[Any]:
+        holder["loader"] = fl.open(spec["dir"]).loader(
+            windows=windows, batch_size=BATCH, shuffle=True, seed=SEED, format="torch"
+        )
+        return iter(holder["loader"])
+
+    result = w_measure(make, spec, batches, multiprocess=False)
+    loader = holder["loader"]
+    result["cache_bytes"] = loader.stats()["cache_bytes"]
+    if loader.num_samples != spec["windows"]:
+        raise AssertionError(f"{loader.num_samples} windows, expected {spec['windows']}")
+    # the raw-gather ceiling: the loader's own packed arrays and index arrays, one batch at a
+    # time into one reused buffer, no loader around it
+    sampler, plan = loader._prepare().source, loader._plan()
+    values = sampler.arrays["inputs"]
+    out = np.empty((BATCH, W_SIZE, W_FEATURES), dtype=np.float32)
+    count = min(batches, plan.num_batches)
+    start = time.perf_counter()
+    for k in range(count):
+        first = sampler.window_starts(plan.batch(k))
+        gather_windows(values, first, W_SIZE, out)
+        gather_windows(values, first + W_SIZE, W_HORIZON)
+    result["ceiling_samples_per_s"] = count * BATCH / (time.perf_counter() - start)
+    return result
+
+
+def w_torch_dataset(spec: dict[str, Any]) -> Any:
+    """The map-style Dataset a PyTorch user writes: one window sliced per ``__getitem__``."""
+    import numpy as np
+    import pandas as pd
+    import torch
+    from torch.utils.data import Dataset
+
+    class SeriesWindows(Dataset):
+        def __init__(self, data: np.ndarray, size: int, horizon: int) -> None:
+            self.data, self.size, self.horizon = data, size, horizon  # (series, steps, features)
+            self.per_series = data.shape[1] - size - horizon + 1
+
+        def __len__(self) -> int:
+            return self.data.shape[0] * self.per_series
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            s, t = divmod(i, self.per_series)
+            x = self.data[s, t : t + self.size]
+            y = self.data[s, t + self.size : t + self.size + self.horizon]
+            return {"inputs": torch.from_numpy(x), "targets": torch.from_numpy(y)}
+
+    frame = pd.concat([pd.read_parquet(f) for f in shard_files(spec["dir"])], ignore_index=True)
+    frame = frame.sort_values(["series", "t"], kind="stable")
+    features = frame[[f"f{j}" for j in range(W_FEATURES)]].to_numpy(dtype=np.float32)
+    del frame
+    data = features.reshape(spec["series"], spec["steps"], W_FEATURES)
+    return SeriesWindows(data, W_SIZE, W_HORIZON)
+
+
+def w_run_torch(spec: dict[str, Any], batches: int, workers: int) -> dict[str, Any]:
+    import torch
+    from torch.utils.data import DataLoader
+
+    def make() -> Iterator[Any]:
+        dataset = w_torch_dataset(spec)
+        generator = torch.Generator().manual_seed(SEED)
+        loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers,
+                            drop_last=True, generator=generator)  # fmt: skip
+        return iter(loader)
+
+    return w_measure(make, spec, batches, multiprocess=workers > 0)
+
+
+def w_worker(args: argparse.Namespace) -> None:
+    """Child process: run one loader on one dataset; write its result to ``args.result``."""
+    spec = json.loads(args.spec)
+    fns = {
+        "feedline": lambda: w_run_feedline(spec, args.w_batches),
+        "torch-dl-w0": lambda: w_run_torch(spec, args.w_batches, 0),
+        "torch-dl-w2": lambda: w_run_torch(spec, args.w_batches, 2),
+    }
+    try:
+        result = {"status": "ok", **fns[args.worker]()}
+    except BaseException as exc:  # noqa: BLE001 - reported in the table
+        sys.stderr.write(traceback.format_exc())
+        result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    Path(args.result).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def w_markdown(results: dict[str, dict[str, dict]], specs: dict[str, dict], command: str) -> str:
+    gib = 2**30
+    out = ["## Time-series windows: feedline vs a hand-written torch Dataset (bench/loader.py "
+           "--case W)", "", "```", command, "```", ""]  # fmt: skip
+    out.append(
+        f"Window {W_SIZE} steps of {W_FEATURES} float32 features -> target the next "
+        f"{W_HORIZON} steps (both `(256, steps, {W_FEATURES})` float32 tensors), batch {BATCH}, "
+        "shuffled over all windows, torch tensors out; each loader in its own process. Data: "
+        "`series` int32, `t` int64 and `f0..f7` float32 columns, written sorted by feedline "
+        f"({SHARDS} zstd Parquet shards); data size = the float32 features. samples/s after "
+        "the first batch; first batch includes reading the data (torch: pandas read, sort, "
+        "reshape); the median of the round-robin runs (their range in brackets), the other "
+        "columns from that run. Peak RSS = the process's `VmHWM`; RSS over imports = peak RSS "
+        "minus the RSS right after imports; tree peak = sampled sum over the process and its "
+        "workers (shared pages counted per process)."
+    )
+    out.append("")
+    head = ["data", "loader", "samples/s", "vs torch w0", "vs torch w2", "first batch s",
+            "peak RSS GiB", "RSS over imports GiB", "over imports / data",
+            "tree peak GiB"]  # fmt: skip
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    for data, runs in results.items():
+        spec = specs[data]
+        for name, r in runs.items():
+            if r.get("status") != "ok":
+                out.append(f"| {data} | {name} | {r.get('status')}: {r.get('error', '')} |")
+                continue
+            ratios = []
+            for peer in ("torch-dl-w0", "torch-dl-w2"):
+                p = runs.get(peer, {})
+                ok = p.get("status") == "ok"
+                ratios.append(f"{r['samples_per_s'] / p['samples_per_s']:.1f}x" if ok else "-")
+            over = r["peak_rss"] - r["rss_after_imports"]
+            tree = r.get("tree_peak_rss")
+            tree_gib = "-" if tree is None else f"{tree / gib:.2f}"
+            all_runs = r.get("samples_per_s_runs", [])
+            spread = f" ({min(all_runs):,.0f}-{max(all_runs):,.0f})" if len(all_runs) > 1 else ""
+            out.append(
+                f"| {data} ({spec['series']:,} x {spec['steps']:,} x {W_FEATURES}, "
+                f"{spec['data_bytes'] / gib:.2f} GiB) | {name} | "
+                f"{r['samples_per_s']:,.0f}{spread} | "
+                f"{ratios[0]} | {ratios[1]} | {r['first_batch_s']:.1f} | "
+                f"{r['peak_rss'] / gib:.2f} | {over / gib:.2f} | "
+                f"{over / spec['data_bytes']:.2f}x | {tree_gib} |"
+            )
+        fl_run = runs.get("feedline", {})
+        if fl_run.get("status") == "ok":
+            out.append(f"| {data} | raw gather ceiling (no loader) | "
+                       f"{fl_run['ceiling_samples_per_s']:,.0f} | | | | | | | |")  # fmt: skip
+    out.append("")
+    for data, runs in results.items():
+        fl_run = runs.get("feedline", {})
+        peers = [r["samples_per_s"] for n, r in runs.items()
+                 if n != "feedline" and r.get("status") == "ok"]  # fmt: skip
+        if fl_run.get("status") != "ok" or not peers:
+            continue
+        speed = fl_run["samples_per_s"] / max(peers)
+        memory = (fl_run["peak_rss"] - fl_run["rss_after_imports"]) / specs[data]["data_bytes"]
+        out.append(
+            f"- {data}: feedline = {speed:.1f}x the faster torch DataLoader (goal >= 10x: "
+            f"{'met' if speed >= 10 else 'missed'}); RSS over imports = {memory:.2f}x the data "
+            f"(goal <= 1.5x: {'met' if memory <= 1.5 else 'missed'})."
+        )
+    return "\n".join(out)
+
+
+def w_run_child(runner: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(args.work)
+    result_file = work / f"result-w-{runner}-{spec['name']}.json"
+    result_file.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--case", "W", "--worker", runner,
+           "--spec", json.dumps(spec), "--result", str(result_file),
+           "--w-batches", str(args.w_batches)]  # fmt: skip
+    log = work / f"log-w-{runner}-{spec['name']}.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "w") as out:
+        subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                       timeout=args.setup_seconds + 600, check=False)  # fmt: skip
+    if result_file.exists():
+        return json.loads(result_file.read_text())
+    return {"status": "crashed", "error": f"no result (log: {log})"}
+
+
+def w_median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median samples/s (the others' rates kept in ``samples_per_s_runs``)."""
+    ok = sorted((r for r in runs if r.get("status") == "ok"), key=lambda r: r["samples_per_s"])
+    if not ok:
+        return runs[-1]
+    return {**ok[(len(ok) - 1) // 2], "samples_per_s_runs": [r["samples_per_s"] for r in runs
+                                                             if r.get("status") == "ok"]}
+
+
+def case_w(args: argparse.Namespace) -> None:
+    """``--case W``: write the window datasets, run each loader in a child, report.
+
+    With ``--w-repeat N`` the loaders run round-robin N times and each reports its median run
+    (a busy machine slows whichever loader runs at the time).
+    """
+    if args.worker:
+        w_worker(args)
+        return
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    names = ["W-small"] if args.quick else list(W_DATA)
+    specs = {name: w_spec(name, Path(args.work)) for name in names}
+    runners = [r for r in W_RUNNERS if not args.only or r in args.only]
+    results: dict[str, dict[str, dict]] = {}
+    for name, spec in specs.items():
+        w_make_data(spec)
+        runs: dict[str, list[dict[str, Any]]] = {r: [] for r in runners}
+        for _ in range(args.w_repeat):
+            for runner in runners:
+                r = w_run_child(runner, spec, args)
+                runs[runner].append(r)
+                print(f"[{name}] {runner}: {r.get('status')} {rate(r.get('samples_per_s'))} "
+                      "samples/s", file=sys.stderr, flush=True)  # fmt: skip
+        results[name] = {runner: w_median(rs) for runner, rs in runs.items()}
+    command = "flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case W" + (
+        " --quick" if args.quick else "") + f" --w-batches {args.w_batches} --w-repeat " + (
+        f"{args.w_repeat}")  # fmt: skip
+    W_OUT.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"command": command, "cpus": os.cpu_count(), "python": platform.python_version(),
+            "runners": W_RUNNERS, "specs": specs}  # fmt: skip
+    W_OUT.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+    print(w_markdown(results, specs, command))
+
+
+# --------------------------------------------------------------------------- case J: JPEGs
+#
+# Load-time image decode + augmentation (``--case J``): 5k real-size JPEGs (about 500x400,
+# quality 90, cut at random from real photos: scikit-image's and scikit-learn's sample images)
+# stored by feedline as encoded bytes + int64 label. Every runner decodes each image, takes a
+# RandomResizedCrop(224) and a random horizontal flip, and yields shuffled uint8 batches
+# ``(256, 3, 224, 224)`` + labels as torch tensors, with 2 workers on this 2-core machine:
+#
+# * ceiling-threads / ceiling-processes: the 2-core decode ceiling: feedline.preprocess.vision's
+#   pipeline (JPEG draft, one resize) over a plain ThreadPoolExecutor(2) / ProcessPoolExecutor(2)
+# * torch-dl-w2: torch DataLoader(num_workers=2) over the map-style Dataset a user writes with
+#   Pillow and torchvision's transforms (torchvision itself does not install beside torch 2.13
+#   CPU, so its RandomResizedCrop / RandomHorizontalFlip / PILToTensor are written out on
+#   Pillow with torch's RNG, as torchvision does them)
+# * torch-dl-w2-vision: the same DataLoader calling feedline.preprocess.vision's pipeline
+# * feedline-w2-thread / feedline-w2-process: feedline's loader, ``transform=`` the same
+#   pipeline, ``num_workers=2`` thread / process workers (see j_run_feedline)
+# * decoders: one thread, no loader: Pillow vs simplejpeg decode, and the pipeline with and
+#   without draft (the measurement behind using Pillow only)
+#
+# Every runner runs in its own child process, ``--j-repeat`` times round-robin (a busy machine
+# slows whichever runs at the time); the table shows each one's median. Extra packages:
+# bench/requirements-loader-images.txt (into the project .venv).
+
+J_OUT = HERE / "out" / "loader_j.json"
+J_CROP = 224
+J_RUNNERS: dict[str, str] = {
+    "ceiling-threads": "feedline.preprocess.vision pipeline over ThreadPoolExecutor(2)",
+    "ceiling-processes": "feedline.preprocess.vision pipeline over ProcessPoolExecutor(2), fork",
+    "torch-dl-w2": "torch DataLoader(num_workers=2), Pillow + torchvision's transforms on Pillow",
+    "torch-dl-w2-vision": "torch DataLoader(num_workers=2), feedline.preprocess.vision pipeline",
+    "feedline-w2-thread": "feedline loader, transform=pipeline, num_workers=2, thread workers",
+    "feedline-w2-process": "feedline loader, transform=pipeline, num_workers=2, process workers",
+    "decoders": "one thread: Pillow vs simplejpeg decode; the pipeline with and without draft",
+}
+
+
+def j_photos() -> list[tuple[str, Any]]:
+    """Real photos shipped inside wheels: scikit-image's ``skimage.data`` (if installed) and
+    scikit-learn's two sample images."""
+    from sklearn.datasets import load_sample_images
+
+    photos = []
+    try:
+        import skimage.data as sk
+
+        for name in ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry",
+                     "hubble_deep_field", "retina"):  # fmt: skip
+            photos.append((name, getattr(sk, name)()))
+    except ImportError:
+        print("scikit-image is not installed: only scikit-learn's 2 photos (pip install -r "
+              "bench/requirements-loader-images.txt)", file=sys.stderr)  # fmt: skip
+    sample = load_sample_images()
+    photos += [(Path(f).stem, img) for f, img in zip(sample.filenames, sample.images, strict=True)]
+    return photos
+
+
+def j_spec(work: Path, n: int) -> dict[str, Any]:
+    return {"name": "J", "n": n, "dir": str(work / f"J-{n}-jpeg"), "crop": J_CROP}
+
+
+def j_make_data(spec: dict[str, Any]) -> None:
+    """``n`` JPEGs, each a random crop (30-100% of the area, aspect 1.0-1.5) of a real photo,
+    flipped at random, resized to 460-540 x 360-440, quality 90; label = the photo's number."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    from PIL import Image
+
+    import feedline as fl
+
+    out = Path(spec["dir"])
+    if (out / "_feedline.json").exists():
+        return
+    start = time.perf_counter()
+    photos = [Image.fromarray(a).convert("RGB") for _, a in j_photos()]
+    rng = np.random.default_rng(SEED)
+    blobs, labels, sizes = [], [], []
+    for i in range(spec["n"]):
+        label = i % len(photos)
+        im = photos[label]
+        W, H = im.size
+        area, aspect = rng.uniform(0.3, 1.0) * W * H, rng.uniform(1.0, 1.5)
+        w, h = min(W, int((area * aspect) ** 0.5)), min(H, int((area / aspect) ** 0.5))
+        left, top = int(rng.integers(0, W - w + 1)), int(rng.integers(0, H - h + 1))
+        size = (int(rng.integers(460, 541)), int(rng.integers(360, 441)))
+        picture = im.resize(size, Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+        if rng.random() < 0.5:
+            picture = picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        buf = io.BytesIO()
+        picture.save(buf, "JPEG", quality=90)
+        blobs.append(buf.getvalue())
+        labels.append(label)
+        sizes.append(size)
+    table = pa.table({"bytes": pa.array(blobs, pa.binary()), "label": pa.array(labels, pa.int64())})
+    n = spec["n"]
+    fl.from_arrow(table).write(out, rows_per_shard=-(-n // SHARDS), bytes_per_shard=None,
+                               row_group_rows=BATCH, compression=None)  # fmt: skip
+    mean = np.mean(sizes, axis=0)
+    print(f"wrote J: {n} JPEGs, mean {mean[0]:.0f}x{mean[1]:.0f}, "
+          f"{sum(map(len, blobs)) / n / 1e3:.0f} kB each, from {len(photos)} photos, in "
+          f"{time.perf_counter() - start:.1f}s -> {out}", flush=True)  # fmt: skip
+
+
+def j_load(spec: dict[str, Any]) -> tuple[list[bytes], Any]:
+    """The encoded images (in memory) and labels, read from the dataset's shards."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(shard_files(spec["dir"]), columns=["bytes", "label"])
+    return table.column("bytes").to_pylist(), table.column("label").to_numpy()
+
+
+def j_pipeline() -> Any:
+    """The per-sample function every feedline-side runner uses: decode (JPEG draft where the
+    crop allows), RandomResizedCrop(224), flip, uint8 CHW."""
+    from feedline.preprocess import vision as v
+
+    return v.Compose([v.RandomResizedCrop(J_CROP), v.RandomHorizontalFlip(), v.ToArray("CHW")])
+
+
+def j_measure(make_epoch: Callable[[int], Iterator[dict[str, Any]]], spec: dict[str, Any],
+              args: argparse.Namespace, multiprocess: bool) -> dict[str, Any]:  # fmt: skip
+    """First batch (building included), then samples/s over the rest of ``--j-epochs``."""
+    import torch
+
+    def check(batch: dict[str, Any]) -> int:
+        x, y = batch["image"], batch["label"]
+        if tuple(x.shape) != (BATCH, 3, J_CROP, J_CROP) or x.dtype != torch.uint8 or (
+                y.dtype != torch.int64 or len(y) != BATCH):  # fmt: skip
+            raise AssertionError(f"image {tuple(x.shape)} {x.dtype}, label {y.dtype}: expected "
+                                 f"({BATCH}, 3, {J_CROP}, {J_CROP}) uint8 and int64")
+        return BATCH
+
+    sampler = TreeSampler() if multiprocess else None
+    start, cpu = time.perf_counter(), j_tree_cpu()
+    batches = make_epoch(0)
+    check(next(batches))
+    first = time.perf_counter()
+    samples = 0
+    for epoch in range(args.j_epochs):
+        if epoch:
+            batches = make_epoch(epoch)
+        for batch in batches:
+            samples += check(batch)
+    end, cpu = time.perf_counter(), j_tree_cpu() - cpu
+    del batches
+    return {"first_batch_s": first - start, "samples_per_s": samples / (end - first),
+            "seconds": end - first, "samples": samples, "cpu_s": cpu,
+            "samples_per_cpu_s": (samples + BATCH) / cpu if cpu > 0 else None,
+            "tree_peak_rss": sampler.stop() if sampler else None}  # fmt: skip
+
+
+def j_tree_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process, its threads and its children:
+    live ones read with psutil, exited ones from ``os.times`` once reaped. A difference of two
+    readings is the CPU the whole tree spent in between."""
+    import psutil
+
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            c = child.cpu_times()
+            total += c.user + c.system
+    return total
+
+
+def j_epoch_order(n: int, epoch: int) -> Any:
+    import numpy as np
+
+    return np.random.default_rng([SEED, epoch]).permutation(n)[: n // BATCH * BATCH]
+
+
+_J_STATE: dict[str, Any] = {}  # what forked pool processes inherit: blobs and the pipeline
+
+
+def _j_work(key: tuple[int, int]) -> Any:
+    """One sample in a pool process: ``(epoch, index)`` -> uint8 CHW array."""
+    from feedline.loader.rng import sample_rng
+
+    epoch, i = key
+    return _J_STATE["fn"](_J_STATE["blobs"][i], sample_rng(SEED, epoch, i), index=i)
+
+
+def j_run_pool(spec: dict[str, Any], args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """The 2-core ceiling: the pipeline over a plain executor, stacked into batches."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    import numpy as np
+    import torch
+
+    blobs, labels = j_load(spec)
+    _J_STATE.update(blobs=blobs, fn=j_pipeline())
+    if kind == "threads":
+        pool: Any = ThreadPoolExecutor(2)
+    else:  # forked after _J_STATE is set: the children inherit the blobs, nothing is pickled
+        pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"))
+    chunk = 1 if kind == "threads" else 8
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        order = j_epoch_order(len(blobs), epoch)
+        results = pool.map(_j_work, [(epoch, int(i)) for i in order], chunksize=chunk)
+        for b in range(len(order) // BATCH):
+            images = np.stack([next(results) for _ in range(BATCH)])
+            yield {"image": torch.from_numpy(images),
+                   "label": torch.from_numpy(labels[order[b * BATCH:(b + 1) * BATCH]])}  # fmt: skip
+
+    try:
+        return j_measure(make_epoch, spec, args, multiprocess=kind == "processes")
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def j_torch_dataset(blobs: list[bytes], labels: Any, vision: bool) -> Any:
+    """The map-style Dataset a PyTorch user writes (``vision``: feedline's pipeline inside)."""
+    import io
+    import math
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torch.utils.data import Dataset
+
+    class Jpegs(Dataset):
+        def __init__(self) -> None:
+            self.epoch = 0
+            self.fn = j_pipeline() if vision else None
+
+        def __len__(self) -> int:
+            return len(blobs)
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            if self.fn is not None:
+                from feedline.loader.rng import sample_rng
+
+                x = torch.from_numpy(self.fn(blobs[i], sample_rng(SEED, self.epoch, i), index=i))
+                return {"image": x, "label": labels[i]}
+            # torchvision: pil_loader, RandomResizedCrop(224), RandomHorizontalFlip, PILToTensor
+            img = Image.open(io.BytesIO(blobs[i])).convert("RGB")
+            width, height = img.size
+            top, left, h, w = self.get_params(width, height)
+            img = img.crop((left, top, left + w, top + h)).resize((J_CROP, J_CROP),
+                                                                  Image.Resampling.BILINEAR)
+            if torch.rand(1) < 0.5:
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            x = torch.as_tensor(np.array(img, copy=True)).view(J_CROP, J_CROP, 3).permute(2, 0, 1)
+            return {"image": x, "label": labels[i]}
+
+        @staticmethod
+        def get_params(width: int, height: int) -> tuple[int, int, int, int]:
+            """torchvision's RandomResizedCrop.get_params, scale (0.08, 1), ratio (3/4, 4/3)."""
+            area = height * width
+            log_ratio = torch.log(torch.tensor((3 / 4, 4 / 3)))
+            for _ in range(10):
+                target_area = area * torch.empty(1).uniform_(0.08, 1.0).item()
+                aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+                w = round(math.sqrt(target_area * aspect))
+                h = round(math.sqrt(target_area / aspect))
+                if 0 < w <= width and 0 < h <= height:
+                    i = int(torch.randint(0, height - h + 1, size=(1,)).item())
+                    j = int(torch.randint(0, width - w + 1, size=(1,)).item())
+                    return i, j, h, w
+            in_ratio = width / height
+            if in_ratio < 3 / 4:
+                w, h = width, round(width / (3 / 4))
+            elif in_ratio > 4 / 3:
+                w, h = round(height * (4 / 3)), height
+            else:
+                w, h = width, height
+            return (height - h) // 2, (width - w) // 2, h, w
+
+    return Jpegs()
+
+
+def j_run_torch(spec: dict[str, Any], args: argparse.Namespace, vision: bool) -> dict[str, Any]:
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+
+    blobs, labels = j_load(spec)
+    dataset = j_torch_dataset(blobs, labels, vision)
+    holder: dict[str, Any] = {}
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        if epoch == 0:
+            sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(SEED))
+            holder["dl"] = DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=2,
+                                      drop_last=True)  # fmt: skip
+        dataset.epoch = epoch  # workers are forked per epoch: they see it
+        return iter(holder["dl"])
+
+    return j_measure(make_epoch, spec, args, multiprocess=True)
+
+
+def j_run_feedline(spec: dict[str, Any], args: argparse.Namespace, worker_type: str) -> dict:
+    """Feedline's own loader (Loader v2) with ``num_workers=2`` thread or process workers.
+
+    ``transform=j_pipeline()`` runs per sample in the workers (each batch split in 2
+    chunks) with the generator of ``(SEED, epoch, index)``; the stacked uint8 batches come
+    back in order (process workers: through shared memory). The loader reads the encoded
+    bytes from its cache; the pipeline writes the decoded image over ``bytes``.
+    """
+    import feedline as fl
+
+    holder: dict[str, Any] = {}
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        if epoch == 0:
+            holder["loader"] = fl.open(spec["dir"]).loader(
+                batch_size=BATCH, shuffle=True, seed=SEED, drop_last=True, format="torch",
+                transform=j_pipeline(), num_workers=2, worker_type=worker_type,
+            )  # fmt: skip
+        holder["loader"].set_epoch(epoch)
+        return ({"image": b["bytes"], "label": b["label"]} for b in holder["loader"])
+
+    return j_measure(make_epoch, spec, args, multiprocess=worker_type == "process")
+
+
+def j_run_decoders(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """One thread, ``--j-decode-images`` images, 5 interleaved rounds: the best round's
+    images per second of this thread's CPU time (``time.thread_time``: what other processes
+    on a busy machine take does not count)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from feedline.loader.rng import sample_rng
+    from feedline.preprocess.vision_decode import draft_scale, open_image
+
+    blobs = j_load(spec)[0][: args.j_decode_images]
+    fn, nodraft = j_pipeline(), j_pipeline()
+    nodraft.draft = False
+
+    def torchvision_way(i: int, b: bytes) -> Any:  # decode all, crop, resize (same geometry)
+        img = Image.open(io.BytesIO(b)).convert("RGB")
+        view = fn.plan(img.size, sample_rng(SEED, 0, i))
+        x0, y0, x1, y1 = (int(v) for v in view.box)
+        out = img.crop((x0, y0, x1, y1)).resize(view.size, Image.Resampling.BILINEAR)
+        return np.asarray(out)
+
+    variants: dict[str, Callable[[int, bytes], Any]] = {
+        "Pillow decode to an RGB array": lambda i, b: np.asarray(Image.open(io.BytesIO(b))),
+        "pipeline: decode + crop + flip, uint8 CHW (draft)": lambda i, b: fn(
+            b, sample_rng(SEED, 0, i)
+        ),
+        "pipeline without draft": lambda i, b: nodraft(b, sample_rng(SEED, 0, i)),
+        "Pillow decode all, crop, resize (torchvision's way)": torchvision_way,
+    }
+    try:
+        import simplejpeg
+
+        variants["simplejpeg decode to an RGB array"] = lambda i, b: simplejpeg.decode_jpeg(b)
+
+        def sj_pipeline(i: int, b: bytes) -> Any:  # the pipeline with simplejpeg decoding
+            im, _ = open_image(b)  # header: size (and orientation)
+            view = fn.plan(im.size, sample_rng(SEED, 0, i))
+            (x0, y0, x1, y1), (w, h) = view.box, im.size
+            s = draft_scale((x1 - x0, y1 - y0), view.size)  # simplejpeg's DCT scaling
+            pixels = simplejpeg.decode_jpeg(b, min_width=-(-w // s), min_height=-(-h // s))
+            out = np.asarray(Image.fromarray(pixels).resize(
+                view.size, Image.Resampling.BILINEAR, box=(x0 / s, y0 / s, x1 / s, y1 / s)))
+            return np.ascontiguousarray((out[:, ::-1] if view.flip else out).transpose(2, 0, 1))
+
+        variants["the pipeline with simplejpeg decoding (+ Image.fromarray)"] = sj_pipeline
+    except ImportError:
+        print("simplejpeg is not installed: pip install -r bench/requirements-loader-images.txt",
+              file=sys.stderr)  # fmt: skip
+    best = dict.fromkeys(variants, float("inf"))
+    for _ in range(5):
+        for name, fn_ in variants.items():
+            t = time.thread_time()
+            for i, b in enumerate(blobs):
+                fn_(i, b)
+            best[name] = min(best[name], time.thread_time() - t)
+    return {"images": len(blobs), "images_per_cpu_s": {k: len(blobs) / v for k, v in best.items()}}
+
+
+def j_worker(args: argparse.Namespace) -> None:
+    """Child process: run one J runner; write its result (or error) to ``args.result``."""
+    spec = json.loads(args.spec)
+    fns: dict[str, Callable[[], dict[str, Any]]] = {
+        "ceiling-threads": lambda: j_run_pool(spec, args, "threads"),
+        "ceiling-processes": lambda: j_run_pool(spec, args, "processes"),
+        "torch-dl-w2": lambda: j_run_torch(spec, args, vision=False),
+        "torch-dl-w2-vision": lambda: j_run_torch(spec, args, vision=True),
+        "feedline-w2-thread": lambda: j_run_feedline(spec, args, "thread"),
+        "feedline-w2-process": lambda: j_run_feedline(spec, args, "process"),
+        "decoders": lambda: j_run_decoders(spec, args),
+    }
+    try:
+        result = {"status": "ok", **fns[args.worker]()}
+    except BaseException as exc:  # noqa: BLE001 - reported in the table
+        sys.stderr.write(traceback.format_exc())
+        result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    Path(args.result).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def j_run_child(name: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    result_file = Path(args.work) / f"result-J-{name}.json"
+    result_file.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--case", "J", "--worker", name,
+           "--spec", json.dumps(spec), "--result", str(result_file), "--work", str(args.work),
+           "--j-epochs", str(args.j_epochs),
+           "--j-decode-images", str(args.j_decode_images)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = Path(args.work) / f"log-J-{name}.txt"
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                              timeout=args.setup_seconds + 600, check=False)  # fmt: skip
+    if result_file.exists():
+        return json.loads(result_file.read_text())
+    tail = log.read_text().strip().splitlines()[-1:] or [""]
+    return {"status": "crashed", "error": f"exit {proc.returncode}: {tail[0][:300]} (log: {log})"}
+
+
+def j_median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if r.get("status") == "ok" and "samples_per_s" in r]
+    if not ok:
+        return runs[-1]
+    ok.sort(key=lambda r: r["samples_per_s"])
+    mid = dict(ok[len(ok) // 2])
+    mid["runs_samples_per_s"] = [r["samples_per_s"] for r in runs if r.get("status") == "ok"]
+    return mid
+
+
+def j_markdown(results: dict[str, dict[str, Any]], spec: dict[str, Any], command: str) -> str:
+    ok = {k: v for k, v in results.items() if v.get("status") == "ok" and "samples_per_s" in v}
+    ceiling = max((ok[k]["samples_per_s"] for k in ("ceiling-threads", "ceiling-processes")
+                   if k in ok), default=None)  # fmt: skip
+    out = ["## Load-time JPEG decode + RandomResizedCrop(224) + flip, 2 workers (bench/loader.py "
+           "--case J)", "", "```", command, "```", "",
+           f"{spec['n']:,} real-size JPEGs (about 500x400, quality 90, random crops of real "
+           "photos) stored by feedline as encoded bytes + label; shuffled batches of "
+           f"{BATCH} uint8 (3, {J_CROP}, {J_CROP}) torch tensors; samples/s after the first "
+           "batch, median of the runs; ceiling = the better of the two plain pools.", "",
+           "Samples per CPU-second: all samples (first batch included) over the CPU time of "
+           "the runner's whole process tree from building it to the end (what a sample costs, "
+           "whatever else runs on the machine; 2 idle cores give at most twice that per "
+           "second).", "",
+           "| runner | samples/s | vs ceiling | samples per CPU-s | first batch s | runs | what |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, r in results.items():
+        if name == "decoders":
+            continue
+        if name not in ok:
+            out.append(f"| {name} | - | - | - | - | - | {r.get('status')}: "
+                       f"{r.get('error', '')} |")  # fmt: skip
+            continue
+        vs = f"{r['samples_per_s'] / ceiling:.0%}" if ceiling else "-"
+        runs = ", ".join(f"{x:,.0f}" for x in r.get("runs_samples_per_s", []))
+        out.append(f"| {name} | {r['samples_per_s']:,.0f} | {vs} | "
+                   f"{rate(r.get('samples_per_cpu_s'))} | {r['first_batch_s']:.2f} | {runs} | "
+                   f"{J_RUNNERS[name]} |")  # fmt: skip
+    dec = results.get("decoders", {})
+    if dec.get("status") == "ok":
+        out += ["", f"One thread, {dec['images']} of the images, best of 5 rounds, images per "
+                "CPU second of the thread:", ""]  # fmt: skip
+        out += [f"- {k}: {v:,.0f}" for k, v in dec["images_per_cpu_s"].items()]
+    for name in ("feedline-w2-thread", "feedline-w2-process"):
+        torch_dl = ok.get("torch-dl-w2", {}).get("samples_per_s")
+        if name in ok and ceiling and torch_dl:
+            rate_ = ok[name]["samples_per_s"]
+            out.append(f"- goal {name}: {rate_ / ceiling:.0%} of the ceiling (goal ≥ 90%), "
+                       f"{rate_ / torch_dl:.2f}× torch DataLoader w2 (goal ≥ 1)")  # fmt: skip
+    return "\n".join(out)
+
+
+def case_j(args: argparse.Namespace) -> None:
+    """``--case J``: write the JPEG dataset, run each runner in a child, report."""
+    if args.worker:
+        j_worker(args)
+        return
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    spec = j_spec(work, 1000 if args.quick else args.j_images)
+    j_make_data(spec)
+    runners = [r for r in J_RUNNERS if not args.only or r in args.only]
+    runs: dict[str, list[dict[str, Any]]] = {r: [] for r in runners}
+    for _ in range(args.j_repeat):
+        for runner in runners:
+            if runs[runner] and runner == "decoders":
+                continue  # once: best of 5 rounds inside already
+            r = j_run_child(runner, spec, args)
+            runs[runner].append(r)
+            print(f"[J] {runner}: {r.get('status')} {rate(r.get('samples_per_s'))} samples/s "
+                  f"{'' if r.get('status') == 'ok' else r.get('error')}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+    results = {runner: j_median(rs) for runner, rs in runs.items()}
+    command = ("flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case J"
+               + (" --quick" if args.quick else "") + f" --j-repeat {args.j_repeat}"
+               + f" --j-epochs {args.j_epochs}")  # fmt: skip
+    J_OUT.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"command": command, "cpus": os.cpu_count(), "python": platform.python_version(),
+            "runners": J_RUNNERS, "spec": spec}  # fmt: skip
+    J_OUT.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+    print(j_markdown(results, spec, command))
+
+
+# --------------------------------------------------------------------------- case A-wide, B
+#
+# Wide tables (``--case A-wide``): 1M rows of 32 separate float32 columns + an int64 label
+# (the shape a CSV, a pandas frame or a Spark table gives), feedline with ``stack=`` and with
+# the per-column dict vs the peers this file runs in the project venv (torch DataLoader over
+# pandas, tf.data, Ray Data) vs the packed row-major ``np.take`` ceiling. Images
+# (``--case B``): 100k 3x64x64 uint8 written with ``ds.write``, ``fl.open(...).loader(...)``:
+# time to the first batch, samples/s, and the cache fill's bytes/s next to the same data
+# stored as before (tensors as Parquet lists), also for 1M x float32[32]. Each loader runs in
+# its own process; results go to ``bench/out/loader_awide.json`` / ``loader_b.json``.
+
+AW_OUT = HERE / "out" / "loader_awide.json"
+B_OUT = HERE / "out" / "loader_b.json"
+AW_COLUMNS = [f"f{i}" for i in range(32)]
+AW_RUNNERS: dict[str, str] = {
+    "feedline-stack": "feedline fl.open(path).loader(stack={'features': f0..f31}, shuffle=True, "
+    "format='torch'): one (256, 32) float32 tensor + label",
+    "feedline-dict": "feedline fl.open(path).loader(shuffle=True, format='torch'): the per-column "
+    "dict, 32 float32 tensors (views of the gathered block) + label",
+    "torch-dl-w0": "torch DataLoader(RandomSampler, workers=0) over a map-style Dataset of the "
+    "pandas frame's features stacked once (frame[f0..f31].to_numpy())",
+    "torch-dl-w2": "the same with num_workers=2",
+    "tf-data": "tf.data from_tensor_slices(stacked features, label) -> shuffle(all rows) -> batch",
+    "ray-data": "Ray Data read_parquet -> iter_torch_batches(local shuffle buffer 10%) -> "
+    "torch.stack of the 32 columns",
+}
+#: peers of the packed case this file runs that need their own venv (bench/.venvs)
+AW_SKIPPED = {
+    "hf-datasets": "peers venv (bench/setup_peers.sh) not set up here",
+    "petastorm": "petastorm venv not set up here; also drops row groups (see case A)",
+    "mosaic": "needs an MDS conversion and the peers venv",
+}
+B_RUNNERS = {
+    "feedline": "fl.open(path).loader(batch_size=256, shuffle=True, format='torch'), dataset "
+    "written by ds.write (tensors stored as fixed-size binary)",
+    "feedline-lists": "the same loader over the same rows stored as before: tensors as Parquet "
+    "lists (a repetition and a definition level per value, uint8 as INT32)",
+}
+
+
+def aw_spec(work: Path, quick: bool) -> dict[str, Any]:
+    n = 100_000 if quick else 1_000_000
+    return {"name": "A-wide", "n": n, "dir": str(work / f"A-wide-{n}"), "feature": "features",
+            "shape": [32], "dtype": "float32"}  # fmt: skip
+
+
+def aw_make_data(spec: dict[str, Any]) -> None:
+    """32 float32 columns ``f0..f31`` + ``label`` int64, written by feedline (4 shards)."""
+    import numpy as np
+    import pyarrow as pa
+
+    import feedline as fl
+
+    out = Path(spec["dir"])
+    if (out / "_feedline.json").exists():
+        return
+    n, rng = spec["n"], np.random.default_rng(SEED)
+    columns = {name: rng.standard_normal(n, dtype=np.float32) for name in AW_COLUMNS}
+    table = pa.table(columns | {"label": rng.integers(0, 10, n)})
+    start = time.perf_counter()
+    fl.from_arrow(table).write(out, rows_per_shard=n // SHARDS, bytes_per_shard=None,
+                               row_group_rows=n // 16)  # fmt: skip
+    print(f"wrote A-wide: {n:,} rows in {time.perf_counter() - start:.1f}s", flush=True)
+
+
+def aw_feedline(spec: dict[str, Any], args: argparse.Namespace, stack: bool) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    import feedline as fl
+
+    holder: dict[str, Any] = {}
+    kwargs = {"stack": {"features": AW_COLUMNS}} if stack else {}
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        if epoch == 0:
+            holder["loader"] = fl.open(spec["dir"]).loader(
+                batch_size=BATCH, shuffle=True, seed=SEED, format="torch", **kwargs
+            )
+        holder["loader"].set_epoch(epoch)
+        return iter(holder["loader"])
+
+    checked = spec if stack else {**spec, "feature": "f31", "shape": []}
+    result = measure(make_epoch, checked, args, multiprocess=False)
+    loader = holder["loader"]
+    result["cache_bytes"] = loader.stats()["cache_bytes"]
+    result["peak_rss"] = w_peak_rss()
+    if not stack:
+        return result
+    # the packed row-major ceiling: the loader's own (rows, 32) block and label, the very same
+    # index arrays, one np.take per array and batch, no loader around it
+    cache = loader._prepare().source
+    x, y = cache.storage["features"], cache.storage["label"][:, 0]
+    orders = []
+    for e in range(max(1, result["epochs_complete"])):
+        loader.set_epoch(e)
+        orders.append(loader._plan().indices)
+
+    def gather_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        order = orders[epoch % len(orders)]
+        for b in range(len(order) // BATCH):
+            idx = order[b * BATCH : (b + 1) * BATCH]
+            yield {"features": torch.from_numpy(np.take(x, idx, axis=0)),
+                   "label": torch.from_numpy(np.take(y, idx))}  # fmt: skip
+
+    ceiling = measure(gather_epoch, spec, args, multiprocess=False)
+    result["ceiling"] = {k: ceiling[k] for k in ("samples_per_s", "seconds", "rows")}
+    return result
+
+
+def aw_frame(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """The features stacked once into a (rows, 32) float32 array and the labels (pandas)."""
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.concat([pd.read_parquet(f) for f in shard_files(spec["dir"])], ignore_index=True)
+    return frame[AW_COLUMNS].to_numpy(dtype=np.float32), frame["label"].to_numpy()
+
+
+def aw_torch(spec: dict[str, Any], args: argparse.Namespace, workers: int) -> dict[str, Any]:
+    import torch
+    from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+    class Rows(Dataset):
+        def __init__(self) -> None:
+            self.x, self.y = aw_frame(spec)
+
+        def __len__(self) -> int:
+            return len(self.y)
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return {"features": self.x[i], "label": self.y[i]}
+
+    holder: dict[str, Any] = {}
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        if epoch == 0:
+            data = Rows()
+            sampler = RandomSampler(data, generator=torch.Generator().manual_seed(SEED))
+            holder["dl"] = DataLoader(data, batch_size=BATCH, sampler=sampler,
+                                      num_workers=workers, drop_last=True)  # fmt: skip
+        return iter(holder["dl"])
+
+    result = measure(make_epoch, spec, args, multiprocess=workers > 0)
+    result["peak_rss"] = w_peak_rss()
+    return result
+
+
+def aw_tf(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+    import torch
+
+    holder: dict[str, Any] = {}
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        if epoch == 0:
+            table = pq.read_table(shard_files(spec["dir"]))
+            x = np.stack([table[c].to_numpy() for c in AW_COLUMNS], axis=1)
+            y = table["label"].to_numpy()
+            holder["ds"] = (
+                tf.data.Dataset.from_tensor_slices({"features": x, "label": y})
+                .shuffle(len(y), seed=SEED, reshuffle_each_iteration=True)
+                .batch(BATCH, drop_remainder=True)
+                .prefetch(tf.data.AUTOTUNE)
+            )
+        for batch in holder["ds"]:
+            yield {k: torch.from_numpy(v.numpy()) for k, v in batch.items()}
+
+    result = measure(make_epoch, spec, args, multiprocess=False)
+    result["peak_rss"] = w_peak_rss()
+    return result
+
+
+def aw_ray(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+    import torch
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    buffer = int(spec["n"] * SHUFFLE_BUFFER_FRACTION)
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        ds = ray.data.read_parquet(shard_files(spec["dir"]))
+        for batch in ds.iter_torch_batches(batch_size=BATCH, local_shuffle_buffer_size=buffer,
+                                           local_shuffle_seed=SEED + epoch, drop_last=True):
+            yield {"features": torch.stack([batch[c] for c in AW_COLUMNS], dim=1),
+                   "label": batch["label"]}  # fmt: skip
+
+    try:
+        result = measure(make_epoch, spec, args, multiprocess=True)
+    finally:
+        ray.shutdown()
+    result["peak_rss"] = w_peak_rss()
+    result["shuffle_buffer_rows"] = buffer
+    return result
+
+
+B_DATA: dict[str, dict[str, Any]] = {
+    "B": {"rows": 100_000, "quick_rows": 10_000, "feature": "image", "shape": [3, 64, 64],
+          "dtype": "uint8"},
+    "A32": {"rows": 1_000_000, "quick_rows": 100_000, "feature": "x", "shape": [32],
+            "dtype": "float32"},
+}  # fmt: skip
+
+
+def b_specs(work: Path, quick: bool) -> dict[str, dict[str, Any]]:
+    specs = {}
+    for name, d in B_DATA.items():
+        n = d["quick_rows"] if quick else d["rows"]
+        for encoding in ("binary", "lists"):
+            key = f"{name}-{encoding}"
+            specs[key] = {**d, "name": key, "data": name, "encoding": encoding, "n": n,
+                          "dir": str(work / f"{name}-{n}-{encoding}")}  # fmt: skip
+    return specs
+
+
+def b_table(spec: dict[str, Any]) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    rng, n, shape = np.random.default_rng(SEED), spec["n"], (spec["n"], *spec["shape"])
+    if spec["dtype"] == "uint8":
+        values = rng.integers(0, 256, shape, dtype=np.uint8)
+    else:
+        values = rng.standard_normal(shape, dtype=np.float32)
+    tensor = pa.FixedShapeTensorArray.from_numpy_ndarray(values)
+    return pa.table({spec["feature"]: tensor, "label": rng.integers(0, 10, n)})
+
+
+def b_write_lists(table: Any, out: Path) -> None:
+    """``table`` as feedline wrote it before tensors were stored as binary: list-encoded
+    tensor columns (dictionary tried as ``dictionary_columns`` says, zstd, page checksums),
+    4 shards of 4 row groups, a manifest with sizes, sha256 and footer digests."""
+    import pyarrow.parquet as pq
+
+    from feedline.io.footer import footer_of
+    from feedline.io.manifest import MANIFEST_NAME, Manifest, ShardInfo
+    from feedline.io.shards import dictionary_columns, file_checksum
+    from feedline.io.storage import resolve
+
+    out.mkdir(parents=True, exist_ok=True)
+    n, shards = table.num_rows, []
+    for i in range(SHARDS):
+        part, name = table.slice(i * n // SHARDS, n // SHARDS), f"part-{i:05d}.parquet"
+        pq.write_table(part, out / name, row_group_size=n // 16, compression="zstd",
+                       use_dictionary=dictionary_columns(table.schema), write_page_checksum=True)
+        loc = resolve(out / name)
+        size, checksum = file_checksum(loc)
+        footer = footer_of(loc)
+        shards.append(ShardInfo(name, part.num_rows, size, footer.row_groups, checksum,
+                                footer.digest, True))  # fmt: skip
+    (out / MANIFEST_NAME).write_text(Manifest(table.schema, shards).to_json())
+
+
+def b_make_data(spec: dict[str, Any]) -> None:
+    import feedline as fl
+
+    out = Path(spec["dir"])
+    if (out / "_feedline.json").exists():
+        return
+    table, start = b_table(spec), time.perf_counter()
+    if spec["encoding"] == "binary":
+        fl.from_arrow(table).write(out, rows_per_shard=spec["n"] // SHARDS, bytes_per_shard=None,
+                                   row_group_rows=spec["n"] // 16)  # fmt: skip
+    else:
+        b_write_lists(table, out)
+    print(f"wrote {spec['name']}: {spec['n']:,} rows in {time.perf_counter() - start:.1f}s",
+          flush=True)  # fmt: skip
+
+
+def b_feedline(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """First batch and samples/s of ``fl.open(path).loader``; then the cache fill alone."""
+    import feedline as fl
+
+    holder: dict[str, Any] = {}
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        if epoch == 0:
+            holder["loader"] = fl.open(spec["dir"]).loader(batch_size=BATCH, shuffle=True,
+                                                           seed=SEED, format="torch")  # fmt: skip
+        holder["loader"].set_epoch(epoch)
+        return iter(holder["loader"])
+
+    result = measure(make_epoch, spec, args, multiprocess=False)
+    result["cache_bytes"] = holder.pop("loader").stats()["cache_bytes"]
+    result["peak_rss"] = w_peak_rss()
+    fills = []
+    for _ in range(args.b_fills):  # the fill alone, opened afresh each time (page cache warm)
+        start = time.perf_counter()
+        loader = fl.open(spec["dir"]).loader(batch_size=BATCH, format="torch")
+        loader._prepare()
+        fills.append(time.perf_counter() - start)
+        del loader
+    result["fill_s"] = sorted(fills)[len(fills) // 2]
+    result["fill_bytes_per_s"] = result["cache_bytes"] / result["fill_s"]
+    return result
+
+
+def awb_worker(args: argparse.Namespace) -> None:
+    """Child process of cases A-wide and B: one runner; its result to ``args.result``."""
+    spec = json.loads(args.spec)
+    fns: dict[str, Callable[[], dict[str, Any]]] = {
+        "feedline-stack": lambda: aw_feedline(spec, args, stack=True),
+        "feedline-dict": lambda: aw_feedline(spec, args, stack=False),
+        "torch-dl-w0": lambda: aw_torch(spec, args, 0),
+        "torch-dl-w2": lambda: aw_torch(spec, args, 2),
+        "tf-data": lambda: aw_tf(spec, args),
+        "ray-data": lambda: aw_ray(spec, args),
+        "feedline": lambda: b_feedline(spec, args),
+        "feedline-lists": lambda: b_feedline(spec, args),
+    }
+    try:
+        result = {"status": "ok", **fns[args.worker]()}
+    except BaseException as exc:  # noqa: BLE001 - reported in the table
+        sys.stderr.write(traceback.format_exc())
+        result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    Path(args.result).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def awb_run_child(runner: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(args.work)
+    result_file = work / f"result-{spec['name']}-{runner}.json"
+    result_file.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--case", args.case, "--worker",
+           runner, "--spec", json.dumps(spec), "--result", str(result_file),
+           "--min-seconds", str(args.min_seconds), "--cap-seconds", str(args.cap_seconds),
+           "--max-epochs", str(args.max_epochs), "--b-fills", str(args.b_fills)]  # fmt: skip
+    log = work / f"log-{spec['name']}-{runner}.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_DEDUP_LOGS": "0"}
+    try:
+        with open(log, "w") as out:
+            subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                           timeout=args.cap_seconds + args.setup_seconds, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "error": f"no result in time (log: {log})"}
+    if result_file.exists():
+        return json.loads(result_file.read_text())
+    return {"status": "crashed", "error": f"no result (log: {log})"}
+
+
+def awb_defaults(args: argparse.Namespace) -> None:
+    if args.min_seconds is None:
+        args.min_seconds = 2.0 if args.quick else 5.0
+    if args.cap_seconds is None:
+        args.cap_seconds = 8.0 if args.quick else 25.0
+
+
+def aw_markdown(results: dict[str, dict], spec: dict[str, Any], command: str) -> str:
+    out = ["## Wide table: 32 float32 columns + int64 label (bench/loader.py --case A-wide)",
+           "", "```", command, "```", ""]  # fmt: skip
+    out.append(
+        f"{spec['n']:,} rows, `f0..f31` float32 and `label` int64 as 33 separate columns "
+        f"({SHARDS} zstd Parquet shards written by feedline), batch {BATCH}, shuffled, torch "
+        "tensors out, each loader in its own process. samples/s after the first batch over "
+        "whole epochs; first batch includes reading the data. Not run here: "
+        + "; ".join(f"{k} ({v})" for k, v in AW_SKIPPED.items()) + "."
+    )
+    out += ["", "| loader | samples/s | vs best peer | first batch s | peak RSS MB | notes |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    peers = {k: r for k, r in results.items() if not k.startswith("feedline")
+             and r.get("status") == "ok"}  # fmt: skip
+    best = max(peers, key=lambda k: peers[k]["samples_per_s"] or 0, default=None)
+    for name, r in results.items():
+        if r.get("status") != "ok":
+            out.append(f"| {name} | {r.get('status')}: {r.get('error', '')} | | | | |")
+            continue
+        vs = f"{r['samples_per_s'] / peers[best]['samples_per_s']:.1f}x" if best else "-"
+        out.append(f"| {name} | {r['samples_per_s']:,.0f} | {vs} | {r['first_batch_s']:.2f} | "
+                   f"{r['peak_rss'] / 1e6:,.0f} | {rows_note(r)} |")  # fmt: skip
+    stack = results.get("feedline-stack", {})
+    if stack.get("status") == "ok":
+        ceiling = stack["ceiling"]["samples_per_s"]
+        out.append(f"| packed np.take + from_numpy (ceiling) | {ceiling:,.0f} | | | | same "
+                   "(rows, 32) block, same index arrays |")  # fmt: skip
+        out.append("")
+        for name in ("feedline-stack", "feedline-dict"):
+            r = results.get(name, {})
+            if r.get("status") != "ok":
+                continue
+            ratio = r["samples_per_s"] / peers[best]["samples_per_s"] if best else 0
+            share = r["samples_per_s"] / ceiling
+            out.append(f"- {name}: {ratio:.1f}x the best peer ({best}; goal >= 10x: "
+                       f"{'met' if ratio >= 10 else 'missed'}), {share:.0%} of the packed ceiling "
+                       f"(goal >= 80%: {'met' if share >= 0.8 else 'missed'}).")  # fmt: skip
+    return "\n".join(out)
+
+
+def case_aw(args: argparse.Namespace) -> None:
+    """``--case A-wide``: write the wide table, run each loader in a child, report."""
+    awb_defaults(args)
+    if args.worker:
+        awb_worker(args)
+        return
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    spec = aw_spec(work, args.quick)
+    aw_make_data(spec)
+    results = {}
+    for runner in [r for r in AW_RUNNERS if not args.only or r in args.only]:
+        results[runner] = awb_run_child(runner, spec, args)
+        print(f"[A-wide] {runner}: {results[runner].get('status')} "
+              f"{rate(results[runner].get('samples_per_s'))} samples/s", file=sys.stderr,
+              flush=True)  # fmt: skip
+    command = ("flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case A-wide"
+               + (" --quick" if args.quick else ""))  # fmt: skip
+    AW_OUT.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"command": command, "cpus": os.cpu_count(), "python": platform.python_version(),
+            "runners": AW_RUNNERS, "skipped": AW_SKIPPED, "spec": spec}  # fmt: skip
+    AW_OUT.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+    print(aw_markdown(results, spec, command))
+
+
+def b_markdown(results: dict[str, dict], specs: dict[str, dict], command: str) -> str:
+    out = ["## Tensor columns: stored as binary vs as lists (bench/loader.py --case B)", "",
+           "```", command, "```", ""]  # fmt: skip
+    out.append(
+        "`fl.open(path).loader(batch_size=256, shuffle=True, format='torch')` over the same "
+        f"rows stored two ways ({SHARDS} shards, 16 row groups, zstd where it pays, page "
+        "checksums verified): as `ds.write` stores tensors now (fixed-size binary, PLAIN) and "
+        "as before (Parquet lists). First batch = open + cache fill + first gather; fill = "
+        "the cache fill alone (median of the repeats, page cache warm)."
+    )
+    out += ["", "| data | stored as | first batch s | fill s | fill GB/s | samples/s | "
+            "peak RSS MB |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for key, r in results.items():
+        spec = specs[key]
+        what = f"{spec['data']} ({spec['n']:,} x {spec['dtype']}{spec['shape']})"
+        if r.get("status") != "ok":
+            out.append(f"| {what} | {spec['encoding']} | {r.get('status')}: {r.get('error')} |")
+            continue
+        out.append(f"| {what} | {spec['encoding']} | {r['first_batch_s']:.2f} | "
+                   f"{r['fill_s']:.2f} | {r['fill_bytes_per_s'] / 1e9:.2f} | "
+                   f"{r['samples_per_s']:,.0f} | {r['peak_rss'] / 1e6:,.0f} |")  # fmt: skip
+    out.append("")
+    for data in B_DATA:
+        new, old = results.get(f"{data}-binary", {}), results.get(f"{data}-lists", {})
+        if new.get("status") == "ok" and old.get("status") == "ok":
+            out.append(f"- {data}: the fill reads {new['fill_bytes_per_s'] / 1e9:.2f} GB/s "
+                       f"stored as binary vs {old['fill_bytes_per_s'] / 1e9:.2f} GB/s as lists "
+                       f"({new['fill_bytes_per_s'] / old['fill_bytes_per_s']:.1f}x); first "
+                       f"batch {new['first_batch_s']:.2f} s vs {old['first_batch_s']:.2f} s"
+                       + (" (goal < 1 s: " + ("met" if new["first_batch_s"] < 1 else "missed")
+                          + ")" if data == "B" else "") + ".")  # fmt: skip
+    return "\n".join(out)
+
+
+def case_b(args: argparse.Namespace) -> None:
+    """``--case B``: 100k images (and 1M x float32[32]) stored as binary and as lists."""
+    awb_defaults(args)
+    if args.worker:
+        awb_worker(args)
+        return
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    specs = b_specs(work, args.quick)
+    results = {}
+    for key, spec in specs.items():
+        b_make_data(spec)
+        runner = "feedline" if spec["encoding"] == "binary" else "feedline-lists"
+        results[key] = awb_run_child(runner, spec, args)
+        print(f"[B] {key}: {results[key].get('status')} first batch "
+              f"{results[key].get('first_batch_s')}", file=sys.stderr, flush=True)  # fmt: skip
+    command = ("flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case B"
+               + (" --quick" if args.quick else ""))  # fmt: skip
+    B_OUT.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"command": command, "cpus": os.cpu_count(), "python": platform.python_version(),
+            "runners": B_RUNNERS, "specs": specs}  # fmt: skip
+    B_OUT.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+    print(b_markdown(results, specs, command))
+
+
+#: the cases run by ``--case NAME`` instead of the default tabular/image comparison
+CASES: dict[str, Callable[[argparse.Namespace], None]] = {
+    "W": case_w, "J": case_j, "A-wide": case_aw, "B": case_b,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="100k / 10k rows, shorter caps")
@@ -855,7 +2223,26 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--case", choices=sorted(CASES), default=None,
+                        help="run one named case instead (W: time-series windows, J: JPEG "
+                        "decode + augmentation, A-wide: 32 separate float32 columns, B: "
+                        "tensors stored as binary vs lists)")  # fmt: skip
+    parser.add_argument("--b-fills", type=int, default=3,
+                        help="case B: cache fills timed after the run (median)")  # fmt: skip
+    parser.add_argument("--w-batches", type=int, default=3000,
+                        help="case W: batches timed per loader (first batch excluded)")  # fmt: skip
+    parser.add_argument("--w-repeat", type=int, default=3,
+                        help="case W: round-robin runs per loader (median reported)")  # fmt: skip
+    parser.add_argument("--j-images", type=int, default=5000, help="case J: JPEGs (--quick: 1000)")
+    parser.add_argument("--j-repeat", type=int, default=3,
+                        help="case J: round-robin runs per runner (median reported)")  # fmt: skip
+    parser.add_argument("--j-epochs", type=int, default=2, help="case J: epochs timed per run")
+    parser.add_argument("--j-decode-images", type=int, default=300,
+                        help="case J: images of the one-thread decoder comparison")  # fmt: skip
     args = parser.parse_args()
+    if args.case:
+        CASES[args.case](args)
+        return
     if args.min_seconds is None:
         args.min_seconds = 2.0 if args.quick else 5.0
     if args.cap_seconds is None:

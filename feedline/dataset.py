@@ -14,12 +14,16 @@ from feedline.engines.base import Engine, WriteInfo, WriteOptions, get_engine
 from feedline.engines.fusion import rebatch
 from feedline.engines.schema import infer_schema
 from feedline.errors import ConfigurationError
+from feedline.io.pandas_metadata import valid_pandas_schema
 from feedline.io.source import ExecutionReport, Source
 from feedline.io.storage import resolve
 from feedline.plan import Filter, Limit, MapBatches, Plan, Sample, Select, Transform
 
 if TYPE_CHECKING:
     from feedline.io.format import Manifest
+    from feedline.io.shard_source import BatchStream, ShardSource
+    from feedline.loader import Loader, Windows
+    from feedline.preprocess.base import Preprocessor
 
 __all__ = ["Dataset", "infer_schema"]
 
@@ -57,6 +61,40 @@ class Dataset:
     def manifest(self) -> Manifest | None:
         """The manifest when this dataset reads a committed feedline dataset, else ``None``."""
         return getattr(self._plan.source, "manifest", None)
+
+    @property
+    def preprocessor(self) -> Preprocessor | None:
+        """The fitted preprocessing stored with a written dataset, ready for serving.
+
+        Rebuilt (with :func:`feedline.preprocess.from_state`, which runs no foreign code)
+        from the manifest of the committed dataset this one reads: the preprocessor that
+        ``ds.transform(p)`` fitted when the write ran, or a :class:`~feedline.Chain` of them
+        when the pipeline had several. ``None`` when the dataset was never written (a lazy
+        plan: write it, then ``fl.open(path).preprocessor``) or its pipeline had none. Each
+        access rebuilds it: keep the result.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa, tempfile
+        >>> path = tempfile.mkdtemp() + "/ds"
+        >>> ds = fl.from_arrow(pa.table({"x": [1.0, 3.0]})).transform(fl.StandardScaler("x"))
+        >>> _ = ds.write(path)
+        >>> fl.open(path).preprocessor.transform_record({"x": 3.0})
+        {'x': 1.0}
+        >>> fl.range(3).preprocessor is None
+        True
+        """
+        manifest = self.manifest
+        if manifest is None or not manifest.preprocessors:
+            return None
+        from feedline.preprocess.base import from_state
+
+        steps = [from_state(entry.get("state")) for entry in manifest.preprocessors]
+        if len(steps) == 1:
+            return steps[0]
+        from feedline.preprocess.chain import Chain
+
+        return Chain(steps)
 
     def __repr__(self) -> str:
         return "Dataset(" + " -> ".join(self._plan.describe()) + ")"
@@ -208,8 +246,11 @@ class Dataset:
     # ------------------------------------------------------------------ inspection
 
     def schema(self) -> pa.Schema:
-        """The output schema; user functions run on at most 16 rows only when needed."""
-        return infer_schema(self._resolved_plan())
+        """The output schema; user functions run on at most 16 rows only when needed.
+
+        Its ``pandas`` metadata keeps only what is still true of the columns.
+        """
+        return valid_pandas_schema(infer_schema(self._resolved_plan()))
 
     def explain(self, analyze: bool = False, engine: str | Engine | None = None) -> str:
         """The plan, one operator per line, with what is pushed into the reader.
@@ -321,11 +362,14 @@ class Dataset:
         return rebatch(stream, batch_size) if batch_size else stream
 
     def to_arrow(self, engine: str | Engine | None = None) -> pa.Table:
-        """Run the plan and collect the result as a ``pyarrow.Table``."""
+        """Run the plan and collect the result as a ``pyarrow.Table``.
+
+        Its ``pandas`` schema metadata (from ``fl.from_pandas``) keeps only what is still
+        true of the result's columns (:mod:`feedline.io.pandas_metadata`).
+        """
         batches = list(self._execute(engine, preserve_order=True))
-        if not batches:
-            return self.schema().empty_table()
-        return pa.Table.from_batches(batches)
+        table = pa.Table.from_batches(batches) if batches else self.schema().empty_table()
+        return table.replace_schema_metadata(valid_pandas_schema(table.schema).metadata)
 
     def to_pandas(self, engine: str | Engine | None = None) -> Any:
         """Run the plan and collect the result as a pandas DataFrame."""
@@ -408,11 +452,96 @@ class Dataset:
 
         return to_ray(self, engine)
 
-    def loader(self, **kwargs: Any) -> Any:
-        """A training loader over this dataset (see :class:`feedline.loader.Loader`)."""
+    def loader(
+        self,
+        batch_size: int = 256,
+        shuffle: bool = True,
+        seed: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool | None = None,
+        columns: Sequence[str] | None = None,
+        cache: str = "auto",
+        prefetch: int = 2,
+        format: str = "torch",  # noqa: A002 - the documented public name
+        pin_memory: bool = False,
+        shuffle_window: int | None = None,
+        memory_budget: int | str = "2GB",
+        windows: Windows | None = None,
+        *,
+        strings: str = "raise",
+        return_padding_mask: bool = False,
+        track: bool | str = False,
+        cache_dir: str | os.PathLike[str] | bool | None = None,
+        cache_limit: int | str = "20GB",
+        stack: Mapping[str, Sequence[str]] | None = None,
+        dtype: Any = None,
+        pad_last: bool = False,
+        transform: Callable[..., Any] | None = None,
+        batched: bool = False,
+        num_workers: int = 0,
+        worker_type: str = "thread",
+        device: Any = None,
+    ) -> Loader:
+        """A training loader over this dataset: :class:`feedline.loader.Loader`, whose
+        docstring describes every parameter (the same, in the same order).
+
+        Training: ``ds.loader(batch_size=256, seed=0)`` (shuffled, remainder dropped);
+        evaluation: ``ds.loader(batch_size=256, shuffle=False)`` (every sample once, a short
+        last batch).
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> [b["id"].tolist() for b in fl.range(5).loader(batch_size=2, shuffle=False)]
+        [[0, 1], [2, 3], [4]]
+        """
         from feedline.loader import Loader
 
-        return Loader(self, **kwargs)
+        return Loader(
+            self, batch_size, shuffle, seed, rank, world_size, drop_last, columns, cache,
+            prefetch, format, pin_memory, shuffle_window, memory_budget, windows,
+            strings=strings, return_padding_mask=return_padding_mask, track=track,
+            cache_dir=cache_dir, cache_limit=cache_limit, stack=stack, dtype=dtype,
+            pad_last=pad_last, transform=transform, batched=batched, num_workers=num_workers,
+            worker_type=worker_type, device=device,
+        )  # fmt: skip
+
+    def _loader_source(self, columns: Sequence[str] | None = None) -> ShardSource | BatchStream:
+        """What a loader reads (the seam: the loader never sees a Dataset).
+
+        A written dataset or a Parquet folder read as it is (a plan of column selections at
+        most) gives its :class:`~feedline.io.shard_source.ShardSource`; any other plan a
+        :class:`~feedline.io.shard_source.BatchStream` of its batches (row count known when
+        metadata tells). ``columns`` selects columns first.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> fl.range(10).limit(4)._loader_source().num_rows
+        4
+        """
+        from feedline.io.parquet import ParquetSource
+        from feedline.io.shard_source import BatchStream, ShardSource
+
+        if columns is not None:
+            return self.select(list(columns))._loader_source()
+        plan, schema = self._plan, self.schema()
+        as_stored = all(isinstance(op, Select) for op in plan.ops)
+        if isinstance(plan.source, ParquetSource) and as_stored:
+            return ShardSource.from_source(plan.source, schema.names)
+        rows = None
+        if all(isinstance(op, Select | Limit) for op in plan.ops):
+            rows = plan.source.count_rows()
+            for op in plan.ops:
+                if rows is not None and isinstance(op, Limit):
+                    rows = min(rows, op.n)
+
+        def batches(names: Sequence[str] | None) -> Iterator[pa.RecordBatch]:
+            same = names is None or list(names) == schema.names
+            return (self if same else self.select(list(names))).iter_batches()
+
+        return BatchStream(schema, rows, batches, repr(self))
 
 
 def _fit(op: Transform, upstream: Dataset, engine: str | Engine | None) -> Any:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from feedline.dataset import Dataset
-from feedline.errors import ConfigurationError
+from feedline.errors import ConfigurationError, SchemaError
 from feedline.io.csv import CsvSource
 from feedline.io.images import ImageFolderSource
 from feedline.io.jsonl import JsonlSource
@@ -69,13 +69,24 @@ def read_csv(
     column_types: Mapping[str, pa.DataType] | None = None,
     delimiter: str = ",",
     on_error: Literal["raise", "skip"] = "raise",
+    null_values: Sequence[str] | None = None,
+    strings_can_be_null: bool = False,
+    newlines_in_values: bool = False,
     storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     """Read CSV files (``.csv``, ``.tsv``, gzipped too) with a streaming parallel reader.
 
-    Types are inferred from the first block of the first file unless ``schema`` or
-    ``column_types`` say otherwise. ``on_error="skip"`` drops rows with the wrong number
-    of fields and counts them in the execution report.
+    Types are inferred from samples of the first file (its first MB and windows across it)
+    unless ``schema`` or ``column_types`` say otherwise (a name in ``column_types`` that the
+    file lacks is a :class:`~feedline.errors.SchemaError`). ``on_error="skip"`` drops rows
+    with the wrong number of fields, and lines that leave a quote open, and counts them in
+    the execution report; ``"raise"`` names the file and line.
+
+    Nulls: by default pyarrow's spellings (``""``, ``NA``, ``N/A``, ``NULL``, ``null``,
+    ``NaN``…) are null in every column but strings, where an empty field stays ``""``.
+    ``strings_can_be_null=True`` makes them null in string columns too; ``null_values``
+    replaces the spellings. ``newlines_in_values=True`` allows quoted values that span lines
+    (files are then not split into byte ranges).
 
     Examples
     --------
@@ -84,6 +95,11 @@ def read_csv(
     >>> _ = pathlib.Path(path).write_text("x,y\\n1,a\\n2,b\\n")
     >>> fl.read_csv(path).to_arrow()["x"].to_pylist()
     [1, 2]
+    >>> _ = pathlib.Path(path).write_text("x,y\\n1,\\n2,b\\n")
+    >>> fl.read_csv(path).to_arrow()["y"].to_pylist()
+    ['', 'b']
+    >>> fl.read_csv(path, strings_can_be_null=True).to_arrow()["y"].to_pylist()
+    [None, 'b']
     """
     source = CsvSource(
         paths,
@@ -91,6 +107,9 @@ def read_csv(
         column_types=column_types,
         delimiter=delimiter,
         on_error=on_error,
+        null_values=null_values,
+        strings_can_be_null=strings_can_be_null,
+        newlines_in_values=newlines_in_values,
         storage_options=storage_options,
     )
     ds = Dataset.from_source(source)
@@ -199,7 +218,28 @@ def from_pandas(df: Any) -> Dataset:
             f"from_pandas() needs a pandas DataFrame, got {type(df).__name__}. Fix: use "
             "fl.from_arrow() for Arrow tables or fl.from_polars() for Polars frames."
         )
-    return Dataset.from_source(ArrowSource(table_from_pandas(df), name="pandas DataFrame"))
+    try:
+        table = table_from_pandas(df)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        column = _unconvertible_column(df)
+        raise SchemaError(
+            f"from_pandas() cannot convert the column {column!r} (dtype "
+            f"{df[column].dtype if column is not None else '?'}) to Arrow: {exc}. Fix: give "
+            "its Arrow type yourself, fl.from_arrow(pa.Table.from_pandas(df, schema=...)) "
+            "(e.g. pa.map_(pa.string(), pa.int64()) for lists of pairs), or convert the column "
+            "to plain values first."
+        ) from exc
+    return Dataset.from_source(ArrowSource(table, name="pandas DataFrame"))
+
+
+def _unconvertible_column(df: Any) -> Any:
+    """The first column of ``df`` Arrow cannot infer a type for (``None`` if none alone)."""
+    for name in df.columns:
+        try:
+            pa.array(df[name], from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            return name
+    return None
 
 
 def from_polars(df: Any) -> Dataset:

@@ -476,3 +476,33 @@ def test_to_arrow_of_an_empty_result_keeps_the_schema():
 def test_repr_lists_the_plan():
     text = repr(fl.range(3).select(["id"]).limit(2))
     assert text.startswith("Dataset(") and "Select(id)" in text and "Limit(2)" in text
+
+
+# ------------------------------------------------------------------ the stored preprocessor
+
+
+def test_preprocessor_of_a_written_dataset_is_the_fitted_pipeline(tmp_path):
+    table = pa.table({"price": [1.0, 2.0, 6.0], "cat": ["a", "b", "a"]})
+    scaler, indexer = fl.StandardScaler("price"), fl.StringIndexer("cat")
+    fl.from_arrow(table).transform(scaler).transform(indexer).write(tmp_path / "ds")
+    stored = fl.open(tmp_path / "ds").preprocessor
+    assert isinstance(stored, fl.Chain) and stored.is_fitted  # two transforms: one chain
+    written = fl.open(tmp_path / "ds").to_arrow().to_pylist()
+    assert [stored.transform_record(r) for r in table.to_pylist()] == written
+    # the user's objects stay unfitted, and the error says where the fitted copy is
+    assert not scaler.is_fitted
+    with pytest.raises(fl.ConfigurationError) as info:
+        scaler.transform_record({"price": 1.0})
+    message = str(info.value)
+    assert "fl.open(path).preprocessor" in message and "p = p.fit(ds)" in message
+    assert "Fix:" in message
+
+
+def test_preprocessor_is_none_without_a_stored_pipeline(tmp_path):
+    assert fl.range(3).preprocessor is None  # never written
+    assert fl.range(3).transform(fl.StandardScaler("id")).preprocessor is None
+    fl.range(3).write(tmp_path / "plain")
+    assert fl.open(tmp_path / "plain").preprocessor is None
+    fl.range(3).transform(fl.StandardScaler("id")).write(tmp_path / "one")
+    one = fl.open(tmp_path / "one").preprocessor
+    assert isinstance(one, fl.StandardScaler) and one.transform_record({"id": 1}) == {"id": 0.0}

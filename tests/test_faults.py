@@ -272,9 +272,9 @@ def test_open_and_read_over_s3_recover(s3_ds: tuple[str, dict[str, Any]]) -> Non
 
 
 def test_persistent_transient_fault_raises_storage_error_naming_the_object(local_ds: Path) -> None:
-    plan = FaultPlan([Fault("read", error="unavailable", times=None, path="part-00001")])
+    plan = FaultPlan([Fault("read", nth=2, error="unavailable", times=None, path="part-00001")])
     url, options = plan.wrap(local_ds, retry=FAST)
-    ds = fl.open(url, storage_options=options)
+    ds = fl.open(url, storage_options=options)  # read 1: the footer, checked on open
     with pytest.raises(fl.StorageError) as info:
         ds.to_arrow()
     message = str(info.value)
@@ -388,9 +388,9 @@ def test_loader_with_a_lost_shard_raises_naming_it(
     s3_ds: tuple[str, dict[str, Any]], shard_cache: bool, tmp_path: Path
 ) -> None:
     url, so = s3_ds
-    plan = FaultPlan([Fault("read", error="server_error", times=None, path="part-00001")])
+    plan = FaultPlan([Fault("read", nth=2, error="server_error", times=None, path="part-00001")])
     faulty, options = plan.wrap(url, so, FAST)
-    loader = fl.open(faulty, storage_options=options).loader(
+    loader = fl.open(faulty, storage_options=options).loader(  # read 1: the footer, on open
         batch_size=40, format="numpy", cache_dir=shard_cache and tmp_path
     )
     with pytest.raises(fl.StorageError) as info:
@@ -415,9 +415,11 @@ def test_a_stall_past_the_timeout_is_retried(local_ds: Path) -> None:
 def test_a_permanent_stall_raises_instead_of_hanging(s3_ds: tuple[str, dict[str, Any]]) -> None:
     url, so = s3_ds
     policy = fl.RetryPolicy(attempts=2, base_delay=0.001, timeout=0.3)
-    plan = FaultPlan([Fault("read", error="stall", times=None, stall_s=2.0, path="part-00000")])
+    plan = FaultPlan(
+        [Fault("read", nth=2, error="stall", times=None, stall_s=2.0, path="part-00000")]
+    )
     faulty, options = plan.wrap(url, so, policy)
-    loader = fl.open(faulty, storage_options=options).loader(
+    loader = fl.open(faulty, storage_options=options).loader(  # read 1: the footer, on open
         batch_size=40, format="numpy", cache_dir=False
     )
     with pytest.raises(fl.StorageError) as info:

@@ -275,6 +275,63 @@ def test_truncated_or_missing_shard_fails_verify(tmp_path):
         fl.verify(out)
 
 
+def test_shards_record_their_footer_digest_and_page_checksums(tmp_path):
+    out = tmp_path / "out"
+    fl.range(5_000).write(out, rows_per_shard=2_000)
+    for shard in manifest_of(out)["shards"]:
+        data = (out / shard["path"]).read_bytes()
+        footer = data[-(int.from_bytes(data[-8:-4], "little") + 8) :]  # metadata, length, PAR1
+        assert shard["footer"] == "sha256:" + hashlib.sha256(footer).hexdigest()
+        assert shard["page_checksums"] is True
+
+
+def _move_rows(doc: dict) -> None:
+    first, second = doc["shards"][0], doc["shards"][1]
+    first.update(rows=1_100, row_groups=[500, 600])
+    second.update(rows=900, row_groups=[500, 400])
+
+
+def _other_schema(doc: dict) -> None:
+    from feedline.io.manifest import schema_to_json
+
+    doc["schema"] = schema_to_json(pa.schema({"id": pa.int32()}))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(_move_rows, id="rows-moved-between-shards"),
+        pytest.param(lambda d: d["shards"][0].update(row_groups=[250, 750]), id="row-groups"),
+        pytest.param(_other_schema, id="schema"),
+        pytest.param(lambda d: d["shards"][0].update(footer="sha256:" + "0" * 64), id="footer"),
+    ],
+)
+def test_verify_checks_the_footers_not_only_the_checksums(tmp_path, change):
+    """A manifest whose checksums still match its shards but whose rows, row groups or schema
+    do not: verify (and the CLI) must not say OK on a dataset open or the loader refuses."""
+    from feedline.cli import main
+
+    out = tmp_path / "out"
+    fl.range(3_000).write(out, rows_per_shard=1_000, row_group_rows=500)
+    doc = manifest_of(out)
+    change(doc)
+    (out / MANIFEST_NAME).write_text(json.dumps(doc))
+    with pytest.raises((fl.IntegrityError, fl.SchemaError), match=r"part-00000-") as info:
+        fl.verify(out)
+    assert "Fix:" in str(info.value)
+    assert main(["verify", str(out), "--quiet"]) == 2
+    with pytest.raises(fl.FeedlineError):
+        fl.open(out).loader(batch_size=100, format="numpy")
+
+
+def test_verify_accepts_types_parquet_stores_as_others(tmp_path):
+    out = tmp_path / "out"
+    table = pa.table({"t": pa.array([0, 1, None], pa.timestamp("s")), "d": [1.0, 2.0, 3.0]})
+    fl.from_arrow(table).write(out)
+    assert fl.verify(out).rows == 3  # timestamp[s] is stored as timestamp[ms]: no drift
+    assert fl.open(out).to_arrow().equals(table)
+
+
 def test_rerunning_a_write_replaces_the_dataset(tmp_path):
     out = tmp_path / "out"
     fl.range(10).write(out, rows_per_shard=3)

@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -198,13 +199,58 @@ def test_absurd_row_counts_are_bounded(dataset):
         fl.open(dataset)
 
 
+def _claim_rows(doc, rows, groups):
+    doc["shards"][0].update(rows=rows, row_groups=groups)
+    doc.pop("rows", None)
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        pytest.param(lambda d: _claim_rows(d, 2**53, [2**53]), id="2**53-rows"),
+        pytest.param(lambda d: _claim_rows(d, 2**53, [10, 2**53 - 10]), id="2**53-rows-2-groups"),
+        pytest.param(lambda d: _claim_rows(d, 20, [5, 15]), id="other-row-groups"),
+        pytest.param(lambda d: _claim_rows(d, 40, [20, 20]), id="more-rows"),
+        pytest.param(lambda d: d["shards"][0].update(bytes=2**53), id="2**53-bytes"),
+        pytest.param(lambda d: d["shards"][0].update(bytes=d["shards"][0]["bytes"] - 1),
+                     id="one-byte-less"),
+    ],
+)
+def test_manifest_sizes_are_checked_against_the_footers_before_any_allocation(dataset, claim):
+    """A manifest within the parser's bounds but lying about its shards (rows, row groups,
+    bytes) raises IntegrityError on open, from the footers: never a MemoryError in the
+    loader, which sizes its arrays from the manifest."""
+    doc = _doc(dataset)
+    claim(doc)
+    _put(dataset, doc)
+    with pytest.raises(fl.IntegrityError, match=r"part-00000.*the manifest says") as info:
+        loader = fl.open(dataset).loader(batch_size=8, columns=["id"], cache="memory",
+                                         format="numpy")
+        list(loader)
+    assert "Fix:" in str(info.value)
+
+
+def test_footers_are_read_in_parallel_and_the_first_bad_shard_is_named(tmp_path):
+    out = tmp_path / "many"
+    fl.from_arrow(_table(200)).write(out, rows_per_shard=5)
+    doc = _doc(out)
+    assert len(doc["shards"]) == 40
+    for index in (7, 30):
+        doc["shards"][index].update(rows=6, row_groups=[6])
+    doc["shards"][8].update(rows=4, row_groups=[4])
+    del doc["rows"]
+    _put(out, doc)
+    with pytest.raises(fl.IntegrityError, match=re.escape(doc["shards"][7]["path"])):
+        fl.open(out)
+
+
 def test_a_shard_path_through_a_symlinked_folder_stays_a_relative_path(dataset, tmp_path):
     # symlinks inside the folder are the owner's business; the manifest itself cannot
     # name anything outside it
     doc = _doc(dataset)
     doc["shards"][0]["path"] = "sub/" + doc["shards"][0]["path"]
     _put(dataset, doc)
-    with pytest.raises(fl.DataError, match="sub/part-00000"):
+    with pytest.raises(fl.IntegrityError, match=r"sub/part-00000.*missing"):
         fl.open(dataset).to_arrow()
 
 
@@ -224,10 +270,11 @@ def test_a_shard_with_other_rows_than_the_manifest_says(dataset):
     doc = _doc(dataset)
     shard = dataset / doc["shards"][1]["path"]
     pq.write_table(_table(25), shard, row_group_size=5)  # same schema, 25 rows, not 20
-    with pytest.raises(fl.IntegrityError, match=r"more than 20 rows.*manifest says 20"):
+    # caught on open, from the footer (its size, digest and rows differ from the manifest's)
+    with pytest.raises(fl.IntegrityError, match=r"part-00001.*the manifest says"):
         fl.open(dataset).to_arrow()
     pq.write_table(_table(15), shard)
-    with pytest.raises(fl.IntegrityError, match=r"15 rows; the manifest says 20"):
+    with pytest.raises(fl.IntegrityError, match=r"part-00001.*the manifest says"):
         fl.open(dataset).to_arrow()
     with pytest.raises(fl.IntegrityError):
         fl.verify(dataset)

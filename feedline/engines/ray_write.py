@@ -42,8 +42,8 @@ import pyarrow as pa
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.fusion import split_at_limits
 from feedline.io import format as fmt
-from feedline.io.parquet import read_footer
-from feedline.io.shards import conform
+from feedline.io.footer import footer_of
+from feedline.io.shards import conform, writable_schema
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
 from feedline.plan import Plan, pushdown
@@ -118,7 +118,7 @@ def write_plan(
     from feedline.engines.schema import infer_schema
 
     start = time.perf_counter()
-    schema = infer_schema(plan)
+    schema = writable_schema(infer_schema(plan), "the plan")
     for name in ("rows_per_shard", "row_group_rows"):
         value = getattr(options, name)
         if value is not None and value < 1:
@@ -193,6 +193,7 @@ def _layout(rds: Any, options: WriteOptions, schema: pa.Schema) -> tuple[Any, di
         "compression": options.compression or "none",
         "use_dictionary": fmt.dictionary_columns(schema),
         "write_statistics": True,
+        "write_page_checksum": True,  # CRC-32 per page, verified on every read
     }
     if options.rows_per_shard is not None:
         n = options.rows_per_shard
@@ -225,10 +226,12 @@ def _finalize(
         part = shard_name(number)
         fs.mv(staging.join(name), into.join(part))
         location = into.child(part)
-        meta = read_footer(location)
-        groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+        footer = footer_of(location)
+        rows = footer.metadata.num_rows
         size, checksum = fmt.file_checksum(location)
-        shards.append(fmt.ShardInfo(part, meta.num_rows, size, groups, checksum))
+        shards.append(
+            fmt.ShardInfo(part, rows, size, footer.row_groups, checksum, footer.digest, True)
+        )
         if on_rows is not None:
-            on_rows(meta.num_rows)
+            on_rows(rows)
     return shards

@@ -47,7 +47,7 @@ ERROR_MARKER = "[feedline-error:"
 TASK_COLUMNS = "part long, first long, count long, payload binary"
 SHARD_COLUMNS = (
     "part long, seq long, path string, rows long, bytes long, row_groups array<long>, "
-    "checksum string"
+    "checksum string, footer string"
 )
 
 
@@ -339,6 +339,7 @@ class Stage:
                 "bytes": pa.array([s.bytes for s in shards], pa.int64()),
                 "row_groups": pa.array([list(s.row_groups) for s in shards], pa.list_(pa.int64())),
                 "checksum": pa.array([s.checksum for s in shards], pa.string()),
+                "footer": pa.array([s.footer for s in shards], pa.string()),
             }
         )
 

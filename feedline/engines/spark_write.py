@@ -34,6 +34,8 @@ from feedline.engines.spark_plan import build_job, quiet_pandas_warning, spark_e
 from feedline.engines.spark_worker import WriteSpec
 from feedline.errors import ConfigurationError
 from feedline.io import format as fmt
+from feedline.io.footer import footer_of
+from feedline.io.shards import writable_schema
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
 from feedline.plan import Plan
@@ -78,6 +80,7 @@ def write_with_feedline(
             partitions=engine.partitions,
             write=WriteSpec(staging, options.writer_kwargs()),
         )
+        writable_schema(job.schema, "the plan")  # refuse what Parquet cannot store, before any task
         rows = job.collect(report).to_pylist()
         rows.sort(key=lambda r: (r["part"], r["seq"]))
         shards = []
@@ -86,7 +89,13 @@ def write_with_feedline(
             staging.fs.mv(staging.join(row["path"]), write.shard_folder.join(name))
             shards.append(
                 fmt.ShardInfo(
-                    name, row["rows"], row["bytes"], tuple(row["row_groups"]), row["checksum"]
+                    name,
+                    row["rows"],
+                    row["bytes"],
+                    tuple(row["row_groups"]),
+                    row["checksum"],
+                    footer=row["footer"],
+                    page_checksums=True,
                 )
             )
         manifest = _manifest(engine, plan, job.schema, shards, options, report, preprocessors)
@@ -118,6 +127,7 @@ def write_with_spark(
         out = staging.child("spark")
         writer = job.frame.write.option("compression", options.compression or "none")
         writer = writer.option("parquet.block.size", str(options.row_group_bytes))
+        writer = writer.option("parquet.page.write-checksum.enabled", "true")  # CRC per page
         if options.rows_per_shard:
             writer = writer.option("maxRecordsPerFile", str(options.rows_per_shard))
         try:
@@ -132,12 +142,12 @@ def write_with_spark(
         )
         described = _describe_all(engine.spark, [out.child(n) for n in names])
         shards = []
-        for index, (name, (size, checksum, groups)) in enumerate(
+        for index, (name, (size, checksum, groups, footer)) in enumerate(
             zip(names, described, strict=True)
         ):
             final = write.shard_name(index)
             staging.fs.mv(out.join(name), write.shard_folder.join(final))
-            shards.append(fmt.ShardInfo(final, sum(groups), size, groups, checksum))
+            shards.append(fmt.ShardInfo(final, sum(groups), size, groups, checksum, footer, True))
         schema = job.schema
         if shards:
             first = write.shard_folder.child(shards[0].path)
@@ -148,8 +158,8 @@ def write_with_spark(
     return manifest
 
 
-def _describe_all(spark: Any, files: list[Location]) -> list[tuple[int, str, tuple[int, ...]]]:
-    """Size, sha256 and row-group sizes of every file, computed by Spark tasks."""
+def _describe_all(spark: Any, files: list[Location]) -> list[tuple[int, str, tuple[int, ...], str]]:
+    """Size, sha256, row-group sizes and footer digest of every file, computed by Spark tasks."""
     if not files:
         return []
     context = spark.sparkContext
@@ -158,11 +168,10 @@ def _describe_all(spark: Any, files: list[Location]) -> list[tuple[int, str, tup
         return rdd.map(_describe).collect()
 
 
-def _describe(loc: Location) -> tuple[int, str, tuple[int, ...]]:
+def _describe(loc: Location) -> tuple[int, str, tuple[int, ...], str]:
     size, checksum = fmt.file_checksum(loc)
-    meta = fmt.read_footer(loc)
-    groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-    return size, checksum, groups
+    footer = footer_of(loc)
+    return size, checksum, footer.row_groups, footer.digest
 
 
 def _manifest(engine, plan, schema, shards, options, report, preprocessors) -> fmt.Manifest:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +40,7 @@ from feedline.io.commit import (
     replace_manifest,
     writing,
 )
+from feedline.io.footer import check_identity, shard_footer
 from feedline.io.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -66,6 +68,7 @@ __all__ = [
     "ShardInfo",
     "ShardWriter",
     "begin_write",
+    "check_footers",
     "commit",
     "dictionary_columns",
     "file_checksum",
@@ -84,6 +87,8 @@ __all__ = [
 ]
 
 _REWRITE = "Fix: re-run the write that produced this dataset."
+#: shard footers read at once when a dataset is opened (remote reads are latency-bound)
+FOOTER_THREADS = 16
 
 
 def read_manifest(target: Location) -> Manifest | None:
@@ -115,8 +120,10 @@ def read_manifest(target: Location) -> Manifest | None:
 class FeedlineSource(ParquetSource):
     """The shards of a committed feedline dataset (schema and row counts from the manifest).
 
-    Reading checks every shard against the manifest: a shard with other rows than the
-    manifest says raises :class:`IntegrityError`, an undecodable one :class:`DataError`.
+    Reading checks every shard against the manifest: its size and footer digest first
+    (:func:`~feedline.io.footer.check_identity`: still the file whose footer was checked on
+    open), then the rows it yields; a mismatch raises :class:`IntegrityError`, an
+    undecodable shard or a page failing its checksum :class:`DataError`.
     """
 
     kind = "feedline"
@@ -128,6 +135,7 @@ class FeedlineSource(ParquetSource):
             files=files,
             schema=manifest.schema,
             row_counts=[s.rows for s in manifest.shards],
+            schema_origin=f"the manifest {target.url.rstrip('/')}/{MANIFEST_NAME}",
         )
         self.target = target
         self.manifest = manifest
@@ -145,15 +153,21 @@ class FeedlineSource(ParquetSource):
             return []
         tasks = super().read_tasks(columns, predicate)
         return [
-            ReadTask(task.label, _checked(task, shard, predicate is None), task.estimated_bytes)
+            ReadTask(
+                task.label,
+                _checked(task, self.target.child(shard.path), shard, predicate is None),
+                task.estimated_bytes,
+            )
             for task, shard in zip(tasks, self.manifest.shards, strict=True)
         ]
 
 
-def _checked(task: ReadTask, shard: ShardInfo, count: bool):
-    """``task.read`` checked against the manifest's row count; pyarrow errors as DataError."""
+def _checked(task: ReadTask, location: Location, shard: ShardInfo, count: bool):
+    """``task.read`` checked against the manifest (footer, then row count); pyarrow errors as
+    DataError."""
 
     def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
+        check_identity(location, shard)  # still the shard whose footer open checked
         rows = 0
         try:
             for batch in task.read(report):
@@ -183,7 +197,11 @@ def open_source(
     verify: bool = False,
     storage_options: dict[str, Any] | None = None,
 ) -> ParquetSource:
-    """The source for ``feedline.open``: a feedline dataset, or a plain Parquet folder."""
+    """The source for ``feedline.open``: a feedline dataset, or a plain Parquet folder.
+
+    A feedline dataset's shard footers are checked against its manifest first
+    (:func:`check_footers`); ``verify=True`` checks every shard's sha256 as well.
+    """
     target = resolve(path, storage_options)
     if not target.fs.exists(target.path):
         raise FormatError(f"{target.url!r} does not exist. Fix: check the path.")
@@ -192,25 +210,55 @@ def open_source(
         return ParquetSource(path, storage_options=storage_options)
     if verify:
         verify_manifest(target, manifest)
+    else:
+        check_footers(target, manifest)
     return FeedlineSource(target, manifest)
+
+
+def check_footers(target: Location, manifest: Manifest, threads: int = FOOTER_THREADS) -> None:
+    """Check every shard's footer against the manifest, reading up to ``threads`` at once.
+
+    Size, footer digest, row count, row-group sizes and schema
+    (:func:`~feedline.io.footer.shard_footer`): a manifest claiming more rows or bytes than
+    its shards hold raises :class:`IntegrityError` before anything is allocated from it.
+    The first failing shard in manifest order is reported.
+
+    Examples
+    --------
+    >>> import feedline as fl, tempfile
+    >>> out = tempfile.mkdtemp() + "/ds"
+    >>> _ = fl.range(10).write(out, rows_per_shard=4)
+    >>> check_footers(resolve(out), read_manifest(resolve(out)))
+    """
+
+    def check(shard: ShardInfo) -> None:
+        shard_footer(target.child(shard.path), shard, manifest.schema)
+
+    shards = manifest.shards
+    if threads <= 1 or len(shards) <= 1:
+        for shard in shards:
+            check(shard)
+        return
+    workers = min(threads, len(shards))
+    with ThreadPoolExecutor(workers, thread_name_prefix="feedline-footers") as pool:
+        for future in [pool.submit(check, shard) for shard in shards]:
+            future.result()
 
 
 def verify_manifest(
     target: Location, manifest: Manifest, on_shard: Callable[[ShardInfo], None] | None = None
 ) -> None:
-    """Check every shard's size and checksum; raises :class:`IntegrityError` naming the shard."""
+    """Check every shard against the manifest: its footer (size, footer digest, row groups,
+    schema: :func:`check_footers`), then its sha256. Raises :class:`IntegrityError` (a
+    :class:`SchemaError` for another schema) naming the shard; ``on_shard`` is called after
+    each shard's sha256 matched."""
+    try:
+        check_footers(target, manifest)
+    except DataError as exc:  # an unreadable footer: the shard is not the file written
+        reason = str(exc).split(" Fix:", 1)[0]
+        raise IntegrityError(f"{reason} Fix: restore the shard or re-run the write.") from exc
     for shard in manifest.shards:
         loc = target.child(shard.path)
-        if not loc.fs.exists(loc.path):
-            raise IntegrityError(
-                f"Shard {shard.path} of {target.url!r} is missing. Fix: re-run the write."
-            )
-        size = loc.fs.size(loc.path)
-        if size != shard.bytes:
-            raise IntegrityError(
-                f"Shard {shard.path} of {target.url!r} is {size} bytes; the manifest says "
-                f"{shard.bytes}. It was truncated or replaced. Fix: re-run the write."
-            )
         if file_checksum(loc)[1] != shard.checksum:
             raise IntegrityError(
                 f"Shard {shard.path} of {target.url!r} fails its checksum (the bytes changed "

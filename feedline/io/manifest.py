@@ -13,6 +13,12 @@ and range before anything else uses it, so a hostile or damaged manifest raises
   or drive paths, no URLs, no backslashes, control characters or empty segments, no
   duplicates;
 - checksums are ``sha256:<64 hex digits>`` (or empty for plain Parquet files).
+
+A shard entry also records what protects the shard when it is read (both absent in
+datasets written before feedline recorded them, which still open): ``footer``, the
+sha256 of the shard's Parquet footer bytes (checked whenever feedline reads a footer:
+:mod:`feedline.io.footer`), and ``page_checksums``, whether its pages carry CRC-32
+checksums (verified on every read). Older feedline versions ignore both fields.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 
 from feedline.errors import FormatError
+from feedline.io.pandas_metadata import valid_pandas_schema
 
 __all__ = [
     "FORMAT_VERSION",
@@ -58,6 +65,11 @@ class ShardInfo:
     bytes: int
     row_groups: tuple[int, ...]
     checksum: str
+    #: ``sha256:<hex>`` of the Parquet footer bytes (metadata, its length and ``PAR1``), or
+    #: ``""`` when not recorded (older datasets, plain Parquet files)
+    footer: str = ""
+    #: whether the shard's pages carry CRC-32 checksums (``write_page_checksum``)
+    page_checksums: bool = False
 
 
 @dataclass
@@ -82,6 +94,11 @@ class Manifest:
     write: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     created: str = ""
+
+    def __post_init__(self) -> None:
+        # Every writer's manifest (and an old one read back) holds pandas metadata true to
+        # its columns: stale entries would break to_pandas() of the dataset.
+        self.schema = valid_pandas_schema(self.schema)
 
     @property
     def rows(self) -> int:
@@ -238,7 +255,8 @@ def _shard_from(entry: Any, where: str) -> ShardInfo:
         )
     path = check_shard_path(entry.get("path"), where)
     rows, size, groups = entry.get("rows"), entry.get("bytes"), entry.get("row_groups")
-    checksum = entry.get("checksum")
+    checksum, footer = entry.get("checksum"), entry.get("footer", "")
+    page_checksums = entry.get("page_checksums", False)
     if not (
         _is_count(rows)
         and _is_count(size)
@@ -257,7 +275,17 @@ def _shard_from(entry: Any, where: str) -> ShardInfo:
             f"The manifest {where} has the checksum {_short(checksum)} for the shard {path!r}; "
             f"expected 'sha256:' and 64 hex digits. {_REWRITE}"
         )
-    return ShardInfo(path, rows, size, tuple(groups), checksum)
+    if not isinstance(footer, str) or not (footer == "" or _CHECKSUM.fullmatch(footer)):
+        raise FormatError(
+            f"The manifest {where} has the footer checksum {_short(footer)} for the shard "
+            f"{path!r}; expected 'sha256:' and 64 hex digits. {_REWRITE}"
+        )
+    if not isinstance(page_checksums, bool):
+        raise FormatError(
+            f"The manifest {where} has {_short(page_checksums)} for 'page_checksums' of the "
+            f"shard {path!r}; expected true or false. {_REWRITE}"
+        )
+    return ShardInfo(path, rows, size, tuple(groups), checksum, footer, page_checksums)
 
 
 def schema_to_json(schema: pa.Schema) -> dict[str, Any]:

@@ -12,13 +12,18 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from feedline.errors import DataError, SchemaError
+from feedline.io.parquet_types import restore_types, same_stored_schema
 from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns
 from feedline.io.storage import Location, expand_paths
+from feedline.io.tensor_codec import logical_schema
 
 __all__ = ["PARQUET_SUFFIXES", "ParquetSource", "read_footer", "same_schema"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
-_FORMAT = pads.ParquetFileFormat()
+#: page checksums (CRC-32), where a file has them, are verified on every read
+_FORMAT = pads.ParquetFileFormat(
+    default_fragment_scan_options=pads.ParquetFragmentScanOptions(page_checksum_verification=True)
+)
 #: rows per batch handed downstream by the Parquet scanner
 SCAN_BATCH_ROWS = 64 * 1024
 
@@ -43,9 +48,12 @@ def read_footer(location: Location) -> pq.FileMetaData:
 class ParquetSource(Source):
     """Parquet files (or folders of them) read in parallel, one task per file.
 
-    The first file's schema is the dataset's schema; any file whose schema differs raises
-    :class:`SchemaError` naming both files. A pyarrow expression predicate is pushed into the
-    scan: row groups whose statistics rule it out are never read (``row_groups_skipped``).
+    The first file's schema is the dataset's schema (or ``schema``, recorded in the place
+    ``schema_origin`` names); any file whose schema differs raises :class:`SchemaError` naming
+    the file and that reference. Types Parquet stores as others (``timestamp[s]`` as
+    ``timestamp[ms]``…, see :mod:`feedline.io.parquet_types`) are no drift: they are cast back
+    to the recorded schema. A pyarrow expression predicate is pushed into the scan: row groups
+    whose statistics rule it out are never read (``row_groups_skipped``).
     """
 
     kind = "parquet"
@@ -58,6 +66,7 @@ class ParquetSource(Source):
         files: Sequence[Location] | None = None,
         schema: pa.Schema | None = None,
         row_counts: Sequence[int] | None = None,
+        schema_origin: str | None = None,
     ) -> None:
         self._paths = paths
         self._files = (
@@ -67,6 +76,7 @@ class ParquetSource(Source):
         )
         self._schema = schema
         self._row_counts = list(row_counts) if row_counts is not None else None
+        self._schema_origin = schema_origin
 
     @property
     def files(self) -> list[Location]:
@@ -75,7 +85,8 @@ class ParquetSource(Source):
 
     def schema(self) -> pa.Schema:
         if self._schema is None:
-            self._schema = read_footer(self._files[0]).schema.to_arrow_schema()
+            stored = read_footer(self._files[0]).schema.to_arrow_schema()
+            self._schema = logical_schema(stored)  # tensors stored as binary: typed back
         return self._schema
 
     def describe(self) -> str:
@@ -103,13 +114,13 @@ class ParquetSource(Source):
         schema = self.schema()
         if columns is not None:
             check_columns(schema, columns, f"the Parquet input {self.describe()}")
-        reference = self._files[0]
+        origin = self._schema_origin or f"the first file {self._files[0].url!r}"
         tasks = []
         for loc in self._files:
             tasks.append(
                 ReadTask(
                     label=loc.url,
-                    read=_file_reader(loc, reference, schema, columns, predicate),
+                    read=_file_reader(loc, origin, schema, columns, predicate),
                 )
             )
         return tasks
@@ -117,7 +128,7 @@ class ParquetSource(Source):
 
 def _file_reader(
     loc: Location,
-    reference: Location,
+    origin: str,
     schema: pa.Schema,
     columns: Sequence[str] | None,
     predicate: pc.Expression | None,
@@ -133,16 +144,20 @@ def _file_reader(
                 f"Cannot read the Parquet file {loc.url!r}: {exc}. It is corrupt, truncated or "
                 "not Parquet. Fix: re-create it or exclude it from the input."
             ) from exc
-        if not same_schema(file_schema, schema):
+        if not same_stored_schema(file_schema, schema):
             raise SchemaError(
-                f"Schema drift: {loc.url!r} has schema {_short(file_schema)} but "
-                f"{reference.url!r} has {_short(schema)}. Fix: make the files agree (cast or "
-                "rename columns) or read them as separate datasets."
+                f"Schema drift: {loc.url!r} has schema {_short(file_schema)} but {origin} has "
+                f"{_short(schema)}. Fix: make the files agree (cast or rename columns; a "
+                "replaced shard of a feedline dataset: restore it or re-run the write) or read "
+                "them as separate datasets."
             )
+        # Read as stored, then cast back to the recorded types (timestamp[s]...).
+        exact = same_schema(file_schema, schema)
+        scan_schema = schema if exact else file_schema
         total = fragment.num_row_groups
         piece = fragment
         if predicate is not None:
-            piece = fragment.subset(filter=predicate, schema=schema)
+            piece = fragment.subset(filter=predicate, schema=scan_schema)
         kept = piece.num_row_groups
         report.add(
             files_read=1,
@@ -154,7 +169,7 @@ def _file_reader(
             return
         try:
             batches = piece.to_batches(
-                schema=schema,
+                schema=scan_schema,
                 columns=list(columns) if columns is not None else None,
                 filter=predicate,
                 batch_size=SCAN_BATCH_ROWS,
@@ -162,7 +177,7 @@ def _file_reader(
             )
             for batch in batches:
                 report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
-                yield batch
+                yield batch if exact else restore_types(batch, schema, repr(loc.url))
         except (OSError, pa.ArrowException) as exc:
             raise DataError(
                 f"Cannot decode {loc.url!r}: {exc}. The file is corrupt or truncated. "

@@ -10,10 +10,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from feedline.errors import ConfigurationError, SchemaError
+from feedline.io.footer import footer_digest, read_footer_block
 from feedline.io.manifest import ShardInfo
+from feedline.io.pandas_metadata import valid_pandas_schema
+from feedline.io.parquet_types import check_storable
 from feedline.io.storage import Location
+from feedline.io.tensor_codec import TensorStorage
 
-__all__ = ["ShardWriter", "conform", "dictionary_columns", "file_checksum", "shard_name"]
+__all__ = [
+    "PARQUET_CODECS",
+    "ShardWriter",
+    "conform",
+    "dictionary_columns",
+    "file_checksum",
+    "parquet_codec",
+    "shard_name",
+    "writable_schema",
+]
 
 _CHECKSUM_CHUNK = 8 << 20
 
@@ -32,17 +45,26 @@ def shard_name(index: int, write_id: str = "") -> str:
 
 
 class _HashingFile:
-    """A write-only file wrapper that hashes and counts the bytes going through it."""
+    """A write-only file wrapper that hashes and counts the bytes going through it.
+
+    After :meth:`keep_tail` it also keeps the bytes written from then on (the footer).
+    """
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
         self._hash = hashlib.sha256()
         self.size = 0
         self.closed = False
+        self.tail: bytearray | None = None
+
+    def keep_tail(self) -> None:
+        self.tail = bytearray()
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
         self._hash.update(view)
+        if self.tail is not None:
+            self.tail += view
         self._raw.write(view)
         self.size += view.nbytes
         return view.nbytes
@@ -78,7 +100,8 @@ class ShardWriter:
     A shard ends when it holds ``rows_per_shard`` rows (exactly) or when its file reaches
     ``bytes_per_shard`` bytes (checked at row-group boundaries). Row groups hold
     ``row_group_rows`` rows, or about ``row_group_bytes`` of uncompressed data. Files are
-    named :func:`shard_name` ``(index, write_id)``.
+    named :func:`shard_name` ``(index, write_id)``. The schema (``schema``, else the first
+    batch's) goes through :func:`writable_schema` first.
 
     Examples
     --------
@@ -110,18 +133,19 @@ class ShardWriter:
                     f"{name}={value} must be >= 1. Fix: pass a positive count."
                 )
         self._folder = folder
-        self._schema = schema
+        self._schema = writable_schema(schema) if schema is not None else None
         self._rows_per_shard = rows_per_shard
         self._bytes_per_shard = bytes_per_shard
         self._row_group_rows = row_group_rows
         self._row_group_bytes = min(row_group_bytes, bytes_per_shard or row_group_bytes)
-        self._compression = "none" if compression in (None, "none") else compression
+        self._compression = parquet_codec(compression)
         self._next_index = first_shard
         self._write_id = write_id
         self._on_rows = on_rows
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._writer: pq.ParquetWriter | None = None
+        self._storage: TensorStorage | None = None
         self._file: _HashingFile | None = None
         self._path = ""
         self._groups: list[int] = []
@@ -134,8 +158,8 @@ class ShardWriter:
     def write(self, batch: pa.RecordBatch) -> None:
         """Add one batch (its schema must match the first batch's)."""
         if self._schema is None:
-            self._schema = batch.schema
-        elif not batch.schema.equals(self._schema, check_metadata=False):
+            self._schema = writable_schema(batch.schema)
+        if not batch.schema.equals(self._schema, check_metadata=False):
             batch = conform(batch, self._schema, "the first batch's schema")
         if batch.num_rows == 0:
             return
@@ -162,9 +186,11 @@ class ShardWriter:
             return
         table = pa.Table.from_batches(self._pending, schema=self._schema)
         self._pending, self._pending_rows = [], 0
+        if self._storage is None:  # tensor columns as fixed-size binary (io/tensor_codec.py)
+            self._storage = TensorStorage.plan(self._schema, self._compression, table)
         if self._writer is None:
             self._open_shard()
-        self._writer.write_table(table, row_group_size=table.num_rows)
+        self._writer.write_table(self._storage.encode(table), row_group_size=table.num_rows)
         self._groups.append(table.num_rows)
         if self._on_rows is not None:
             self._on_rows(table.num_rows)
@@ -183,16 +209,21 @@ class ShardWriter:
         self._file = _HashingFile(self._folder.fs.open(self._folder.join(name), "wb"))
         # Parquet emits many small writes (page headers); buffer them before Python sees them.
         self._stream = pa.BufferedOutputStream(pa.PythonFile(self._file, mode="w"), 4 << 20)
+        storage = self._storage
         self._writer = pq.ParquetWriter(
             self._stream,
-            self._schema,
-            compression=self._compression,
-            write_statistics=True,
-            use_dictionary=dictionary_columns(self._schema),
+            storage.schema,
+            compression=storage.compression,
+            write_statistics=storage.statistics,
+            use_dictionary=storage.dictionary(dictionary_columns(self._schema)),
+            column_encoding=storage.encoding,
+            write_page_checksum=True,  # CRC-32 per page, verified on every read
         )
         self._groups = []
 
     def _close_shard(self) -> None:
+        self._stream.flush()  # the row groups reach the file; what close() adds is the footer
+        self._file.keep_tail()
         self._writer.close()
         self._stream.close()
         self._file.close()
@@ -203,6 +234,8 @@ class ShardWriter:
                 self._file.size,
                 tuple(self._groups),
                 self._file.checksum,
+                footer=_footer_digest(bytes(self._file.tail), self._path),
+                page_checksums=True,
             )
         )
         self._writer = self._file = None
@@ -225,6 +258,41 @@ class ShardWriter:
             except Exception:  # noqa: BLE001 - already failing; keep the first error
                 pass
             self._writer = self._file = None
+
+
+#: the codecs pyarrow's Parquet writer knows (its own spelling; any case is accepted)
+PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "lz4_raw", "zstd")
+
+
+def parquet_codec(compression: str | None) -> str:
+    """The Parquet codec name for ``compression`` (``None`` → ``"none"``), checked up front.
+
+    An unknown name, or a codec this pyarrow was built without, is a
+    :class:`~feedline.errors.ConfigurationError` before any file is written.
+
+    Examples
+    --------
+    >>> parquet_codec("ZSTD"), parquet_codec(None)
+    ('zstd', 'none')
+    >>> parquet_codec("lz77")
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: compression='lz77' is not a Parquet codec. Fix: ...
+    """
+    if compression is None:
+        return "none"
+    name = compression.lower() if isinstance(compression, str) else None
+    if name not in PARQUET_CODECS:
+        raise ConfigurationError(
+            f"compression={compression!r} is not a Parquet codec. Fix: pass one of "
+            f"{list(PARQUET_CODECS)} (or None); 'zstd' is the default."
+        )
+    if name not in ("none", "lz4_raw") and not pa.Codec.is_available(name):
+        raise ConfigurationError(
+            f"compression={compression!r}: this pyarrow build has no {name} codec. Fix: use "
+            "'zstd' or 'snappy', or install a pyarrow built with it."
+        )
+    return name
 
 
 def dictionary_columns(schema: pa.Schema) -> list[str]:
@@ -254,13 +322,30 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     return [field.name for field in schema if not floating(field.type)]
 
 
+def writable_schema(schema: pa.Schema, where: str = "the dataset") -> pa.Schema:
+    """The schema a writer stores for ``schema``: its ``pandas`` metadata pruned to what is
+    still true (:func:`~feedline.io.pandas_metadata.valid_pandas_schema`), after checking that
+    Parquet can store every column (:func:`~feedline.io.parquet_types.check_storable`).
+
+    The types are kept as they are: where Parquet stores another (``timestamp[s]`` as
+    ``timestamp[ms]``…), the manifest records the type written and readers cast back.
+
+    Examples
+    --------
+    >>> writable_schema(pa.schema({"t": pa.timestamp("s")})).types
+    [TimestampType(timestamp[s])]
+    """
+    check_storable(schema, where)
+    return valid_pandas_schema(schema)
+
+
 def conform(
     batch: pa.RecordBatch, schema: pa.Schema, reference: str = "the plan's schema"
 ) -> pa.RecordBatch:
     """Cast ``batch`` to ``schema`` (same column names) or raise :class:`SchemaError`.
 
-    ``reference`` names where ``schema`` came from, for the message. The schema's metadata
-    (extension types, pandas metadata) is kept.
+    ``reference`` names where ``schema`` came from, for the message. The result carries
+    ``schema``'s metadata (writers pass a :func:`writable_schema`).
 
     Examples
     --------
@@ -283,6 +368,13 @@ def conform(
             f"A batch with schema {batch.schema} cannot be written with {reference} "
             f"{schema}: {exc}. Fix: return consistent types from map_batches."
         ) from exc
+
+
+def _footer_digest(tail: bytes, name: str) -> str:
+    """The footer digest of a shard from the bytes its writer's ``close()`` wrote."""
+    data = b"PAR1" + tail  # as if the file held nothing but its footer
+    block = read_footer_block(lambda at, n: data[at : at + n], len(data), name)
+    return footer_digest(block)
 
 
 def file_checksum(location: Location) -> tuple[int, str]:

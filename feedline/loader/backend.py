@@ -1,37 +1,73 @@
 """The loader's data path: cache in memory or stream row groups, decided from the schema.
 
-:func:`open_backend` estimates the loader arrays' bytes from the schema and the row count
-(metadata only) and, for ``cache="auto"``, caches when they fit the memory budget and
-streams otherwise. A :class:`Backend` then hands each epoch a *session* whose
-``gather(indices, out=None)`` returns the batch arrays.
+:func:`open_backend` takes what the loader reads (a
+:class:`~feedline.io.shard_source.ShardSource` or a
+:class:`~feedline.io.shard_source.BatchStream`), estimates the loader arrays' bytes from the
+schema and the row count (metadata only) and, for ``cache="auto"``, caches when they fit
+the memory budget and streams otherwise. A :class:`Backend` then hands each epoch a
+*session* whose ``gather(indices, out=None)`` returns the batch arrays.
+
+The contract with the loader's pipeline:
+
+- :meth:`Backend.shapes` gives every batch key's per-sample shape and dtype;
+- :meth:`Backend.buffer_shapes` gives the buffers a gather writes into: a packed block
+  (several scalar columns of one dtype, key ``"\\x00packed:<dtype>"``) or a batch key;
+- ``session.gather(indices, out)`` with ``out`` keyed by buffer keys writes every block and
+  column there and returns batch arrays that are those buffers or views of them (column
+  slices of a block: strided); ``out`` keyed by batch keys (:meth:`Backend.shapes`, the
+  older contract) still works: every batch key in ``out`` comes back as that buffer,
+  filled (at the cost of copying views). Without ``out`` the arrays are fresh.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.cache import file_layout, known_rows, load_cache
-from feedline.loader.columns import ColumnSpec, column_specs, estimate_bytes
+from feedline.io.shard_source import BatchStream, ShardSource, open_shard_source
+from feedline.loader.cache import CacheSession, file_layout, known_rows, load_cache
+from feedline.loader.columns import ColumnSpec, column_specs, with_dtypes
 from feedline.loader.order import block_shuffle_pools
+from feedline.loader.packed import Packing, plan_packing
 from feedline.loader.shard_cache import ShardCache
 from feedline.loader.stream import PoolReader, StreamStats, sequential_pools
 from feedline.loader.windows import Windows, WindowSampler
 
-if TYPE_CHECKING:
-    from feedline.dataset import Dataset
-
-__all__ = ["Backend", "open_backend"]
+__all__ = ["Backend", "as_source", "open_backend"]
 
 #: bytes a shard cache folder may hold unless ``cache_limit`` says otherwise
 DEFAULT_CACHE_LIMIT = 20 * 10**9
 #: pools resident at once while streaming, plus slack for the batches in flight
 STREAM_POOLS = 3
+
+
+def as_source(data: Any) -> ShardSource | BatchStream:
+    """What the loader reads from ``data``: a path (opened with
+    :func:`~feedline.io.shard_source.open_shard_source`), a ``ShardSource`` / ``BatchStream``
+    as it is, or anything with a ``_loader_source()`` method (a ``Dataset``).
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> as_source(fl.range(3)).num_rows
+    3
+    """
+    if isinstance(data, ShardSource | BatchStream):
+        return data
+    if isinstance(data, str | os.PathLike):
+        return open_shard_source(data)
+    make = getattr(data, "_loader_source", None)
+    if make is None:
+        raise ConfigurationError(
+            f"Loader: cannot read {type(data).__name__} objects. Fix: pass a feedline Dataset "
+            "(fl.open(path), fl.from_arrow(...)), a dataset path or a ShardSource."
+        )
+    return make()
 
 
 @dataclass
@@ -56,6 +92,8 @@ class Backend:
     specs: list[ColumnSpec] = field(default_factory=list)
     stats: StreamStats = field(default_factory=StreamStats)
     shards: ShardCache | None = None
+    #: the batch keys, blocks and columns (``None`` for windows)
+    packing: Packing | None = None
 
     @property
     def num_samples(self) -> int:
@@ -67,16 +105,29 @@ class Backend:
         return int(getattr(self.source, "nbytes", 0)) if self.mode == "memory" else 0
 
     def describe(self) -> dict[str, Any]:
-        """Cache mode, samples, shuffle window, cached bytes and the streaming counters."""
+        """Cache mode, samples, shuffle window, cached bytes and the streaming counters.
+
+        Windows add ``num_series`` and ``rows_resorted`` (see ``WindowSampler.describe``).
+        """
         out = {"cache": self.mode, "num_samples": self.num_samples, "shuffle_window": self.window}
         out |= {"cache_bytes": self.nbytes} | self.stats.as_dict()
+        if isinstance(self.source, WindowSampler):
+            out |= self.source.describe()
         return out | (self.shards.describe() if self.shards is not None else {})
 
     def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Per batch key: the shape of one sample and its dtype."""
         if isinstance(self.source, WindowSampler):
             return self.source.shapes()
+        if self.packing is not None:
+            return self.packing.shapes()
         return {s.name: (s.shape, s.dtype) for s in self.specs}
+
+    def buffer_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Per gather buffer (a packed block or a batch key): one row's shape and dtype."""
+        if self.packing is not None:
+            return self.packing.buffer_shapes()
+        return self.shapes()
 
     def session(
         self, *, shuffle: bool, seed: int, epoch: int, indices: np.ndarray | None = None
@@ -87,20 +138,20 @@ class Backend:
         the shards of the pools they fall in, in the order they will be read.
         """
         if self.mode == "memory":
-            return self.source
+            return self.source if self.packing is None else CacheSession(self.source)
         if shuffle:
             pools = block_shuffle_pools(self.sizes, seed, epoch, self.window)
         else:
             pools = sequential_pools(len(self.sizes), self.window)
         self.stats = StreamStats()
-        reader = PoolReader(self.source, self.specs, pools, self.stats)
+        reader = PoolReader(self.source, self.packing or self.specs, pools, self.stats)
         if self.shards is not None and indices is not None:
             self.shards.schedule(reader.file_order(indices))
         return reader
 
 
 def open_backend(
-    dataset: Dataset,
+    source: ShardSource | BatchStream,
     *,
     columns: Sequence[str] | None,
     windows: Windows | None,
@@ -111,28 +162,32 @@ def open_backend(
     window: int | None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | None = None,
+    stack: Mapping[str, Sequence[str]] | None = None,
+    dtype: Any = None,
 ) -> Backend:
-    """Decide how to serve ``dataset`` and load it when it is cached.
+    """Decide how to serve ``source`` and load it when it is cached.
 
     Remote shards are read through a :class:`~feedline.loader.shard_cache.ShardCache` in
     ``cache_dir`` (holding at most ``cache_limit`` bytes) when ``cache_dir`` is given.
+    ``stack`` and ``dtype`` are the loader's (see :func:`~feedline.loader.packed.plan_packing`
+    and :func:`~feedline.loader.columns.with_dtypes`).
 
     Examples
     --------
     >>> import feedline as fl
-    >>> b = open_backend(fl.range(10), columns=None, windows=None, cache="auto",
-    ...                  strings="raise", widen_unsigned=False, budget=10**6, window=None)
+    >>> b = open_backend(fl.range(10)._loader_source(), columns=None, windows=None,
+    ...                  cache="auto", strings="raise", widen_unsigned=False, budget=10**6,
+    ...                  window=None)
     >>> b.mode, b.num_samples, b.nbytes
     ('memory', 10, 80)
     """
-    layout = file_layout(dataset)
+    layout = file_layout(source)
     shards = None
     if layout is not None and cache_dir is not None and not all(f.is_local for f in layout.files):
-        manifest = dataset.manifest
+        checked = layout.shards if source.has_checksums else None
         shards = ShardCache.for_files(
-            layout.files, manifest.shards if manifest is not None else None, cache_dir,
-            cache_limit or DEFAULT_CACHE_LIMIT,
-        )  # fmt: skip
+            layout.files, checked, cache_dir, cache_limit or DEFAULT_CACHE_LIMIT
+        )
         layout = replace(layout, shard_cache=shards)
     if windows is not None:
         if cache == "none":
@@ -142,15 +197,16 @@ def open_backend(
             )
         if shards is not None:
             shards.schedule(range(len(layout.files)))
-        sampler = WindowSampler(dataset, windows, layout=layout, widen_unsigned=widen_unsigned)
+        sampler = WindowSampler(source, windows, layout=layout, widen_unsigned=widen_unsigned)
         return Backend("memory", sampler, [sampler.num_rows], window, shards=shards)
-    specs = column_specs(dataset.schema(), columns, strings=strings, widen_unsigned=widen_unsigned)
-    rows = layout.num_rows if layout is not None else known_rows(dataset)
-    estimate = estimate_bytes(specs, rows or 0)
+    packing = _packing(source, columns, strings, widen_unsigned, stack, dtype)
+    specs = packing.specs
+    rows = layout.num_rows if layout is not None else known_rows(source)
+    estimate = packing.row_bytes * (rows or 0)
     stream = cache == "none" or (cache == "auto" and rows is not None and estimate > budget)
     if stream and layout is None:
         raise ConfigurationError(
-            f"Loader: this dataset ({dataset!r}) is computed, so its row groups cannot be "
+            f"Loader: this dataset ({source!r}) is computed, so its row groups cannot be "
             f"streamed (cache={cache!r}, estimate {estimate} bytes vs memory_budget {budget}). "
             "Fix: write it (ds.write(path)) and load fl.open(path), or pass cache='memory' / "
             "a larger memory_budget."
@@ -158,12 +214,42 @@ def open_backend(
     if stream:
         sizes = layout.row_group_sizes
         if window is None:
-            group_bytes = max(1, estimate_bytes(specs, max(sizes, default=1)))
+            group_bytes = max(1, packing.row_bytes * max(sizes, default=1))
             window = max(1, min(len(sizes), budget // (STREAM_POOLS * group_bytes)))
-        return Backend("none", layout, sizes, window, specs, shards=shards)
+        return Backend("none", layout, sizes, window, specs, shards=shards, packing=packing)
     limit = budget if cache == "auto" and rows is None else None
     if shards is not None:  # downloads overlap decoding: each shard loads once it arrives
         shards.schedule(range(len(layout.files)))
-    loaded = load_cache(dataset, specs, layout=layout, budget=limit)
+    loaded = load_cache(source, packing, layout=layout, budget=limit)
     sizes = layout.row_group_sizes if layout is not None else [loaded.num_rows]
-    return Backend("memory", loaded, sizes, window, specs, shards=shards)
+    return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing)
+
+
+def _packing(
+    source: ShardSource | BatchStream,
+    columns: Sequence[str] | None,
+    strings: str,
+    widen_unsigned: bool,
+    stack: Mapping[str, Sequence[str]] | None,
+    dtype: Any,
+) -> Packing:
+    """The batch keys and blocks: ``columns`` (default: all but stacked), ``stack`` keys."""
+    if stack is not None and not isinstance(stack, Mapping):
+        stack = {"": stack}  # refused below, with the fix
+    stack = dict(stack or {})
+    if any(isinstance(v, str) or not k for k, v in stack.items()):
+        raise ConfigurationError(
+            f"Loader: stack={stack!r} must map names to lists of columns. Fix: e.g. "
+            "stack={'features': ['a', 'b']}."
+        )
+    stacked = [c for members in stack.values() for c in members]
+    outputs = list(columns) if columns is not None else None
+    read = None
+    if outputs is not None or stack:  # a stacked column not in the schema is named here
+        listed = outputs if outputs is not None else source.schema().names
+        read = list(dict.fromkeys([*listed, *stacked]))
+    specs = column_specs(source.schema(), read, strings=strings, widen_unsigned=widen_unsigned)
+    if outputs is None and stack:  # every column but the stacked ones, in schema order
+        outputs = [s.name for s in specs if s.name not in set(stacked)]
+    specs, stack_dtypes = with_dtypes(specs, dtype, stack, torch=widen_unsigned)
+    return plan_packing(specs, stack, outputs, stack_dtypes)

@@ -65,7 +65,6 @@ def bench_loader(
     >>> r["samples"], r["batches"], 0 <= r["wait_fraction"] <= 1
     (1000, 10, True)
     """
-    from feedline.dataset import Dataset
     from feedline.loader.loader import Loader
 
     fmt = loader_kwargs.get("format", "torch")
@@ -78,8 +77,7 @@ def bench_loader(
 
         import_tensorflow()
     start = time.perf_counter()
-    dataset = path if isinstance(path, Dataset) else _open(path)
-    loader = Loader(dataset, batch_size=batch_size, **loader_kwargs)
+    loader = Loader(path, batch_size=batch_size, **loader_kwargs)  # a path is opened here
     step_s = max(0.0, float(step_ms)) / 1000
     samples = batches = 0
     wait = first_wait = 0.0
@@ -132,8 +130,3 @@ def bench_loader(
         result["chart"] = str(plot_loader_timeline(loader.timeline(), chart, title=title))
     return result
 
-
-def _open(path: str | os.PathLike[str]) -> Any:
-    from feedline.readers import open as open_dataset
-
-    return open_dataset(path)

@@ -1,9 +1,12 @@
-"""The loader's in-memory cache: requested columns as contiguous NumPy arrays.
+"""The loader's in-memory cache: requested columns as NumPy arrays, scalars packed by dtype.
 
-A feedline dataset (or a plain Parquet folder) is read row group by row group, in parallel,
-straight into preallocated arrays (peak memory: the cache plus a few decoded row groups); any
-other :class:`~feedline.dataset.Dataset` is read through ``iter_batches``. A batch is gathered
-with one vectorized ``np.take`` per column.
+The loader reads a :class:`~feedline.io.shard_source.ShardSource` (a written dataset or a
+plain Parquet folder) row group by row group, in parallel, straight into preallocated arrays
+(peak memory: the cache plus a few decoded row groups); a
+:class:`~feedline.io.shard_source.BatchStream` (a computed plan) is read through its batches.
+Scalar numeric columns of one dtype are held row-major in one 2-D block (and every stack in
+its own block; see :mod:`feedline.loader.packed`), so a batch of a wide table is one
+``np.take`` per block, not one per column.
 """
 
 from __future__ import annotations
@@ -17,15 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from feedline.errors import ConfigurationError, DataError
+from feedline.io.shard_source import BatchStream, ShardSource
+from feedline.loader.arrays import prefault
 from feedline.loader.columns import ColumnSpec, chunk_to_numpy, estimate_bytes
-from feedline.plan import Limit, Select
+from feedline.loader.packed import Packing, column_views, gather_packed, plan_packing
 
 if TYPE_CHECKING:
-    from feedline.dataset import Dataset
+    from feedline.io.manifest import ShardInfo
     from feedline.io.storage import Location
     from feedline.loader.shard_cache import ShardCache
 
@@ -50,141 +53,111 @@ READ_BATCH_ROWS = 32 * 1024
 #: tensor as int32), so a piece's transient Arrow memory is several times its final size:
 #: small pieces keep the cache load's peak memory close to the cache itself.
 READ_BYTES = 1 << 20
-#: bytes read from a file at a time (row groups are not pre-buffered whole: see ``iter_read``)
-READ_BUFFER = 1 << 20
+
+#: what the loader reads: shards, or the batches of a computed plan
+LoaderSource = ShardSource | BatchStream
 
 
 @dataclass(frozen=True)
 class FileLayout:
-    """Parquet files and the rows of each of their row groups: the unit of reading.
+    """A :class:`ShardSource` as the loader reads it: through a shard cache when one is set.
 
     Global row group ``g`` is the ``g``-th in file order; it holds rows ``starts[g] :
     starts[g] + sizes[g]`` of the dataset.
     """
 
-    files: tuple[Location, ...]
-    groups: tuple[tuple[int, ...], ...]
+    source: ShardSource
     #: local copies of remote files (see :mod:`feedline.loader.shard_cache`), or ``None``
     shard_cache: ShardCache | None = field(default=None, compare=False)
 
     @property
+    def files(self) -> tuple[Location, ...]:
+        return self.source.files
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        return self.source.groups
+
+    @property
+    def shards(self) -> tuple[ShardInfo, ...]:
+        """Every file's entry (manifest, or footer for plain Parquet): checked on every read."""
+        return self.source.shards
+
+    @property
     def row_group_sizes(self) -> list[int]:
         """Rows of every row group, file after file."""
-        return [n for per_file in self.groups for n in per_file]
+        return self.source.row_group_sizes
 
     @property
     def num_rows(self) -> int:
-        return int(sum(self.row_group_sizes))
+        return self.source.num_rows
 
     def locate(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per global row group: its file index, its index inside the file, its first row."""
-        file_of = np.repeat(np.arange(len(self.groups)), [len(g) for g in self.groups])
-        local = np.concatenate([np.arange(len(g)) for g in self.groups] or [np.zeros(0, int)])
-        sizes = np.asarray(self.row_group_sizes, dtype=np.int64)
-        return file_of.astype(np.int64), local.astype(np.int64), np.cumsum(sizes) - sizes
+        return self.source.locate()
 
     def read(self, file: int, groups: Sequence[int], columns: Sequence[str]) -> pa.Table:
-        """Row groups ``groups`` (indices inside file ``file``) as one table.
-
-        Raises :class:`DataError` naming the shard when the file is missing or unreadable.
-        """
+        """Row groups ``groups`` (indices inside file ``file``) as one table."""
         batches = list(self.iter_read(file, groups, columns))
-        return pa.Table.from_batches(batches) if batches else pa.table({})
+        if not batches:
+            return self.source.schema().empty_table().select(list(columns))
+        return pa.Table.from_batches(batches)
 
     def iter_read(
         self, file: int, groups: Sequence[int], columns: Sequence[str], rows: int | None = None
     ) -> Iterator[pa.RecordBatch]:
-        """Row groups ``groups`` of file ``file`` as batches of up to ``rows`` rows.
-
-        Decoding a piece at a time, from a buffered stream rather than whole pre-buffered
-        column chunks, bounds the memory a read needs beyond its output.
-        """
-        loc = self.files[file]
-        try:
-            with self._open(file) as handle:
-                parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=READ_BUFFER)
-                yield from parquet.iter_batches(
-                    batch_size=rows or READ_BATCH_ROWS,
-                    row_groups=list(groups),
-                    columns=list(columns),
-                    use_threads=False,
-                )
-        except (OSError, pa.ArrowException) as exc:
-            cached = " (its cached copy)" if self.shard_cache is not None else ""
-            raise DataError(
-                f"Cannot read row group(s) {list(groups)} of shard {loc.url!r}{cached}: {exc}. "
-                "The shard was removed, truncated or replaced after the dataset was opened. Fix: "
-                "restore it (fl.verify(path) checks every shard) or re-run the write."
-            ) from exc
+        """Row groups ``groups`` of file ``file`` as batches of up to ``rows`` rows (see
+        :meth:`ShardSource.iter_read`: footers and page checksums checked)."""
+        with self._local(file) as path:
+            yield from self.source.iter_read(file, groups, columns, rows, path=path)
 
     @contextlib.contextmanager
-    def _open(self, file: int) -> Iterator[Any]:
-        """File ``file`` opened for reading: the cached copy when a shard cache is set."""
+    def _local(self, file: int) -> Iterator[str | None]:
+        """The cached copy of file ``file`` (held from eviction meanwhile), else ``None``."""
         if self.shard_cache is None:
-            loc = self.files[file]
-            with loc.arrow_filesystem().open_input_file(loc.path) as handle:
-                yield handle
+            yield None
             return
-        with (
-            self.shard_cache.using(file) as path,  # held from eviction while read
-            pafs.LocalFileSystem().open_input_file(path) as handle,
-        ):
-            yield handle
+        with self.shard_cache.using(file) as path:
+            yield path
 
 
-def file_layout(dataset: Dataset) -> FileLayout | None:
-    """The Parquet files a dataset reads directly, or ``None`` for a computed plan.
-
-    Only plans that read Parquet files and at most select columns qualify; a feedline dataset
-    takes its row groups from the manifest, a plain Parquet folder from the footers.
+def file_layout(source: LoaderSource) -> FileLayout | None:
+    """The files a loader source reads directly, or ``None`` for a computed plan.
 
     Examples
     --------
     >>> import feedline as fl, tempfile
     >>> out = tempfile.mkdtemp() + "/ds"
     >>> _ = fl.range(10).write(out, rows_per_shard=6, row_group_rows=3)
-    >>> file_layout(fl.open(out)).row_group_sizes, file_layout(fl.range(10)) is None
-    ([3, 3, 3, 1], True)
+    >>> file_layout(fl.open(out)._loader_source()).row_group_sizes
+    [3, 3, 3, 1]
+    >>> file_layout(fl.range(10)._loader_source()) is None
+    True
     """
-    from feedline.io.parquet import ParquetSource, read_footer
-
-    source = dataset.plan.source
-    if not isinstance(source, ParquetSource) or not all(
-        isinstance(op, Select) for op in dataset.plan.ops
-    ):
-        return None
-    files = tuple(source.files)
-    manifest = dataset.manifest
-    if manifest is not None:
-        groups = tuple(tuple(s.row_groups) for s in manifest.shards)
-    else:
-        groups = tuple(
-            tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-            for meta in (read_footer(loc) for loc in files)
-        )
-    return FileLayout(files, groups)
+    return FileLayout(source) if isinstance(source, ShardSource) else None
 
 
-def known_rows(dataset: Dataset) -> int | None:
+def known_rows(source: LoaderSource) -> int | None:
     """The row count from metadata alone, or ``None`` when only running the plan tells.
 
     Examples
     --------
     >>> import feedline as fl
-    >>> known_rows(fl.range(10).limit(4)), known_rows(fl.range(10).filter(lambda b: b["id"]))
-    (4, None)
+    >>> known_rows(fl.range(10).limit(4)._loader_source())
+    4
+    >>> known_rows(fl.range(10).filter(lambda b: b["id"])._loader_source()) is None
+    True
     """
-    if not all(isinstance(op, Select | Limit) for op in dataset.plan.ops):
-        return None
-    total = dataset.plan.source.count_rows()
-    for op in dataset.plan.ops:
-        if total is not None and isinstance(op, Limit):
-            total = min(total, op.n)
-    return total
+    return source.num_rows
 
 
 class ColumnCache:
-    """Columns held as contiguous NumPy arrays, gathered by row index.
+    """Columns held as NumPy arrays, gathered by row index.
+
+    Built from a dict of arrays (each gathered with its own take) or from a
+    :class:`~feedline.loader.packed.Packing` and its storage (scalar columns packed by dtype,
+    one take per block). ``arrays`` is every column's array (for packed columns a strided
+    view of its block).
 
     Examples
     --------
@@ -194,23 +167,54 @@ class ColumnCache:
     [3.0, 1.0]
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
-        lengths = {len(a) for a in arrays.values()}
+    def __init__(
+        self,
+        arrays: Mapping[str, np.ndarray] | None = None,
+        *,
+        packing: Packing | None = None,
+        storage: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        self.packing = packing
+        self.storage = dict(storage if packing is not None else (arrays or {}))
+        self.arrays = column_views(packing, self.storage) if packing is not None else self.storage
+        lengths = {len(a) for a in self.storage.values()}
         if len(lengths) > 1:
             raise ValueError(f"cache columns differ in length: {sorted(lengths)}")
-        self.arrays = dict(arrays)
         self.num_rows = lengths.pop() if lengths else 0
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the arrays (object columns: the pointers only)."""
-        return int(sum(a.nbytes for a in self.arrays.values()))
+        return int(sum(a.nbytes for a in self.storage.values()))
+
+    def gather(
+        self,
+        indices: np.ndarray,
+        out: Mapping[str, np.ndarray] | None = None,
+        scratch: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Rows ``indices`` of every batch key: one ``np.take`` per block or column.
+
+        ``out`` buffers are keyed as :func:`~feedline.loader.packed.gather_packed` says
+        (by block or by batch key); ``scratch`` is reused memory for blocks copied out.
+        """
+        if self.packing is not None:
+            return gather_packed(self.packing, self.storage, indices, out, scratch)
+        return {name: take_rows(a, indices, out, name) for name, a in self.storage.items()}
+
+
+class CacheSession:
+    """One epoch's (one thread's) access to a cache: gathers with reused scratch memory."""
+
+    def __init__(self, cache: ColumnCache) -> None:
+        self._cache = cache
+        self._scratch: dict[str, np.ndarray] = {}
 
     def gather(
         self, indices: np.ndarray, out: Mapping[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:
-        """Rows ``indices`` of every column: one ``np.take`` each (into ``out`` when given)."""
-        return {name: take_rows(a, indices, out, name) for name, a in self.arrays.items()}
+        """Rows ``indices`` of every batch key (see :meth:`ColumnCache.gather`)."""
+        return self._cache.gather(indices, out, self._scratch if out else None)
 
 
 def take_rows(
@@ -229,18 +233,17 @@ def take_rows(
     return np.take(values, indices, axis=0, out=out[name], mode="clip")  # indices are valid
 
 
-def _empty(spec: ColumnSpec, rows: int) -> np.ndarray:
-    return np.empty((rows, *spec.shape), dtype=spec.dtype)
-
-
 def fill_arrays(
-    dst: dict[str, np.ndarray],
+    dst: Mapping[str, np.ndarray],
     batches: Iterable[pa.RecordBatch | pa.Table],
     specs: Sequence[ColumnSpec],
     at: int,
     where: str,
 ) -> int:
-    """Copy the columns of ``batches`` into ``dst`` from row ``at``; returns the rows copied."""
+    """Copy the columns of ``batches`` into ``dst`` (arrays or views) from row ``at``.
+
+    Returns the rows copied. Values are converted to ``dst``'s dtypes as they are copied.
+    """
     row = at
     for batch in batches:
         for spec in specs:
@@ -248,31 +251,29 @@ def fill_arrays(
             chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
             start = row
             for chunk in chunks:
-                part = chunk_to_numpy(chunk, spec, where)
+                part = chunk_to_numpy(chunk, spec, where, convert=False)
                 dst[spec.name][start : start + len(part)] = part
                 start += len(part)
         row += batch.num_rows
     return row - at
 
 
-def _load_files(layout: FileLayout, specs: Sequence[ColumnSpec], threads: int) -> ColumnCache:
+def _load_files(layout: FileLayout, packing: Packing, threads: int) -> ColumnCache:
+    specs = packing.specs
     names = [s.name for s in specs]
     file_of, local, starts = layout.locate()
     sizes = layout.row_group_sizes
-    if len(sizes) == 1:  # one row group: keep Arrow's buffers (zero-copy where possible)
-        table = layout.read(0, [0], names)
-        where = f"shard {layout.files[0].url!r}, row group 0"
-        return ColumnCache(
-            {s.name: _as_one(table.column(s.name).chunks, s, where, table.num_rows) for s in specs}
-        )
-    arrays = {s.name: _empty(s, layout.num_rows) for s in specs}
+    storage = packing.allocate(layout.num_rows)
+    views = column_views(packing, storage)
+    rows = min(READ_BATCH_ROWS, max(1, READ_BYTES // max(1, packing.row_bytes)))
 
     def read_one(g: int) -> None:
         f, i = int(file_of[g]), int(local[g])
         where = f"shard {layout.files[f].url!r}, row group {i}"
-        rows = min(READ_BATCH_ROWS, max(1, READ_BYTES // max(1, _row_bytes(specs))))
+        for values in storage.values():  # this row group's pages, populated in bulk
+            prefault(values, int(starts[g]), int(starts[g] + sizes[g]))
         pieces = _checked(layout.iter_read(f, [i], names, rows), int(sizes[g]), where)
-        fill_arrays(arrays, pieces, specs, int(starts[g]), where)
+        fill_arrays(views, pieces, specs, int(starts[g]), where)
         pa.default_memory_pool().release_unused()  # the decoded pieces: back to the system
 
     todo = [g for g in range(len(sizes)) if sizes[g]]
@@ -283,11 +284,7 @@ def _load_files(layout: FileLayout, specs: Sequence[ColumnSpec], threads: int) -
         with ThreadPoolExecutor(threads, thread_name_prefix="feedline-cache") as pool:
             for future in [pool.submit(read_one, g) for g in todo]:
                 future.result()
-    return ColumnCache(arrays)
-
-
-def _row_bytes(specs: Sequence[ColumnSpec]) -> int:
-    return sum(s.row_bytes for s in specs)
+    return ColumnCache(packing=packing, storage=storage)
 
 
 def _checked(batches: Iterable[pa.RecordBatch], rows: int, where: str) -> Iterator[pa.RecordBatch]:
@@ -305,24 +302,12 @@ def _checked(batches: Iterable[pa.RecordBatch], rows: int, where: str) -> Iterat
         )
 
 
-def _as_one(chunks: Sequence[pa.Array], spec: ColumnSpec, where: str, rows: int) -> np.ndarray:
-    if len(chunks) == 1:
-        return chunk_to_numpy(chunks[0], spec, where)
-    out = _empty(spec, rows)
-    row = 0
-    for chunk in chunks:
-        part = chunk_to_numpy(chunk, spec, where)
-        out[row : row + len(part)] = part
-        row += len(part)
-    return out
-
-
-def _load_batches(dataset: Dataset, specs: Sequence[ColumnSpec], budget: int | None):
+def _load_batches(stream: BatchStream, packing: Packing, budget: int | None) -> ColumnCache:
+    specs = packing.specs
     names = [s.name for s in specs]
-    plan_ds = dataset if list(dataset.schema().names) == names else dataset.select(names)
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
     rows = 0
-    for batch in plan_ds.iter_batches():
+    for batch in stream.iter_batches(names):
         rows += batch.num_rows
         if budget is not None and estimate_bytes(specs, rows) > budget:
             raise ConfigurationError(
@@ -332,62 +317,64 @@ def _load_batches(dataset: Dataset, specs: Sequence[ColumnSpec], budget: int | N
                 "row groups, or raise memory_budget / pass cache='memory'."
             )
         for spec in specs:
-            where = f"a batch of {dataset!r} (rows {rows - batch.num_rows}..{rows - 1})"
-            parts[spec.name].append(chunk_to_numpy(batch.column(spec.name), spec, where))
-    return ColumnCache(
-        {
-            s.name: (parts[s.name][0] if len(parts[s.name]) == 1 else _concat(parts[s.name], s))
-            for s in specs
-        }
-    )
-
-
-def _concat(parts: list[np.ndarray], spec: ColumnSpec) -> np.ndarray:
-    return np.concatenate(parts) if parts else _empty(spec, 0)
+            where = f"a batch of {stream.description} (rows {rows - batch.num_rows}..{rows - 1})"
+            parts[spec.name].append(chunk_to_numpy(batch.column(spec.name), spec, where, False))
+    storage = packing.allocate(rows)
+    views = column_views(packing, storage)
+    for spec in specs:
+        at = 0
+        for part in parts.pop(spec.name):
+            views[spec.name][at : at + len(part)] = part
+            at += len(part)
+    return ColumnCache(packing=packing, storage=storage)
 
 
 def load_cache(
-    dataset: Dataset,
-    specs: Sequence[ColumnSpec],
+    source: LoaderSource,
+    specs: Sequence[ColumnSpec] | Packing,
     *,
     layout: FileLayout | None = None,
     budget: int | None = None,
     threads: int | None = None,
 ) -> ColumnCache:
-    """Load the columns of ``specs`` into a :class:`ColumnCache`.
+    """Load the columns of ``specs`` (or of a :class:`Packing`) into a :class:`ColumnCache`.
 
     With a ``layout`` (see :func:`file_layout`) row groups are read in parallel straight into
     preallocated arrays; otherwise the plan runs and, with a ``budget``, stops with a
-    :class:`ConfigurationError` once the arrays would exceed it.
+    :class:`ConfigurationError` once the arrays would exceed it. Plain specs are packed with
+    :func:`~feedline.loader.packed.plan_packing` (no stacks).
 
     Examples
     --------
     >>> import feedline as fl, pyarrow as pa
     >>> from feedline.loader.columns import column_specs
     >>> ds = fl.from_arrow(pa.table({"x": [1.0, 2.0, 3.0]}))
-    >>> load_cache(ds, column_specs(ds.schema())).arrays["x"].tolist()
+    >>> load_cache(ds._loader_source(), column_specs(ds.schema())).arrays["x"].tolist()
     [1.0, 2.0, 3.0]
     """
+    packing = specs if isinstance(specs, Packing) else plan_packing(specs)
+    if layout is None and isinstance(source, ShardSource):
+        layout = FileLayout(source)
     if layout is not None:
         workers = threads or min(MAX_READ_THREADS, os.cpu_count() or 1)
-        return _load_files(layout, specs, workers)
-    return _load_batches(dataset, specs, budget)
+        return _load_files(layout, packing, workers)
+    return _load_batches(source, packing, budget)
 
 
-def read_table(dataset: Dataset, columns: Sequence[str], layout: FileLayout | None) -> pa.Table:
-    """``columns`` of the whole dataset as one Arrow table (files read directly when possible).
+def read_table(source: LoaderSource, columns: Sequence[str], layout: FileLayout | None) -> pa.Table:
+    """``columns`` of the whole source as one Arrow table (through ``layout`` when given).
 
     Examples
     --------
     >>> import feedline as fl
-    >>> read_table(fl.range(3), ["id"], None)["id"].to_pylist()
+    >>> read_table(fl.range(3)._loader_source(), ["id"], None)["id"].to_pylist()
     [0, 1, 2]
     """
     if layout is None:
-        return dataset.select(list(columns)).to_arrow()
+        return source.read_table(list(columns))
     parts = [layout.read(f, range(len(g)), columns) for f, g in enumerate(layout.groups) if g]
     if not parts:
-        return dataset.schema().empty_table().select(list(columns))
+        return source.schema().empty_table().select(list(columns))
     return pa.concat_tables(parts)
 
 

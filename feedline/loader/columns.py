@@ -13,10 +13,11 @@ uint16, uint32                             widened to int32 / int64 when ``widen
 uint64                                     refused for torch (:class:`SchemaError`, cast to int64)
 ``arrow.fixed_shape_tensor`` / fixed-size  an N-d array ``(rows, *shape)`` of the value type
 list of the above
-string / binary                            refused (:class:`SchemaError`) unless
+string / binary (also large and view)      refused (:class:`SchemaError`) unless
                                            ``strings="list"``: then a ``list`` of str / bytes
-anything else (timestamps, decimals,       refused (:class:`SchemaError`) with the cast to make
-variable-length lists, structs)
+anything else (timestamps, decimals,       refused (:class:`SchemaError`) naming the column
+dictionaries, variable-length lists,       and the cast or encoding to make for its type
+structs, maps, null)
 =========================================  ==================================================
 
 Nulls are refused with a :class:`DataError` naming the column and where the null was found.
@@ -24,15 +25,23 @@ Nulls are refused with a :class:`DataError` naming the column and where the null
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
 
-__all__ = ["ColumnSpec", "chunk_to_numpy", "column_specs", "estimate_bytes", "parse_budget"]
+__all__ = [
+    "ColumnSpec",
+    "chunk_to_numpy",
+    "column_specs",
+    "estimate_bytes",
+    "parse_budget",
+    "with_dtypes",
+]
 
 #: bytes per row assumed for a string column read as a Python list (object + text)
 STRING_ROW_BYTES = 80
@@ -69,8 +78,7 @@ def _numeric_dtype(name: str, arrow_type: pa.DataType, widen_unsigned: bool) -> 
     if not ok:
         raise SchemaError(
             f"Column {name!r} has type {arrow_type}, which the loader cannot turn into a tensor. "
-            "Fix: cast it to a numeric type (e.g. timestamps to int64) with map_batches, or leave "
-            "it out with columns=[...]."
+            f"Fix: {_tensor_fix(arrow_type)}, or leave the column out with columns=[...]."
         )
     dtype = np.dtype(arrow_type.to_pandas_dtype())
     if widen_unsigned and dtype == np.uint64:
@@ -80,6 +88,40 @@ def _numeric_dtype(name: str, arrow_type: pa.DataType, widen_unsigned: bool) -> 
             "use format='numpy'."
         )
     return _WIDEN.get(dtype, dtype) if widen_unsigned else dtype
+
+
+def _tensor_fix(kind: pa.DataType) -> str:
+    """How to make a column of ``kind`` loadable (the start of a ``Fix:`` sentence).
+
+    Examples
+    --------
+    >>> _tensor_fix(pa.decimal128(10, 2))
+    'cast it to float64 with map_batches before writing (pc.cast(col, pa.float64()))'
+    """
+    t = pa.types
+    before = "with map_batches before writing"
+    if t.is_timestamp(kind) or t.is_duration(kind) or t.is_time(kind):
+        since = " since the epoch" if t.is_timestamp(kind) else ""
+        return f"cast it to int64 {before} (pc.cast(col, pa.int64()) counts its {kind.unit}{since})"
+    if t.is_date(kind):
+        days = "pc.cast(col, pa.date32()).cast(pa.int32())"
+        return f"cast it to days since the epoch {before} ({days})"
+    if t.is_decimal(kind):
+        return f"cast it to float64 {before} (pc.cast(col, pa.float64()))"
+    if t.is_dictionary(kind):
+        if t.is_string(kind.value_type) or t.is_large_string(kind.value_type):
+            return "encode its categories as integers before writing (fl.StringIndexer)"
+        return f"decode it {before} (pc.cast(col, pa.{kind.value_type}()))"
+    if t.is_list(kind) or t.is_large_list(kind) or t.is_list_view(kind):
+        return (
+            f"make every row the same length {before}: a fixed_size_list (pad or truncate; "
+            "fl.Tokenize does this for text)"
+        )
+    if t.is_struct(kind) or t.is_map(kind):
+        return f"turn its fields into columns of their own {before} (e.g. pc.struct_field)"
+    if t.is_null(kind):
+        return "drop it (it holds no values)"
+    return f"cast it to a numeric type {before}"
 
 
 def column_specs(
@@ -118,7 +160,7 @@ def column_specs(
     specs = []
     for name in names:
         t = schema.field(name).type
-        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t):
+        if _is_text(t):
             if strings != "list":
                 raise SchemaError(
                     f"Column {name!r} holds {t} values, which cannot become a tensor. Fix: encode "
@@ -140,6 +182,87 @@ def column_specs(
         else:
             specs.append(ColumnSpec(name, "numeric", _numeric_dtype(name, t, widen_unsigned)))
     return specs
+
+
+def _target(key: str, value: Any, torch: bool) -> np.dtype:
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        dtype = np.dtype(object)
+    if dtype.kind not in "biuf" or (torch and dtype in (np.uint16, np.uint32, np.uint64)):
+        raise ConfigurationError(
+            f"Loader: dtype {value!r} for {key!r} is not a dtype the loader delivers"
+            f"{' as torch tensors' if torch else ''}. Fix: pass a bool, integer or float dtype "
+            "such as np.float32 or 'int64'."
+        )
+    return dtype
+
+
+def _same_family(a: np.dtype, b: np.dtype) -> bool:
+    family = {"b": "b", "i": "i", "u": "i", "f": "f"}
+    return family.get(a.kind) == family.get(b.kind)
+
+
+def with_dtypes(
+    specs: Sequence[ColumnSpec],
+    dtype: Any,
+    stacks: Mapping[str, Sequence[str]] | None = None,
+    *,
+    torch: bool = False,
+) -> tuple[list[ColumnSpec], dict[str, np.dtype]]:
+    """``specs`` converted as ``dtype=`` asks, and the dtypes it sets for stacks.
+
+    ``dtype`` is one dtype, applied to every column of its family (a float dtype to the
+    floating-point columns, an integer dtype to the integer columns: ``np.float32`` turns
+    float64 features into float32 and keeps an int64 label), or a mapping from column or
+    stack names to dtypes. A stack takes a single float dtype when its members'
+    common dtype is floating. Values are converted once, as the cache fills.
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> specs = column_specs(pa.schema({"x": pa.float64(), "y": pa.int64()}))
+    >>> [str(s.dtype) for s in with_dtypes(specs, "float32")[0]]
+    ['float32', 'int64']
+    >>> [str(s.dtype) for s in with_dtypes(specs, {"y": "int32"})[0]]
+    ['float64', 'int32']
+    """
+    if dtype is None:
+        return list(specs), {}
+    stacks = dict(stacks or {})
+    numeric = {s.name for s in specs if s.kind in ("numeric", "tensor")}
+    if isinstance(dtype, Mapping):
+        unknown = sorted(set(dtype) - numeric - set(stacks))
+        if unknown:
+            raise ConfigurationError(
+                f"Loader: dtype= names {unknown}, which are not numeric loader columns or "
+                f"stacks (columns: {sorted(numeric)}, stacks: {sorted(stacks)}). Fix: check "
+                "the names."
+            )
+        wanted = {k: _target(k, v, torch) for k, v in dtype.items()}
+        out = [replace(s, dtype=wanted[s.name]) if s.name in wanted else s for s in specs]
+        return out, {k: v for k, v in wanted.items() if k in stacks}
+    one = _target("every column", dtype, torch)
+    out = [
+        replace(s, dtype=one) if s.name in numeric and _same_family(s.dtype, one) else s
+        for s in specs
+    ]
+    by_name = {s.name: s for s in out}
+    stack_dtypes = {}
+    for key, members in stacks.items():
+        common = np.result_type(*[by_name[m].dtype for m in members if m in by_name] or [one])
+        if common.kind == "f" and one.kind == "f":
+            stack_dtypes[key] = one
+    return out, stack_dtypes
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    """Strings and byte strings of any layout (loaded as Python lists with strings="list")."""
+    t = pa.types
+    return (
+        t.is_string(kind) or t.is_large_string(kind) or t.is_string_view(kind)
+        or t.is_binary(kind) or t.is_large_binary(kind) or t.is_binary_view(kind)
+    )
 
 
 def estimate_bytes(specs: Sequence[ColumnSpec], rows: int) -> int:
@@ -167,10 +290,14 @@ def parse_budget(value: int | str) -> int:
     return parse_bytes(value)
 
 
-def chunk_to_numpy(chunk: pa.Array, spec: ColumnSpec, where: str) -> np.ndarray:
+def chunk_to_numpy(
+    chunk: pa.Array, spec: ColumnSpec, where: str, convert: bool = True
+) -> np.ndarray:
     """One Arrow chunk as an array matching ``spec`` (zero-copy where Arrow allows it).
 
-    ``where`` (file, row group) is named in the error raised for nulls.
+    ``where`` (file, row group) is named in the error raised for nulls. ``convert=False``
+    leaves the values in their own dtype (for a caller copying them into an array of
+    ``spec.dtype``, which converts as it copies).
 
     Examples
     --------
@@ -201,4 +328,4 @@ def chunk_to_numpy(chunk: pa.Array, spec: ColumnSpec, where: str) -> np.ndarray:
         out = flat.reshape((len(chunk), *spec.shape))
     else:
         out = chunk.to_numpy(zero_copy_only=False)
-    return out if out.dtype == spec.dtype else out.astype(spec.dtype)
+    return out if out.dtype == spec.dtype or not convert else out.astype(spec.dtype)

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from feedline.loader.cache import FileLayout, fill_arrays, take_rows
+from feedline.loader.arrays import prefault
+from feedline.loader.cache import ColumnCache, FileLayout, fill_arrays
 from feedline.loader.columns import ColumnSpec
+from feedline.loader.packed import Packing, column_views, plan_packing
 
 __all__ = ["PoolReader", "StreamStats", "sequential_pools"]
 
@@ -59,7 +61,8 @@ class PoolReader:
     layout:
         The Parquet files and row groups.
     specs:
-        The columns to read.
+        The columns to read, or a :class:`~feedline.loader.packed.Packing` of them (the
+        batch keys and blocks; plain specs are packed without stacks).
     pools:
         Row-group ids of each pool (``block_shuffle_pools`` or :func:`sequential_pools`).
     stats:
@@ -69,12 +72,14 @@ class PoolReader:
     def __init__(
         self,
         layout: FileLayout,
-        specs: Sequence[ColumnSpec],
+        specs: Sequence[ColumnSpec] | Packing,
         pools: Sequence[np.ndarray],
         stats: StreamStats | None = None,
     ) -> None:
         self._layout = layout
-        self._specs = list(specs)
+        self._packing = specs if isinstance(specs, Packing) else plan_packing(specs)
+        self._specs = self._packing.specs
+        self._scratch: dict[str, np.ndarray] = {}
         self._file_of, self._local, self._starts = layout.locate()
         self._sizes = np.asarray(layout.row_group_sizes, dtype=np.int64)
         groups = self._sizes.size
@@ -92,23 +97,24 @@ class PoolReader:
                 plan.append((f, [int(self._local[g]) for g in mine]))
             self._read_plan.append(plan)
             self._pool_rows.append(row)
-        self._loaded: dict[int, dict[str, np.ndarray]] = {}
+        self._loaded: dict[int, ColumnCache] = {}
         self.stats = stats if stats is not None else StreamStats()
 
-    def _load(self, p: int) -> dict[str, np.ndarray]:
-        arrays = {
-            s.name: np.empty((self._pool_rows[p], *s.shape), dtype=s.dtype) for s in self._specs
-        }
+    def _load(self, p: int) -> ColumnCache:
+        storage = self._packing.allocate(self._pool_rows[p])
+        for values in storage.values():  # populated in bulk (see feedline.loader.arrays)
+            prefault(values, 0, len(values))
+        views = column_views(self._packing, storage)
         names = [s.name for s in self._specs]
         row = 0
         for f, local_groups in self._read_plan[p]:
             where = f"shard {self._layout.files[f].url!r}, row groups {local_groups}"
             pieces = self._layout.iter_read(f, local_groups, names)
-            row += fill_arrays(arrays, pieces, self._specs, row, where)
+            row += fill_arrays(views, pieces, self._specs, row, where)
             self.stats.row_groups_read += len(local_groups)
         self.stats.pools_loaded += 1
         self.stats.pool_rows.append(self._pool_rows[p])
-        return arrays
+        return ColumnCache(packing=self._packing, storage=storage)
 
     def file_order(self, indices: np.ndarray) -> list[int]:
         """Files in the order serving ``indices`` (in turn) reads them; a file may recur.
@@ -144,14 +150,15 @@ class PoolReader:
                 self._loaded[p] = self._load(p)
         self.stats.max_resident_rows = max(self.stats.max_resident_rows, self.resident_rows())
         local = self._offset[group] + idx - self._starts[group]
+        if len(needed) == 1:
+            return self._loaded[needed[0]].gather(local, out, self._scratch if out else None)
+        # a batch straddling pools: each pool's rows gathered, then placed by mask
         result = {}
-        for s in self._specs:
-            if len(needed) == 1:
-                result[s.name] = take_rows(self._loaded[needed[0]][s.name], local, out, s.name)
-                continue
-            dst = out[s.name] if out and s.name in out else np.empty((idx.size, *s.shape), s.dtype)
-            for p in needed:
-                mask = pool == p
-                dst[mask] = self._loaded[p][s.name][local[mask]]
-            result[s.name] = dst
+        for key, (shape, dtype) in self._packing.shapes().items():
+            has = out is not None and key in out and out[key].shape == (idx.size, *shape)
+            result[key] = out[key] if has else np.empty((idx.size, *shape), dtype)
+        for p in needed:
+            mask = pool == p
+            for key, part in self._loaded[p].gather(local[mask]).items():
+                result[key][mask] = part
         return result

@@ -390,3 +390,34 @@ def test_ray_train_workers_read_disjoint_equal_shards(engine, tmp_path):
     assert len(seen[0]) == len(seen[1]) == 48
     assert not set(seen[0]) & set(seen[1])
     assert sorted(seen[0] + seen[1]) == list(range(96))
+
+
+def test_ray_writer_manifest_schema_agrees_with_its_shards(engine, tmp_path):
+    """timestamp[s] (Parquet stores ms), date64 and a pandas frame whose string column became
+    integer codes: the manifest records the written types with true pandas metadata, every
+    shard is the same once stored, and every reader gets the data back."""
+    import datetime as dt
+
+    import pandas as pd
+
+    from feedline.io.parquet_types import same_stored_schema
+
+    seconds = [dt.datetime(2024, 1, 1, 10, 0, s) for s in range(12)]
+    frame = pd.DataFrame({"id": range(12), "cat": ["a", "b", "c"] * 4})
+    data = fl.from_pandas(frame).transform(fl.StringIndexer("cat")).map_batches(
+        lambda b: b.append_column("t", pa.array(seconds, pa.timestamp("s")).take(b["id"]))
+        .append_column("d", pc.cast(pc.cast(b["id"], pa.int32()), pa.date32()).cast(pa.date64()))
+    )
+    out = tmp_path / "ds"
+    data.write(out, engine=engine, rows_per_shard=5)
+    ds = fl.open(out)
+    schema = ds.manifest.schema
+    assert schema.field("t").type == pa.timestamp("s") and schema.field("d").type == pa.date64()
+    for shard in ds.manifest.shards:
+        assert same_stored_schema(pq.read_schema(out / shard.path), schema)
+    back = ds.to_arrow().sort_by("id")
+    assert back["t"].to_pylist() == seconds
+    assert back["cat"].to_pylist() == data.to_arrow()["cat"].to_pylist()
+    for got in (ds.to_pandas(), pd.read_parquet(out)):
+        assert str(got["cat"].dtype) == "int64"
+        assert sorted(got["id"]) == list(range(12))

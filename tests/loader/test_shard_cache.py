@@ -260,8 +260,9 @@ def test_storage_faults_during_a_download_recover_or_leave_no_partial_file(
     fast = fl.RetryPolicy(attempts=4, base_delay=0.01)
     plan = FaultPlan(
         [
-            Fault("read", nth=1, error="unavailable", times=2, path="part-00001"),
-            Fault("read", nth=1, error="truncate", times=1, path="part-00002"),
+            # read 1 of each shard is its footer, checked on open; read 2 starts the download
+            Fault("read", nth=2, error="unavailable", times=2, path="part-00001"),
+            Fault("read", nth=2, error="truncate", times=1, path="part-00002"),
         ]
     )
     url, options = plan.wrap(f"{s3_bucket.url}/ds", s3_bucket.storage_options, retry=fast)
@@ -271,7 +272,7 @@ def test_storage_faults_during_a_download_recover_or_leave_no_partial_file(
     assert {error for _, _, error in plan.fired} == {"unavailable", "truncate"}
     assert cached_names(tmp_path / "a") == expected_names(ds)
 
-    broken = FaultPlan([Fault("read", nth=1, error="truncate", times=None, path="part-00003")])
+    broken = FaultPlan([Fault("read", nth=2, error="truncate", times=None, path="part-00003")])
     url, options = broken.wrap(f"{s3_bucket.url}/ds", s3_bucket.storage_options, retry=fast)
     ds = fl.open(url, storage_options=options)
     folder = tmp_path / "b"
