@@ -29,6 +29,11 @@ class WriteOptions:
     row_group_bytes: int = 32 << 20
     compression: str | None = "zstd"
 
+    def __post_init__(self) -> None:
+        from feedline.io.shards import parquet_codec
+
+        parquet_codec(self.compression)  # an unknown codec fails before any file is written
+
     def writer_kwargs(self) -> dict[str, Any]:
         return {
             "rows_per_shard": self.rows_per_shard,

@@ -142,7 +142,7 @@ def as_record_batches(result: Any, where: str) -> list[pa.RecordBatch]:
             pa.RecordBatch.from_pylist([], schema=result.schema)
         ]
     if isinstance(result, dict):
-        return [pa.RecordBatch.from_pydict({k: to_arrow_array(v) for k, v in result.items()})]
+        return [_batch_from_dict(result, where)]
     if type(result).__name__ == "DataFrame" and hasattr(result, "to_arrow"):
         return as_record_batches(result.to_arrow(), where)  # polars
     if type(result).__name__ == "DataFrame":
@@ -151,6 +151,34 @@ def as_record_batches(result: Any, where: str) -> list[pa.RecordBatch]:
         f"{where} returned {type(result).__name__}; expected a pyarrow RecordBatch or Table, a "
         "dict of column -> array, or a pandas/polars DataFrame. Fix: return one of those."
     )
+
+
+def _batch_from_dict(result: dict[Any, Any], where: str) -> pa.RecordBatch:
+    """A batch from a dict of columns; ``UserFunctionError`` naming the column at fault."""
+    arrays = {}
+    for name, values in result.items():
+        try:
+            arrays[name] = to_arrow_array(values)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise UserFunctionError(
+                f"{where} returned a column {name!r} that Arrow cannot hold "
+                f"({type(exc).__name__}: {exc}). Fix: return one value per row, all of one "
+                "type (a 1-D list or NumPy array; an n-d NumPy array for tensors)."
+            ) from exc
+    lengths = {name: len(array) for name, array in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise UserFunctionError(
+            f"{where} returned columns of different lengths {lengths}; every column of a batch "
+            "needs the same number of rows. Fix: return equal-length columns (one value per "
+            "row), e.g. pad the short ones or wrap per-row lists in one list column."
+        )
+    try:
+        return pa.RecordBatch.from_pydict(arrays)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise UserFunctionError(
+            f"{where} returned a dict that cannot become a batch ({type(exc).__name__}: "
+            f"{exc}). Fix: use str column names and equal-length 1-D columns."
+        ) from exc
 
 
 def to_arrow_array(values: Any) -> pa.Array:
@@ -170,7 +198,20 @@ def _mask_from(result: Any, rows: int, where: str) -> pa.Array:
     if isinstance(result, pa.ChunkedArray):
         result = result.combine_chunks()
     if not isinstance(result, pa.Array):
-        result = pa.array(np.asarray(result))
+        values = np.asarray(result)
+        if values.ndim != 1:
+            raise UserFunctionError(
+                f"{where} returned an array of shape {values.shape}; a filter function must "
+                f"return a 1-D mask with one boolean per row ({rows}). Fix: reduce it to one "
+                "value per row, e.g. mask.all(axis=1) or mask[:, 0]."
+            )
+        try:
+            result = pa.array(values)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise UserFunctionError(
+                f"{where} returned a mask Arrow cannot read ({type(exc).__name__}: {exc}). "
+                "Fix: return a boolean NumPy array or pyarrow array, one value per row."
+            ) from exc
     if not pa.types.is_boolean(result.type) or len(result) != rows:
         raise UserFunctionError(
             f"{where} returned {len(result)} values of type {result.type}; a filter function "

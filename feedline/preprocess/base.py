@@ -18,12 +18,13 @@ from __future__ import annotations
 import copy
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from feedline.errors import ConfigurationError, FormatError
+from feedline.errors import ConfigurationError, DataError, FeedlineError, FormatError
+from feedline.preprocess.state_checks import check_fitted, invalid_state, non_finite
 
 if TYPE_CHECKING:
     from feedline.dataset import Dataset
@@ -51,6 +52,11 @@ def from_state(state: dict[str, Any]) -> Preprocessor:
             f"Not a preprocessor state: {str(state)[:200]!r}. Fix: pass the dict from `.state`."
         )
     kind = state["type"]
+    if not isinstance(kind, str):
+        raise FormatError(
+            f"A saved preprocessor state has type={kind!r}, not a class name. Fix: pass the "
+            "dict from `.state` unedited (re-fit and save it again)."
+        )
     if kind not in _REGISTRY:
         import feedline.preprocess  # noqa: F401 - registers the built-in preprocessors
 
@@ -186,7 +192,21 @@ class Preprocessor(ABC):
 
     def transform_record(self, record: dict[str, Any]) -> dict[str, Any]:
         """Apply exactly the batch code path to one record (for serving)."""
-        batch = pa.RecordBatch.from_pylist([record])
+        if not isinstance(record, Mapping):
+            raise ConfigurationError(
+                f"{type(self).__name__}.transform_record takes one record, a dict of column -> "
+                f"value; got {type(record).__name__} {str(record)[:80]}. Fix: pass e.g. "
+                f"{{{self.columns[0]!r}: value}}; for many rows use transform_batch("
+                "pa.RecordBatch.from_pylist(records))."
+            )
+        try:
+            batch = pa.RecordBatch.from_pylist([dict(record)])
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise DataError(
+                f"The record {str(record)[:120]} given to {type(self).__name__}.transform_record "
+                f"cannot become a row ({type(exc).__name__}: {exc}). Fix: give each column one "
+                "plain value (number, string, bool, None, or a list for tensors)."
+            ) from exc
         out = self.transform_batch(batch, where="the record")
         rows = out.to_pylist()
         return rows[0] if rows else {}
@@ -197,22 +217,57 @@ class Preprocessor(ABC):
         """Constructor arguments (JSON-safe); override to add your own."""
         return {"columns": list(self.columns), "output": list(self.output)}
 
+    def fitted_spec(self) -> dict[str, str]:
+        """What ``fitted`` holds: key → kind of its per-column values (checked by
+        :func:`from_state`; kinds in :data:`feedline.preprocess.state_checks.KINDS`)."""
+        return {}
+
+    def _check_fitted(self) -> None:
+        """Raise :class:`FormatError` naming the field when ``fitted`` does not fit
+        :meth:`fitted_spec` (override for fitted parameters that are not per column)."""
+        check_fitted(self._state_owner(), self.columns, self.fitted, self.fitted_spec())
+
+    def _state_owner(self) -> str:
+        return f"{type(self).__name__}({', '.join(self.columns)})"
+
     @property
     def state(self) -> dict[str, Any]:
-        """JSON-safe description: type, constructor parameters, fitted parameters."""
+        """JSON-safe description: type, constructor parameters, fitted parameters (a copy)."""
         state = {"type": type(self).__name__, "params": self.params(), "fitted": self.fitted}
-        json.dumps(state, allow_nan=False)  # fail here, not when the manifest is written
-        return state
+        try:
+            json.dumps(state, allow_nan=False)  # fail here, not when the manifest is written
+        except (TypeError, ValueError) as exc:
+            where = non_finite(state) or str(exc)
+            raise FormatError(
+                f"The state of {self._state_owner()} is not JSON-safe: {where}. Fix: re-fit "
+                "it on data with finite values (fitted statistics must be finite)."
+            ) from exc
+        return copy.deepcopy(state)
 
     @classmethod
     def _from_state(cls, state: dict[str, Any]) -> Preprocessor:
+        params = state.get("params")
+        if not isinstance(params, dict):
+            raise invalid_state(cls.__name__, "params", params, "is not a dict of arguments")
+        bad = non_finite(state)
+        if bad is not None:
+            raise FormatError(
+                f"The saved state of {cls.__name__} holds NaN or infinity at {bad}; a fitted "
+                "statistic is always finite. Fix: re-fit the preprocessor and save its state "
+                "again; do not edit a saved state by hand."
+            )
         try:
-            obj = cls(**state["params"])
+            obj = cls(**params)
+        except FeedlineError:
+            raise
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(
-                f"Cannot rebuild {cls.__name__} from its saved state: {exc}. Fix: re-fit it."
+                f"Cannot rebuild {cls.__name__} from its saved state: params "
+                f"{str(params)[:160]} are not valid arguments ({type(exc).__name__}: {exc}). "
+                "Fix: re-fit it and save its state again."
             ) from exc
-        obj.fitted = state.get("fitted")
+        obj.fitted = copy.deepcopy(state.get("fitted"))
+        obj._check_fitted()
         return obj
 
     def __repr__(self) -> str:

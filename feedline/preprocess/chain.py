@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from feedline.errors import ConfigurationError, DataError, FormatError, SchemaError
 from feedline.preprocess.base import Preprocessor, from_state, register
 from feedline.preprocess.scalers import float_values, is_numeric, tensor_array
+from feedline.preprocess.state_checks import invalid_state
 
 if TYPE_CHECKING:
     from feedline.dataset import Dataset
@@ -246,6 +247,32 @@ class Concat(Preprocessor):
             "handle_invalid": self.handle_invalid,
             "drop_inputs": self.drop_inputs,
         }
+
+    def _check_fitted(self) -> None:
+        """The saved layout must list every column in order, with consistent offsets."""
+        if self.fitted is None:
+            return
+        owner = self._state_owner()
+        layout = self.fitted.get("layout") if isinstance(self.fitted, dict) else None
+        if not isinstance(layout, list) or len(layout) != len(self.columns):
+            raise invalid_state(
+                owner, "fitted.layout", layout, f"is not a list of {len(self.columns)} entries"
+            )
+        offset = 0
+        for i, (item, column) in enumerate(zip(layout, self.columns, strict=True)):
+            field = f"fitted.layout[{i}]"
+            if not isinstance(item, dict) or item.get("column") != column:
+                raise invalid_state(owner, field, item, f"does not describe column {column!r}")
+            shape = item.get("shape")
+            if not isinstance(shape, list) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape
+            ):
+                raise invalid_state(owner, f"{field}.shape", shape, "is not a list of sizes >= 1")
+            if item.get("offset") != offset:
+                raise invalid_state(
+                    owner, f"{field}.offset", item.get("offset"), f"is not {offset}"
+                )
+            offset += int(np.prod(shape)) if shape else 1
 
     def fit(
         self,

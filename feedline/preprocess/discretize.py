@@ -220,6 +220,9 @@ class QuantileDiscretizer(_Discretizer):
             "handle_invalid": self.handle_invalid,
         }
 
+    def fitted_spec(self) -> dict[str, str]:
+        return {"splits": "splits", "rank_error": "nonnegative"}
+
     def partial(self, batch: pa.RecordBatch) -> dict[str, Any]:
         return sketch_partial(self, batch)
 

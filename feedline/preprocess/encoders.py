@@ -175,6 +175,9 @@ class StringIndexer(_CategoryEncoder):
             "max_categories": self.max_categories,
         }
 
+    def fitted_spec(self) -> dict[str, str]:
+        return {"labels": "labels"}
+
     def finish(self, partial: dict[str, Any]) -> dict[str, Any]:
         labels = {}
         for c in self.columns:
@@ -275,6 +278,9 @@ class OneHotEncoder(_CategoryEncoder):
 
     def params(self) -> dict[str, Any]:
         return super().params() | {"handle_unknown": self.handle_unknown, "drop": self.drop}
+
+    def fitted_spec(self) -> dict[str, str]:
+        return {"categories": "labels", "drop": "drop"}
 
     def finish(self, partial: dict[str, Any]) -> dict[str, Any]:
         categories, dropped = {}, {}

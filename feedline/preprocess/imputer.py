@@ -95,6 +95,10 @@ class Imputer(ColumnwisePreprocessor):
     def params(self) -> dict[str, Any]:
         return super().params() | {"strategy": self.strategy, "fill_value": self.fill_value}
 
+    def fitted_spec(self) -> dict[str, str]:
+        fill = "number" if self.strategy in ("mean", "median") else "scalar"
+        return {"fill": fill, "missing_fraction": "fraction", "rows": "count"}
+
     @property
     def missing_fraction(self) -> dict[str, float]:
         """Per column: the fraction of missing values seen when fitting."""

@@ -225,6 +225,9 @@ class StandardScaler(ColumnwisePreprocessor):
     def params(self) -> dict[str, Any]:
         return super().params() | {"with_mean": self.with_mean, "with_std": self.with_std}
 
+    def fitted_spec(self) -> dict[str, str]:
+        return {"mean": "number", "var": "nonnegative", "scale": "positive", "count": "count"}
+
     def partial(self, batch: pa.RecordBatch) -> dict[str, Any]:
         return {c: moments(float_values(self, batch.column(c), c)) for c in self.columns}
 
@@ -283,6 +286,9 @@ class MinMaxScaler(ColumnwisePreprocessor):
 
     def params(self) -> dict[str, Any]:
         return super().params() | {"feature_range": list(self.feature_range)}
+
+    def fitted_spec(self) -> dict[str, str]:
+        return {"data_min": "number", "data_max": "number", "scale": "positive", "min": "number"}
 
     def partial(self, batch: pa.RecordBatch) -> dict[str, Any]:
         return {c: moments(float_values(self, batch.column(c), c)) for c in self.columns}
@@ -358,6 +364,9 @@ class RobustScaler(ColumnwisePreprocessor):
             "with_centering": self.with_centering,
             "with_scaling": self.with_scaling,
         }
+
+    def fitted_spec(self) -> dict[str, str]:
+        return {"center": "number", "scale": "positive", "rank_error": "nonnegative"}
 
     def partial(self, batch: pa.RecordBatch) -> dict[str, Any]:
         return sketch_partial(self, batch)
