@@ -313,6 +313,8 @@ def train_one_epoch(path: str, out: str) -> int:
             seen += batch["id"].tolist()
         with open(os.path.join(out, f"rank-{rank}.json"), "w") as handle:
             json.dump(seen, handle)
+        del model, optimizer  # the reducer holds the group: release it while both ranks are up
+        dist.barrier()
         return len(seen)
     finally:
         dist.destroy_process_group()

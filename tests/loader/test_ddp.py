@@ -75,6 +75,10 @@ def _worker(rank: int, path: str, port: int, out: str) -> None:
         result["epoch2"] = _gather(before + after, WORLD)
         if rank == 0:
             Path(out).write_text(json.dumps(result))
+        # release DDP's reducer (it holds the process group) while both ranks are still up:
+        # a gloo group torn down after its peer exited can hang joining its I/O thread
+        del model, optimizer
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
