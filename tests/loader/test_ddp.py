@@ -77,7 +77,7 @@ def _worker(rank: int, path: str, port: int, out: str) -> None:
             Path(out).write_text(json.dumps(result))
         # release DDP's reducer (it holds the process group) while both ranks are still up:
         # a gloo group torn down after its peer exited can hang joining its I/O thread
-        del model, optimizer
+        model = optimizer = None  # frees the reducer (the step closure shares these cells)
         dist.barrier()
     finally:
         dist.destroy_process_group()
