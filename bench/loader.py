@@ -1181,6 +1181,14 @@ def w_run_child(runner: str, spec: dict[str, Any], args: argparse.Namespace) -> 
     return {"status": "crashed", "error": f"no result (log: {log})"}
 
 
+def save_case(path: Path, command: str, results: Any, **meta: Any) -> None:
+    """Write a named case's results to ``path`` as JSON, with the command and the machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"command": command, "cpus": os.cpu_count(), "python": platform.python_version(),
+            **meta}  # fmt: skip
+    path.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+
+
 def w_median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run with the median samples/s (the others' rates kept in ``samples_per_s_runs``)."""
     ok = sorted((r for r in runs if r.get("status") == "ok"), key=lambda r: r["samples_per_s"])
@@ -1217,10 +1225,7 @@ def case_w(args: argparse.Namespace) -> None:
     command = "flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case W" + (
         " --quick" if args.quick else "") + f" --w-batches {args.w_batches} --w-repeat " + (
         f"{args.w_repeat}")  # fmt: skip
-    W_OUT.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"command": command, "cpus": os.cpu_count(), "python": platform.python_version(),
-            "runners": W_RUNNERS, "specs": specs}  # fmt: skip
-    W_OUT.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+    save_case(W_OUT, command, results, runners=W_RUNNERS, specs=specs)
     print(w_markdown(results, specs, command))
 
 
@@ -1719,10 +1724,7 @@ def case_j(args: argparse.Namespace) -> None:
     command = ("flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case J"
                + (" --quick" if args.quick else "") + f" --j-repeat {args.j_repeat}"
                + f" --j-epochs {args.j_epochs}")  # fmt: skip
-    J_OUT.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"command": command, "cpus": os.cpu_count(), "python": platform.python_version(),
-            "runners": J_RUNNERS, "spec": spec}  # fmt: skip
-    J_OUT.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+    save_case(J_OUT, command, results, runners=J_RUNNERS, spec=spec)
     print(j_markdown(results, spec, command))
 
 
@@ -2135,10 +2137,7 @@ def case_aw(args: argparse.Namespace) -> None:
               flush=True)  # fmt: skip
     command = ("flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case A-wide"
                + (" --quick" if args.quick else ""))  # fmt: skip
-    AW_OUT.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"command": command, "cpus": os.cpu_count(), "python": platform.python_version(),
-            "runners": AW_RUNNERS, "skipped": AW_SKIPPED, "spec": spec}  # fmt: skip
-    AW_OUT.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+    save_case(AW_OUT, command, results, runners=AW_RUNNERS, skipped=AW_SKIPPED, spec=spec)
     print(aw_markdown(results, spec, command))
 
 
@@ -2194,10 +2193,7 @@ def case_b(args: argparse.Namespace) -> None:
               f"{results[key].get('first_batch_s')}", file=sys.stderr, flush=True)  # fmt: skip
     command = ("flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case B"
                + (" --quick" if args.quick else ""))  # fmt: skip
-    B_OUT.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"command": command, "cpus": os.cpu_count(), "python": platform.python_version(),
-            "runners": B_RUNNERS, "specs": specs}  # fmt: skip
-    B_OUT.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+    save_case(B_OUT, command, results, runners=B_RUNNERS, specs=specs)
     print(b_markdown(results, specs, command))
 
 
