@@ -27,6 +27,7 @@ from feedline.errors import (
     StorageError,
     UserFunctionError,
 )
+from feedline.io import tfrecord
 from feedline.io.format import verify
 from feedline.io.retry import RetryPolicy
 from feedline.loader import ImageTransform, Loader, Windows
@@ -37,8 +38,10 @@ from feedline.preprocess import (
     ClipTokenizer,
     Concat,
     DecodeImages,
+    DecodeNdarray,
     HashingEncoder,
     Imputer,
+    ListToTensor,
     MinMaxScaler,
     Normalize,
     OneHotEncoder,
@@ -62,7 +65,10 @@ from feedline.readers import (
     read_images,
     read_jsonl,
     read_parquet,
+    read_petastorm,
     read_text,
+    read_tfrecord,
+    read_webdataset,
 )
 
 __all__ = [
@@ -75,6 +81,7 @@ __all__ = [
     "DataError",
     "Dataset",
     "DecodeImages",
+    "DecodeNdarray",
     "DriftReport",
     "FeedlineError",
     "FormatError",
@@ -83,6 +90,7 @@ __all__ = [
     "Imputer",
     "IncompleteDatasetError",
     "IntegrityError",
+    "ListToTensor",
     "Loader",
     "LocalEngine",
     "MinMaxScaler",
@@ -120,10 +128,14 @@ __all__ = [
     "read_images",
     "read_jsonl",
     "read_parquet",
+    "read_petastorm",
     "read_text",
+    "read_tfrecord",
+    "read_webdataset",
     "record_to_tensors",
     "spark_session",
     "stats",
+    "tfrecord",
     "tracking",
     "verify",
 ]

@@ -30,7 +30,10 @@ __all__ = [
     "read_images",
     "read_jsonl",
     "read_parquet",
+    "read_petastorm",
     "read_text",
+    "read_tfrecord",
+    "read_webdataset",
 ]
 
 PathsLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -137,6 +140,43 @@ def read_jsonl(
     return ds.select(columns) if columns is not None else ds
 
 
+def read_petastorm(
+    path: str | os.PathLike[str],
+    columns: Sequence[str] | None = None,
+    *,
+    on_error: Literal["raise", "skip"] = "raise",
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Read a Petastorm dataset (a Parquet folder written through a Unischema), without
+    Petastorm.
+
+    The Unischema pickled in ``_common_metadata`` is read opcode by opcode and never
+    unpickled (anything but a plain Unischema is refused, with a warning); without it, each
+    binary column's codec is detected from its first value. ``NdarrayCodec``,
+    ``CompressedNdarrayCodec`` and ``CompressedImageCodec`` (PNG/JPEG, decoded with Pillow)
+    columns of a fixed shape become ``arrow.fixed_shape_tensor`` columns the loader turns into
+    tensors; a ``None`` dimension gives nested lists; ``ScalarCodec`` columns take the field's
+    dtype. ``on_error="skip"`` drops rows holding an undecodable value (counted in the
+    execution report); ``"raise"`` names the file, row group, row and column. Local paths and
+    fsspec URLs; one read task per file. See :mod:`feedline.io.petastorm`.
+
+    Examples
+    --------
+    >>> import feedline as fl, io, numpy as np, pyarrow as pa, pyarrow.parquet as pq, tempfile
+    >>> buf = io.BytesIO(); np.save(buf, np.eye(2, dtype=np.float32))
+    >>> root = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"m": [buf.getvalue()] * 3}), root + "/part-0.parquet")
+    >>> ds = fl.read_petastorm(root)  # no Unischema here: the codec is detected from the bytes
+    >>> ds.schema().field("m").type
+    FixedShapeTensorType(extension<arrow.fixed_shape_tensor[value_type=float, shape=[2,2]]>)
+    """
+    from feedline.io.petastorm import PetastormSource
+
+    source = PetastormSource(path, on_error=on_error, storage_options=storage_options)
+    ds = Dataset.from_source(source)
+    return ds.select(columns) if columns is not None else ds
+
+
 def read_text(
     paths: PathsLike,
     *,
@@ -166,6 +206,53 @@ def read_text(
     )
 
 
+def read_tfrecord(
+    paths: PathsLike,
+    columns: Sequence[str] | None = None,
+    *,
+    features: Mapping[str, Any] | None = None,
+    compression: Literal["GZIP", "ZLIB", "auto"] | None = "auto",
+    on_error: Literal["raise", "skip"] = "raise",
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Read TFRecord files of ``tf.train.Example`` records, without TensorFlow.
+
+    ``features`` maps names to specs: ``fl.tfrecord.FixedLen(shape, dtype, default=None)``
+    (a scalar or ``arrow.fixed_shape_tensor`` column; a numeric one also reads one raw
+    ``bytes`` value per record, like ``tf.io.decode_raw``), ``fl.tfrecord.VarLen(dtype)`` (a
+    list column) or a dtype string (a scalar). Without it the specs are inferred from the
+    first ``fl.tfrecord.INFER_RECORDS`` (1000) records, and a later record that disagrees
+    raises :class:`~feedline.errors.SchemaError`. Both CRCs of every record are checked;
+    corrupt, truncated and (with ``features=``) non-matching records raise
+    :class:`~feedline.errors.DataError` naming the file, record and byte offset, or with
+    ``on_error="skip"`` are dropped and counted. ``compression="auto"`` tells plain, GZIP
+    and ZLIB files apart by their first bytes. One read task per file. See
+    :mod:`feedline.io.tfrecord`.
+
+    Examples
+    --------
+    >>> import feedline as fl, pyarrow as pa, tempfile
+    >>> out = tempfile.mkdtemp() + "/tfr"
+    >>> _ = fl.from_arrow(pa.table({"label": [0, 1], "tokens": [[5, 6], [7]]})).write_tfrecord(out)
+    >>> fl.read_tfrecord(out).to_arrow().to_pylist()
+    [{'label': 0, 'tokens': [5, 6]}, {'label': 1, 'tokens': [7]}]
+    >>> spec = {"label": "uint8", "tokens": fl.tfrecord.VarLen("int32")}
+    >>> fl.read_tfrecord(out, features=spec).schema().types
+    [DataType(uint8), ListType(list<item: int32>)]
+    """
+    from feedline.io.tfrecord import TfRecordSource
+
+    source = TfRecordSource(
+        paths,
+        features=features,
+        compression=compression,
+        on_error=on_error,
+        storage_options=storage_options,
+    )
+    ds = Dataset.from_source(source)
+    return ds.select(columns) if columns is not None else ds
+
+
 def read_images(
     paths: PathsLike,
     *,
@@ -191,6 +278,57 @@ def read_images(
         ImageFolderSource(paths, label=label, storage_options=storage_options)
     )
 
+
+def read_webdataset(
+    urls: PathsLike,
+    columns: Sequence[str] | None = None,
+    *,
+    fields: Sequence[str] | Mapping[str, Any] | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+    infer_samples: int = 1000,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Read WebDataset tar shards: one row per sample, one column per field.
+
+    ``urls`` are shard paths or fsspec URLs, brace patterns (``train-{000000..000099}.tar``,
+    expanded with the ``braceexpand`` package as WebDataset does), globs or folders of
+    ``.tar`` / ``.tar.gz`` / ``.tgz`` files; one read task per shard. Members sharing a key
+    (``000123.jpg``, ``000123.cls``) form a sample; rows hold ``__key__``, ``__url__`` and a
+    column per field. Images stay encoded (``binary``) for the loader's
+    ``transform=fl.ImageTransform("jpg")``; ``cls``/``id``/``index`` are ``int64``,
+    ``txt``/``text`` and ``json`` (the JSON text) are strings, anything else is ``binary``.
+    ``fields=`` picks the fields and types (``["jpg", "cls"]`` or ``{"json": pa.struct(...)}``
+    to parse JSON); by default they are found in the first ``infer_samples`` samples. A sample
+    without a field has a null there. ``on_error="skip"`` drops samples whose members do not
+    convert, and the rest of a damaged shard, counting them in the execution report;
+    ``"raise"`` names the shard, member and byte offset. See :mod:`feedline.io.webdataset`.
+
+    Training: ``ds.loader(columns=["jpg", "cls"], transform=fl.ImageTransform("jpg"),
+    num_workers=2)`` decodes and augments the images at load time (name the columns: the
+    string columns ``__key__`` and ``__url__`` do not become tensors).
+
+    Examples
+    --------
+    >>> import feedline as fl, io, tarfile, tempfile
+    >>> path = tempfile.mkdtemp() + "/shard-0.tar"
+    >>> with tarfile.open(path, "w") as tar:
+    ...     for name, data in [("a.cls", b"1"), ("a.txt", b"hi"), ("b.cls", b"2")]:
+    ...         info = tarfile.TarInfo(name); info.size = len(data)
+    ...         tar.addfile(info, io.BytesIO(data))
+    >>> fl.read_webdataset(path).to_arrow().select(["__key__", "cls", "txt"]).to_pylist()
+    [{'__key__': 'a', 'cls': 1, 'txt': 'hi'}, {'__key__': 'b', 'cls': 2, 'txt': None}]
+    """
+    from feedline.io.webdataset import WebDatasetSource
+
+    source = WebDatasetSource(
+        urls,
+        fields=fields,
+        on_error=on_error,
+        infer_samples=infer_samples,
+        storage_options=storage_options,
+    )
+    ds = Dataset.from_source(source)
+    return ds.select(columns) if columns is not None else ds
 
 def from_arrow(table: pa.Table | pa.RecordBatch) -> Dataset:
     """A dataset over an in-memory Arrow table (zero-copy slices).

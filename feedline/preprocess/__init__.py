@@ -11,6 +11,8 @@ from feedline.preprocess.encoders import OneHotEncoder, StringIndexer
 from feedline.preprocess.hashing import HashingEncoder
 from feedline.preprocess.images import DecodeImages, Normalize
 from feedline.preprocess.imputer import Imputer
+from feedline.preprocess.list_tensor import ListToTensor
+from feedline.preprocess.ndarray import DecodeNdarray
 from feedline.preprocess.scalers import MinMaxScaler, RobustScaler, StandardScaler
 from feedline.preprocess.sketch import QuantileSketch
 from feedline.preprocess.text import Tokenize
@@ -21,8 +23,10 @@ __all__ = [
     "ClipTokenizer",
     "Concat",
     "DecodeImages",
+    "DecodeNdarray",
     "HashingEncoder",
     "Imputer",
+    "ListToTensor",
     "MinMaxScaler",
     "Normalize",
     "OneHotEncoder",
