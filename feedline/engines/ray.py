@@ -26,10 +26,22 @@ the local engine.
 ``preserve_order`` is set on the dataset's own copy of Ray's ``DataContext`` (with
 ``raise_original_map_exception``); the process-wide context is never changed.
 
-**Writes** go through Ray's Parquet writer into the staging folder; the driver commits the
-manifest last (see ``feedline.engines.ray_write``). The output schema is learned first on
-the driver, as on Spark: user functions run on 16 rows there unless a ``map_batches``
-gives ``output_schema=``.
+**Writes**: Ray tasks write feedline shards (the local engine's writer) into the staging
+folder and send back only their descriptions (rows, row groups, sha256 checksum, footer
+digest); the driver renames them in parallel and commits the manifest last (see
+``feedline.engines.ray_write``). The output schema is learned first on the driver, as on
+Spark: user functions run on 16 rows there unless a ``map_batches`` gives
+``output_schema=``.
+
+**Fitting** (``aggregate``): one partial per read task, merged in Ray tasks in the fixed
+tree of :mod:`feedline.engines.partials` (see ``feedline.engines.ray_merge``): the driver
+holds block references and ``O(log n)`` partials, and fitted state is bit-identical to
+the local engine's.
+
+**Clusters**: on first use of a Ray job every node is probed; feedline ships itself with
+``runtime_env={"py_modules": [...]}`` where a node cannot import it, and the user's own
+modules travel by value where a node cannot import them (see
+``feedline.engines.ray_runtime``).
 
 **Counters.** Records skipped inside workers (``DecodeImages(on_error="skip")``, CSV rows
 with ``on_error="skip"``) and read counters are sent per block to a collector actor
@@ -64,7 +76,6 @@ from feedline.engines.ray_stages import (
     StageSpec,
     merge_report,
     split_stages,
-    unpickle_partials,
 )
 from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
@@ -76,6 +87,8 @@ __all__ = ["RayEngine", "RemoteTraceback", "surface_errors"]
 _COLLECTOR_NAME = "feedline-report-collector"
 #: ((job id, node id), collector actor handle) of the current Ray job
 _COLLECTOR: tuple[tuple[str, str], Any] | None = None
+#: the Ray job a RayEngine connected itself (it may reconnect it to ship feedline)
+_OWNED_JOB: str | None = None
 
 
 class RayEngine:
@@ -90,7 +103,9 @@ class RayEngine:
         CPUs of a locally started Ray (default: all).
     init_kwargs:
         More arguments for ``ray.init`` (they override feedline's defaults
-        ``include_dashboard=False, log_to_driver=False``).
+        ``include_dashboard=False, log_to_driver=False``), e.g. a ``runtime_env`` with the
+        ``working_dir`` the workers need; feedline adds itself to its ``py_modules`` when a
+        node cannot import it.
 
     Examples
     --------
@@ -131,12 +146,25 @@ class RayEngine:
     # ------------------------------------------------------------------ Ray plumbing
 
     def ensure_ray(self) -> None:
-        """Start (or connect to) Ray unless it is already initialized."""
+        """Start (or connect to) Ray unless it is already initialized, then check once per
+        Ray job that every node can import feedline (shipping it with ``runtime_env``
+        ``py_modules`` when this engine started the connection; see
+        :mod:`feedline.engines.ray_runtime`)."""
+        global _OWNED_JOB
         import ray
+
+        from feedline.engines.ray_runtime import check_workers
 
         if ray.is_initialized():
             release_failed_executions()
+            owned = ray.get_runtime_context().get_job_id() == _OWNED_JOB
+            check_workers(self._reconnect if owned else None)
             return
+        ray.init(**self._init_args())
+        _OWNED_JOB = ray.get_runtime_context().get_job_id()
+        check_workers(self._reconnect)
+
+    def _init_args(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "ignore_reinit_error": True,
             "include_dashboard": False,
@@ -146,7 +174,20 @@ class RayEngine:
             kwargs["address"] = self.address
         if self.num_cpus is not None:
             kwargs["num_cpus"] = self.num_cpus
-        ray.init(**(kwargs | self.init_kwargs))
+        return kwargs | self.init_kwargs
+
+    def _reconnect(self) -> None:
+        """Reconnect with feedline shipped to the workers (``runtime_env`` ``py_modules``)."""
+        global _OWNED_JOB
+        import ray
+
+        from feedline.engines.ray_runtime import feedline_runtime_env
+
+        kwargs = self._init_args()
+        kwargs["runtime_env"] = feedline_runtime_env(kwargs.get("runtime_env"))
+        ray.shutdown()
+        ray.init(**kwargs)
+        _OWNED_JOB = ray.get_runtime_context().get_job_id()
 
     def _collector(self) -> Any:
         """The job's counter collector actor, created on first use. Its handle is kept here
@@ -210,8 +251,10 @@ class RayEngine:
         import ray.data
 
         from feedline.engines.ray_bridge import RaySource
+        from feedline.engines.ray_runtime import ship_user_modules
 
         self.ensure_ray()
+        ship_user_modules(ops)
         source = plan.source
         if isinstance(source, RaySource):
             rds = source.private_copy()
@@ -303,40 +346,42 @@ class RayEngine:
         partial: Callable[[pa.RecordBatch], Any],
         merge: Callable[[Any, Any], Any],
     ) -> Any:
-        """Compute ``partial`` per read task in the workers (returned as a pickled binary
-        column) and ``merge`` the results on the driver, in read-task order.
+        """Compute ``partial`` per read task in the workers (a pickled binary column) and
+        ``merge`` the tasks' partials in Ray tasks, in the fixed tree of
+        :mod:`feedline.engines.partials` (see :mod:`feedline.engines.ray_merge`): the
+        driver holds ``O(log n)`` partials, and the result is bit-identical to the local
+        engine's.
 
         Returns ``None`` when the plan yields no rows. ``merge`` must be associative and
         commutative (the same contract as the local engine).
         """
+        from feedline.engines.partials import fold
+        from feedline.engines.ray_merge import merge_in_tasks
+
         pushed = pushdown(plan)
         segments = split_at_limits(pushed.remaining)
-        if len(segments) > 1:  # a limit needs the merged stream: aggregate on the driver
-            result = None
-            for batch in self.execute(plan, preserve_order=True):
-                part = partial(batch)
-                result = part if result is None else merge(result, part)
-            return result
+        if len(segments) > 1:  # a limit needs the merged stream: fold it in order
+            batches = self.execute(plan, preserve_order=True)
+            return fold((partial(b) for b in batches if b.num_rows), merge)
         self.ensure_ray()
         collector, run_id = self._collector(), uuid.uuid4().hex
         rds = self.dataset(
             plan,
             pushed,
             segments[0][0],
-            preserve_order=False,
+            preserve_order=True,  # chunks of consecutive blocks are ranges of read tasks
             collector=collector,
             run_id=run_id,
             partial=partial,
             merge=merge,
         )
+        if rds is None:
+            return None
         try:
-            tables = list(_tables(rds))
+            with surface_errors():
+                return merge_in_tasks(rds.iter_internal_ref_bundles(), merge)
         finally:
             self._collect(collector, run_id, None)
-        merged = None
-        for _, value in unpickle_partials(tables):
-            merged = value if merged is None else merge(merged, value)
-        return merged
 
     def write(
         self,
@@ -349,7 +394,7 @@ class RayEngine:
         report: ExecutionReport | None = None,
         preprocessors: list[dict[str, Any]] | None = None,
     ) -> WriteInfo:
-        """Materialize the plan with Ray's Parquet writer (see ``feedline.engines.ray_write``)."""
+        """Materialize the plan; Ray tasks write the shards (``feedline.engines.ray_write``)."""
         from feedline.engines.ray_write import write_plan
 
         return write_plan(

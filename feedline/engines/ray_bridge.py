@@ -27,7 +27,7 @@ from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns,
 if TYPE_CHECKING:
     from feedline.dataset import Dataset
 
-__all__ = ["RaySource", "filter_by_expression", "source_batch", "to_ray"]
+__all__ = ["RaySource", "filter_by_expression", "source_batch", "streaming_split", "to_ray"]
 
 
 class RaySource(Source):
@@ -176,3 +176,49 @@ def to_ray(dataset: Dataset, engine: Any = None, *, preserve_order: bool = True)
     if not tables:
         return ray.data.from_arrow(dataset.schema().empty_table())
     return ray.data.from_arrow(tables)
+
+
+def streaming_split(
+    dataset: Dataset, n: int, *, equal: bool = True, engine: Any = None
+) -> list[Any]:
+    """``n`` disjoint streams of ``dataset`` for ``n`` concurrent consumers, on Ray.
+
+    The plan runs on Ray (:func:`to_ray`, unfitted preprocessors fitted first) and Ray
+    Data's ``streaming_split`` deals its blocks out to ``n`` ``ray.data.DataIterator``
+    objects while they are computed: nothing is written to storage, and a slow consumer
+    holds the others back only as far as Ray's buffers go. With ``equal=True`` every
+    stream gets the same number of rows (up to ``n - 1`` rows are dropped when the total
+    does not divide), as data-parallel training needs; streams are disjoint and, when
+    nothing is dropped, cover the dataset. Row order across streams is not kept.
+
+    Pass each iterator to one Ray Train worker or actor (they are picklable) and read
+    them *concurrently*: ``it.iter_batches(batch_format="pyarrow")`` (or
+    ``iter_torch_batches``). Every consumer must read its stream to the end for an epoch
+    to finish; a new epoch starts when all have called ``iter_batches`` again. Ray Train
+    does the same for a trainer's datasets: ``TorchTrainer(..., datasets={"train":
+    ds.to_ray()})`` splits with ``streaming_split(equal=True)`` per worker.
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> a, b = fl.range(10).streaming_split(2, engine="ray")  # doctest: +SKIP
+    >>> ray.get([count_rows.remote(a), count_rows.remote(b)])  # doctest: +SKIP
+    [5, 5]
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigurationError(
+            f"streaming_split(n={n!r}) needs a positive int: one stream per consumer. "
+            "Fix: pass e.g. n=world_size."
+        )
+    from feedline.engines.base import get_engine
+    from feedline.engines.ray import RayEngine
+
+    engine = get_engine(engine if engine is not None else "ray")
+    if not isinstance(engine, RayEngine):
+        raise ConfigurationError(
+            f"streaming_split runs on Ray; got engine={engine.name!r}. Fix: pass "
+            "engine='ray' (or a RayEngine), or write the dataset and give every rank a "
+            "loader(rank=..., world_size=...)."
+        )
+    return to_ray(dataset, engine, preserve_order=False).streaming_split(n, equal=equal)
+

@@ -25,7 +25,6 @@ counters cannot travel with it.
 
 from __future__ import annotations
 
-import pickle
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -342,15 +341,3 @@ def merge_report(report: ExecutionReport, delta: dict[str, Any] | None) -> None:
         report.add(records_skipped=rest)
     for name, value in delta.get("counters", {}).items():
         report.count(name, value)
-
-
-def unpickle_partials(tables: Sequence[pa.Table]) -> list[tuple[int, Any]]:
-    """``(task index, partial)`` pairs from the aggregation stage's output, by task index."""
-    pairs = []
-    for table in tables:
-        for index, blob in zip(
-            table.column("task").to_pylist(), table.column("partial").to_pylist(), strict=True
-        ):
-            pairs.append((index, pickle.loads(blob)))
-    pairs.sort(key=lambda pair: pair[0])
-    return pairs

@@ -1,40 +1,39 @@
-"""Writes on the Ray engine: Ray's Parquet writer into a staging folder, manifest last.
+"""Writes on the Ray engine: feedline shards written in Ray tasks, manifest last.
 
-The workers write Parquet files with ``Dataset.write_parquet`` into feedline's hidden
-staging folder of a locked write (:func:`feedline.io.format.writing`). The driver then
-renames them to ``part-NNNNN-<write id>.parquet`` in dataset order (Ray's write-task
-index, then the file number inside the task), reads their footers for row and row-group
-counts, computes their sha256 checksums, builds the :class:`~feedline.io.format.Manifest` (lineage
-``engine="ray"``) and calls :func:`feedline.io.format.commit`, which writes the manifest
-last. A write that fails or is interrupted before the commit leaves no new manifest: the
-staging folder is removed on failure, and the previous dataset (if any) still opens.
+Each Ray write task runs :class:`feedline.io.format.ShardWriter` (the local engine's writer:
+same file format, tensor columns included) through a ``ray.data`` ``Datasink``
+(:class:`ShardSink`), into its own folder ``task-<index>-<id>`` of the staging folder of a
+locked write (:func:`feedline.io.format.writing`). The task computes every shard's sha256
+checksum and footer digest while it writes and returns only descriptions
+``{path, rows, bytes, row_groups, checksum, footer}``; the driver never reads a shard's
+bytes. It renames the shards to ``part-NNNNN-<write id>.parquet`` in dataset order (Ray's
+write-task index, then the shard number inside the task), in parallel, builds the
+:class:`~feedline.io.format.Manifest` (lineage ``engine="ray"``) and calls
+:func:`feedline.io.format.commit`, which writes the manifest last. A write that fails or is
+interrupted before the commit leaves no new manifest: the staging folder is removed on
+failure (with the files of failed task attempts), and the previous dataset still opens.
 
 Shard layout:
 
-- ``rows_per_shard``: ``repartition(target_num_rows_per_block=n, strict=True)`` then
-  ``max_rows_per_file=n``: every shard but the last holds exactly ``n`` rows, as on the
-  local engine.
-- otherwise ``bytes_per_shard`` becomes Ray's ``min_bytes_per_file``: blocks are combined
-  until their *in-memory* (uncompressed) size reaches it, so shards on disk are usually
-  smaller than on the local engine, which measures the compressed file.
-- row groups hold ``row_group_rows`` rows, or as many rows as fit ``row_group_bytes`` by
-  an estimate of the row size from the schema (variable-width values counted at 64 bytes),
-  capped by ``rows_per_shard``.
+- ``rows_per_shard``: ``repartition(target_num_rows_per_block=n, strict=True)``, then each
+  task's writer cuts shards of exactly ``n`` rows: every shard but the last holds ``n``
+  rows, as on the local engine.
+- otherwise ``bytes_per_shard`` becomes the sink's ``min_bytes_per_write``: Ray bundles
+  blocks until their *in-memory* (uncompressed) size reaches it, and each write task
+  writes its bundle as one shard (cut only past twice ``bytes_per_shard`` on disk), so
+  shards on disk are usually smaller than on the local engine, which measures the file.
+- row groups as on the local engine (``row_group_rows``, else ``row_group_bytes``).
 
-``on_rows`` (progress) is called once per shard, after Ray has written them all.
-
-Within one write task, Ray's writer (``pyarrow.dataset.write_dataset`` with threads) may
-interleave its input blocks, so the row order inside a shard can differ from the local
-engine's even with ``preserve_order=True``; the shards follow the dataset's order.
+``on_rows`` (progress) is called once per shard, after Ray has written them all. Rows keep
+the order of the blocks a task receives.
 """
 
 from __future__ import annotations
 
-import posixpath
-import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -42,7 +41,6 @@ import pyarrow as pa
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.fusion import split_at_limits
 from feedline.io import format as fmt
-from feedline.io.footer import footer_of
 from feedline.io.shards import conform, writable_schema
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
@@ -51,54 +49,91 @@ from feedline.plan import Plan, pushdown
 if TYPE_CHECKING:
     from feedline.engines.ray import RayEngine
 
-__all__ = ["estimate_row_bytes", "write_plan"]
+__all__ = ["ShardSink", "write_plan"]
 
-_VARIABLE_BYTES = 64
-_ARROW_MAX_ROWS_PER_GROUP = 1 << 20
-_NAME = re.compile(r"-(\d+)-(\d+)\.parquet$")
+#: renames running at once on the driver (each one a copy on object stores)
+_RENAMES = 16
 
 
-def estimate_row_bytes(schema: pa.Schema) -> int:
-    """Bytes per row of ``schema`` (fixed-width exactly; variable-width values at 64 bytes).
+def _sink_base() -> type:
+    from ray.data import Datasink
+
+    return Datasink
+
+
+class ShardSink:
+    """A ``ray.data`` ``Datasink`` whose write tasks run :class:`~feedline.io.format.ShardWriter`.
+
+    Each task writes into ``staging/task-<index>-<id>/`` and returns the descriptions of its
+    shards (checksums and footer digests computed while writing); :attr:`results` holds them
+    on the driver once ``write_datasink`` returns, sorted into dataset order.
 
     Examples
     --------
-    >>> estimate_row_bytes(pa.schema({"x": pa.float32(), "s": pa.string()}))
-    68
-    >>> estimate_row_bytes(pa.schema({"img": pa.fixed_shape_tensor(pa.uint8(), [2, 3])}))
-    6
+    >>> import tempfile
+    >>> from feedline.io.storage import resolve
+    >>> sink = ShardSink.create(resolve(tempfile.mkdtemp()), pa.schema({"x": pa.int64()}),
+    ...                         WriteOptions(rows_per_shard=2))  # doctest: +SKIP
+    >>> ray.data.range(3).write_datasink(sink)  # doctest: +SKIP
+    >>> [(r["rows"], r["row_groups"]) for r in sink.results]  # doctest: +SKIP
+    [(2, [2]), (1, [1])]
     """
-    return max(1, sum(_type_bytes(field.type) for field in schema))
 
+    def __init__(self, staging: Location, schema: pa.Schema, options: WriteOptions) -> None:
+        self.staging = staging
+        self.schema = schema
+        self.writer_kwargs = options.writer_kwargs()
+        self.min_bytes = None if options.rows_per_shard else options.bytes_per_shard
+        if self.min_bytes:  # one shard per task's bundle; a second one only when far over
+            self.writer_kwargs["bytes_per_shard"] = 2 * self.min_bytes
+            self.writer_kwargs["row_group_bytes"] = min(options.row_group_bytes, self.min_bytes)
+        self.results: list[dict[str, Any]] = []
 
-def _type_bytes(kind: pa.DataType) -> int:
-    if isinstance(kind, pa.FixedShapeTensorType):
-        size = 1
-        for dim in kind.shape:
-            size *= dim
-        return size * _type_bytes(kind.value_type)
-    if isinstance(kind, pa.BaseExtensionType):
-        return _type_bytes(kind.storage_type)
-    if pa.types.is_fixed_size_list(kind):
-        return kind.list_size * _type_bytes(kind.value_type)
-    if pa.types.is_struct(kind):
-        return sum(_type_bytes(kind.field(i).type) for i in range(kind.num_fields))
-    try:
-        return max(1, kind.bit_width // 8)
-    except ValueError:  # strings, binaries, lists: variable width
-        return _VARIABLE_BYTES
+    @classmethod
+    def create(cls, staging: Location, schema: pa.Schema, options: WriteOptions) -> Any:
+        """A sink that is a real ``ray.data.Datasink`` (Ray is imported only here)."""
+        kind = type("FeedlineShardSink", (cls, _sink_base()), {})
+        return kind(staging, schema, options)
 
+    @property
+    def min_bytes_per_write(self) -> int | None:
+        return self.min_bytes
 
-def _filename_provider() -> Any:
-    from ray.data.datasource import FilenameProvider
+    def get_name(self) -> str:
+        return "FeedlineShards"
 
-    class _OrderedNames(FilenameProvider):
-        """``<write uuid>-<task index>-<file number>.parquet``: sortable into dataset order."""
+    def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict[str, Any]]:
+        """Write one task's blocks as shards; return their descriptions (runs in the task)."""
+        from ray.data.block import BlockAccessor
 
-        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
-            return f"{write_uuid}-{task_index:06d}-{{i}}.parquet"
+        name = f"task-{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}"
+        writer = fmt.ShardWriter(self.staging.child(name), schema=self.schema, **self.writer_kwargs)
+        try:
+            for block in blocks:
+                for batch in BlockAccessor.for_block(block).to_arrow().to_batches():
+                    writer.write(batch)
+            shards = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        return [
+            {
+                "task": ctx.task_idx,
+                "seq": seq,
+                "path": f"{name}/{shard.path}",
+                "rows": shard.rows,
+                "bytes": shard.bytes,
+                "row_groups": list(shard.row_groups),
+                "checksum": shard.checksum,
+                "footer": shard.footer,
+            }
+            for seq, shard in enumerate(shards)
+        ]
 
-    return _OrderedNames()
+    def on_write_complete(self, write_result: Any) -> None:
+        """Keep the tasks' shard descriptions (runs on the driver), in dataset order."""
+        found = [row for rows in write_result.write_returns for row in rows or ()]
+        self.results = sorted(found, key=lambda row: (row["task"], row["seq"]))
 
 
 def write_plan(
@@ -112,7 +147,7 @@ def write_plan(
     report: ExecutionReport,
     preprocessors: list[dict[str, Any]] | None,
 ) -> WriteInfo:
-    """Write ``plan`` as a feedline dataset at ``target`` with Ray's Parquet writer."""
+    """Write ``plan`` as a feedline dataset at ``target``: shards written in Ray tasks."""
     from feedline.engines.local import lineage_of
     from feedline.engines.ray import surface_errors
     from feedline.engines.schema import infer_schema
@@ -128,22 +163,19 @@ def write_plan(
     engine.ensure_ray()
     collector, run_id = engine._collector(), uuid.uuid4().hex
     with fmt.writing(target) as write:
-        staging = write.staging
+        sink = ShardSink.create(write.staging, schema, options)
         try:
             rds = _dataset(engine, plan, schema, preserve_order, report, collector, run_id)
             if rds is not None:
-                rds, kwargs = _layout(rds, options, schema)
-                with surface_errors():
-                    rds.write_parquet(
-                        staging.path,
-                        filesystem=staging.arrow_filesystem(),
-                        filename_provider=_filename_provider(),
-                        schema=schema,
-                        **kwargs,
+                if options.rows_per_shard is not None:
+                    rds = rds.repartition(
+                        target_num_rows_per_block=options.rows_per_shard, strict=True
                     )
+                with surface_errors():
+                    rds.write_datasink(sink)
         finally:
             engine._collect(collector, run_id, report)
-        shards = _finalize(staging, write.shard_folder, write.shard_name, on_rows)
+        shards = _finalize(write, sink.results, on_rows)
         manifest = fmt.Manifest(
             schema=schema,
             shards=shards,
@@ -184,54 +216,35 @@ def _dataset(engine, plan, schema, preserve_order, report, collector, run_id) ->
     return rds
 
 
-def _layout(rds: Any, options: WriteOptions, schema: pa.Schema) -> tuple[Any, dict[str, Any]]:
-    """Repartition ``rds`` and choose ``write_parquet`` arguments for ``options``."""
-    per_row = estimate_row_bytes(schema)
-    group = options.row_group_rows or max(1, options.row_group_bytes // per_row)
-    group = min(group, _ARROW_MAX_ROWS_PER_GROUP)
-    kwargs: dict[str, Any] = {
-        "compression": options.compression or "none",
-        "use_dictionary": fmt.dictionary_columns(schema),
-        "write_statistics": True,
-        "write_page_checksum": True,  # CRC-32 per page, verified on every read
-    }
-    if options.rows_per_shard is not None:
-        n = options.rows_per_shard
-        rds = rds.repartition(target_num_rows_per_block=n, strict=True)
-        kwargs["max_rows_per_file"] = n
-        group = min(group, n)
-    elif options.bytes_per_shard is not None:
-        kwargs["min_bytes_per_file"] = options.bytes_per_shard
-    kwargs["row_group_size"] = group
-    return rds, kwargs
-
-
 def _finalize(
-    staging: Location,
-    into: Location,
-    shard_name: Callable[[int], str],
+    write: fmt.PendingWrite,
+    results: list[dict[str, Any]],
     on_rows: Callable[[int], None] | None,
 ) -> list[fmt.ShardInfo]:
-    """Rename Ray's files to ``into/shard_name(n)`` in dataset order; describe each shard."""
-    fs = staging.fs
-    names = []
-    if fs.exists(staging.path):
-        for path in fs.ls(staging.path, detail=False):
-            name = posixpath.basename(path.rstrip("/"))
-            match = _NAME.search(name)
-            if match:
-                names.append(((int(match.group(1)), int(match.group(2))), name))
+    """Rename the tasks' shards to ``write.shard_name(n)`` in dataset order (in parallel) and
+    describe them from what the tasks returned: no shard byte is read here."""
+    staging, into = write.staging, write.shard_folder
+    names = [write.shard_name(number) for number in range(len(results))]
+
+    def rename(pair: tuple[dict[str, Any], str]) -> None:
+        staging.fs.mv(staging.join(pair[0]["path"]), into.join(pair[1]))
+
+    if results:
+        with ThreadPoolExecutor(min(_RENAMES, len(results))) as pool:
+            list(pool.map(rename, zip(results, names, strict=True)))
     shards = []
-    for number, (_, name) in enumerate(sorted(names)):
-        part = shard_name(number)
-        fs.mv(staging.join(name), into.join(part))
-        location = into.child(part)
-        footer = footer_of(location)
-        rows = footer.metadata.num_rows
-        size, checksum = fmt.file_checksum(location)
+    for row, name in zip(results, names, strict=True):
         shards.append(
-            fmt.ShardInfo(part, rows, size, footer.row_groups, checksum, footer.digest, True)
+            fmt.ShardInfo(
+                name,
+                row["rows"],
+                row["bytes"],
+                tuple(row["row_groups"]),
+                row["checksum"],
+                row["footer"],
+                True,
+            )
         )
         if on_rows is not None:
-            on_rows(rows)
+            on_rows(row["rows"])
     return shards

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from feedline.engines.base import get_engine
 from feedline.engines.fusion import BatchPipeline
 from feedline.errors import ConfigurationError
 from feedline.plan import Filter, Limit, MapBatches, Plan, Select, Transform
@@ -59,9 +58,13 @@ def infer_schema(plan: Plan) -> pa.Schema:
 
 
 def _schema_by_sampling(plan: Plan, position: int, schema: pa.Schema) -> pa.Schema:
+    from feedline.engines.local import LocalEngine
+
     head = Plan(plan.source, tuple(plan.ops[:position]))
     sample = None
-    for batch in get_engine("local").execute(head.then(Limit(SCHEMA_SAMPLE_ROWS))):
+    # one read task at a time: a Spark/Ray driver should not read a row group per core here
+    engine = LocalEngine(parallelism=1, memory_budget="64MB")
+    for batch in engine.execute(head.then(Limit(SCHEMA_SAMPLE_ROWS))):
         sample = batch
         break
     if sample is None:

@@ -32,6 +32,20 @@ The driver collects the shard descriptions, renames them ``part-NNNNN.parquet`` 
 partition order and commits the manifest last. ``writer="spark"`` uses Spark's own
 Parquet writer instead (see :mod:`feedline.engines.spark_write`).
 
+**Results and fitting.** ``execute`` (``iter_batches``, ``to_arrow``) computes every
+partition in parallel into the executors' storage and streams them to the driver one at a
+time as Arrow IPC (``toLocalIterator`` with prefetch): the driver never holds the whole
+result. ``aggregate`` (fitting, ``fl.stats``) folds each read task's batches in the
+executors and merges the tasks in the fixed tree of :mod:`feedline.engines.partials`, so
+fitted state is bit-identical to the local engine's and the driver receives only
+``O(log tasks)`` blocks per partition.
+
+**Clusters** need no environment set by hand: the executors run this interpreter unless
+``spark.pyspark.python`` says otherwise, and the first job on a cluster master checks
+that they can import feedline, ships it and the user's own modules when needed, and
+otherwise raises :class:`~feedline.errors.ConfigurationError` naming the fix (see
+:mod:`feedline.engines.spark_cluster`).
+
 **Counters and errors** travel through a Spark accumulator and an encoded exception
 message (see :mod:`feedline.engines.spark_worker`), so ``on_error="skip"`` counts reach
 the driver's report and a failing user function raises
@@ -42,7 +56,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,8 +68,12 @@ from feedline.engines.spark_bridge import (
     clear_spark_cache,
     to_spark,
 )
+from feedline.engines.spark_cluster import (
+    check_executors,
+    python_for_executors,
+    ship_user_modules,
+)
 from feedline.engines.spark_plan import build_job, quiet_pandas_warning
-from feedline.engines.spark_types import from_spark_batch
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
@@ -76,9 +93,15 @@ _WRITERS = ("feedline", "spark")
 def spark_session(master: str = "local[*]", app_name: str = "feedline", **conf: Any) -> Any:
     """Get or create a ``SparkSession`` set up for feedline.
 
-    Arrow is enabled and the web UI is off. For a ``local`` master, ``SPARK_LOCAL_IP`` is set
-    to ``127.0.0.1`` and ``PYSPARK_PYTHON`` to this interpreter when they are unset, so the
-    driver binds the loopback address and the Python workers import the same packages.
+    Arrow is enabled and the web UI is off. For a ``local`` master or a ``spark://`` master
+    on the loopback address, ``SPARK_LOCAL_IP`` is set to ``127.0.0.1`` when unset, so the
+    driver binds the loopback address. The executors run the interpreter named by
+    ``spark.pyspark.python`` when given, else ``PYSPARK_PYTHON``, else this one
+    (``sys.executable``): right whenever the workers share this machine or its filesystem.
+    On other clusters pass ``**{"spark.pyspark.python": "/path/on/the/workers/python"}``;
+    the first job checks that the executors can import feedline, ships it (and the
+    user's modules) when they cannot, and otherwise fails with a ``ConfigurationError``
+    naming the fix (see :mod:`feedline.engines.spark_cluster`).
     Keyword arguments are Spark settings with ``_`` for ``.``, or given as a dict under
     their real names: ``spark_session("local[2]", **{"spark.driver.memory": "2g"})``.
 
@@ -99,9 +122,13 @@ def spark_session(master: str = "local[*]", app_name: str = "feedline", **conf: 
 def _session(master: str, app_name: str, conf: dict[str, Any]) -> Any:
     from pyspark.sql import SparkSession
 
-    if master.startswith("local"):
+    settings = {(k if "." in k else k.replace("_", ".")): v for k, v in conf.items()}
+    if master.startswith("local") or _loopback(master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # PySpark gives the executors the driver's PYSPARK_PYTHON (``python3`` when unset)
+    python = python_for_executors(settings)
+    os.environ["PYSPARK_PYTHON"] = python
+    settings["spark.pyspark.python"] = python
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -109,10 +136,15 @@ def _session(master: str, app_name: str, conf: dict[str, Any]) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
-    for key, value in conf.items():
-        name = key if "." in key else key.replace("_", ".")
+    for name, value in settings.items():
         builder = builder.config(name, str(value))
     return builder.getOrCreate()
+
+
+def _loopback(master: str) -> bool:
+    """A ``spark://`` master on this machine's loopback address (a one-host cluster)."""
+    host = master.split("://", 1)[-1].split(",")[0].rsplit(":", 1)[0]
+    return host in ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 class SparkEngine:
@@ -180,31 +212,44 @@ class SparkEngine:
             self._spark = spark_session(self.master)
         return self._spark
 
+    def ready(self, plan: Plan) -> Any:
+        """The session, its executors checked and the user modules of ``plan`` shipped
+        (cluster masters only; see :mod:`feedline.engines.spark_cluster`)."""
+        spark = self.spark
+        check_executors(spark)
+        ship_user_modules(spark, plan.ops)
+        return spark
+
     @property
     def spark_master(self) -> str:
         return self._spark.sparkContext.master if self._spark is not None else self.master
 
     def dataframe(self, plan: Plan, *, preserve_order: bool = True) -> Any:
         """The plan as a lazy Spark DataFrame (tensor columns as arrays; nothing runs yet)."""
-        job = build_job(self.spark, plan, preserve_order=preserve_order, partitions=self.partitions)
+        spark = self.ready(plan)
+        job = build_job(spark, plan, preserve_order=preserve_order, partitions=self.partitions)
         return job.frame
 
     def execute(
         self, plan: Plan, *, preserve_order: bool = True, report: ExecutionReport | None = None
     ) -> Iterator[pa.RecordBatch]:
-        """The plan's output batches, collected through Spark (for results that fit in memory).
+        """The plan's output batches, streamed from Spark partition by partition.
 
-        The job runs when the iterator is first advanced; batches come in partition order.
+        The job runs when the iterator is first advanced: every partition is computed in
+        parallel into the executors' storage, then the driver fetches one partition at a
+        time (``toLocalIterator`` with prefetch), so it never holds the whole result.
+        Batches travel as Arrow IPC with feedline's exact types and come in partition order.
         """
         report = report if report is not None else ExecutionReport()
-        job = build_job(self.spark, plan, preserve_order=preserve_order, partitions=self.partitions)
+        spark = self.ready(plan)
+        job = build_job(
+            spark, plan, mode="stream", preserve_order=preserve_order, partitions=self.partitions
+        )
         return self._stream(job, report)
 
     def _stream(self, job: Any, report: ExecutionReport) -> Iterator[pa.RecordBatch]:
-        table = job.collect(report)
-        for batch in table.to_batches():
+        for batch in job.stream(report):
             if batch.num_rows:
-                batch = from_spark_batch(batch, job.schema, "the Spark result")
                 report.add(rows_out=batch.num_rows, batches_out=1)
                 yield batch
 
@@ -214,26 +259,34 @@ class SparkEngine:
         partial: Callable[[pa.RecordBatch], Any],
         merge: Callable[[Any, Any], Any],
     ) -> Any:
-        """``partial`` on every batch in the executors, merged per partition there and
-        across partitions on the driver (partials travel pickled with cloudpickle).
+        """``partial`` on every batch in the executors, merged in the fixed tree of
+        :mod:`feedline.engines.partials` (bit-identical to the local engine's result).
 
-        Returns ``None`` when the plan yields no rows.
+        Each partition folds every read task's batches in order and merges its tasks into
+        the tree's blocks (at most ``2 log2(tasks)`` per partition); the driver merges the
+        blocks, so it holds ``O(partitions · log tasks)`` partials, never one per task.
+        Partials travel pickled with cloudpickle. Returns ``None`` when the plan yields
+        no rows.
         """
         from pyspark import cloudpickle
 
+        from feedline.engines.partials import TreeMerger
+
         job = build_job(
-            self.spark,
+            self.ready(plan),
             plan,
             mode="partial",
             partitions=self.partitions,
             partial=partial,
             merge=merge,
         )
-        result = None
-        for value in job.collect().column("partial").to_pylist():
-            part = cloudpickle.loads(value)
-            result = part if result is None else merge(result, part)
-        return result
+        blocks = job.collect().to_pylist()
+        blocks.sort(key=lambda b: b["position"] << b["level"])
+        tree = TreeMerger(merge)
+        for block in blocks:
+            tree.push(block["level"], block["position"], cloudpickle.loads(block["partial"]))
+            block["partial"] = None
+        return tree.result()
 
     def write(
         self,
@@ -256,6 +309,7 @@ class SparkEngine:
 
         report = report if report is not None else ExecutionReport()
         start = time.perf_counter()
+        self.ready(plan)
         writer = write_with_feedline if self.writer == "feedline" else write_with_spark
         manifest = writer(
             self,

@@ -49,7 +49,9 @@ def spark_errors() -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        error = decode_error(str(exc))
+        from feedline.engines.spark_cluster import missing_module_error
+
+        error = decode_error(str(exc)) or missing_module_error(str(exc))
         if error is None:
             raise
         raise error from None
@@ -112,6 +114,7 @@ class Job:
     schema: pa.Schema
     accumulator: Any
     broadcasts: list[Any] = field(default_factory=list)
+    folded: bool = False
 
     def collect(self, report: ExecutionReport | None = None) -> pa.Table:
         """Run the job, collect its rows as Arrow (Spark's types), fold the counters."""
@@ -121,9 +124,33 @@ class Job:
         finally:
             self.finish(report)
 
+    def stream(self, report: ExecutionReport | None = None) -> Iterator[pa.RecordBatch]:
+        """Run a ``"stream"`` job and yield its batches in partition order, one partition
+        in driver memory at a time (plus one prefetched).
+
+        All partitions are computed at once, in parallel, into the executors' storage
+        (``MEMORY_AND_DISK``); the driver then fetches them one by one with
+        ``toLocalIterator`` and the storage is released at the end.
+        """
+        from pyspark import StorageLevel
+
+        frame = self.frame.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            with spark_errors(), quiet_pandas_warning():
+                frame.count()  # computes every partition in parallel
+            self.finish(report)
+            with spark_errors():
+                for row in frame.toLocalIterator(prefetchPartitions=True):
+                    yield from pa.ipc.open_stream(pa.py_buffer(row[0]))
+        finally:
+            self.finish(report)
+            with contextlib.suppress(Exception):
+                frame.unpersist()
+
     def finish(self, report: ExecutionReport | None) -> None:
-        """Fold the accumulated counters into ``report`` and release the broadcasts."""
-        if report is not None:
+        """Fold the accumulated counters into ``report`` (once) and release the broadcasts."""
+        if report is not None and not self.folded:
+            self.folded = True
             fold_report(report, self.accumulator.value)
         for broadcast in self.broadcasts:
             with contextlib.suppress(Exception):
@@ -142,7 +169,8 @@ def build_job(
     merge: Callable[[Any, Any], Any] | None = None,
     write: WriteSpec | None = None,
 ) -> Job:
-    """The DataFrame computing ``plan`` (``mode``: ``"rows"``, ``"partial"`` or ``"write"``)."""
+    """The DataFrame computing ``plan`` (``mode``: ``"rows"``, ``"stream"``, ``"partial"`` or
+    ``"write"``, see :class:`~feedline.engines.spark_worker.Stage`)."""
     with quiet_pandas_warning():
         return _build_job(spark, plan, mode, preserve_order, partitions, partial, merge, write)
 
@@ -215,7 +243,9 @@ def _build_job(spark, plan, mode, preserve_order, partitions, partial, merge, wr
 def _output_type(mode: str, schema: pa.Schema) -> Any:
     if mode == "rows":
         return to_spark_schema(schema)
-    return "partial binary" if mode == "partial" else SHARD_COLUMNS
+    if mode == "stream":
+        return "ipc binary"
+    return "level long, position long, partial binary" if mode == "partial" else SHARD_COLUMNS
 
 
 def _limit(frame: Any, n: int, preserve_order: bool) -> Any:

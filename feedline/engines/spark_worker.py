@@ -4,8 +4,9 @@ A :class:`Stage` is a picklable callable given to ``DataFrame.mapInArrow``. It r
 input (feedline read tasks, or rows of a Spark DataFrame), pushes the batches through the
 same :class:`~feedline.engines.fusion.BatchPipeline` the local engine runs, and ends in one
 of three ways (``mode``): yield the rows (``"rows"``), yield one pickled partial aggregate
-per partition (``"partial"``), or write feedline shards and yield their descriptions
-(``"write"``).
+per block of the fixed merge tree (``"partial"``, see :mod:`feedline.engines.partials`),
+yield each batch as Arrow IPC bytes for the driver to stream (``"stream"``), or write
+feedline shards and yield their descriptions (``"write"``).
 
 Two things must reach the driver besides rows:
 
@@ -257,20 +258,29 @@ class Stage:
         report = ExecutionReport()
         try:
             pipeline = BatchPipeline(self.ops, report, _pool(self.token))
-            outputs = self._outputs(batches, pipeline, report)
+            leaves = self._leaves(batches, pipeline, report)
+            outputs = (batch for _, stream in leaves for batch in stream)
             if self.mode == "rows":
                 for batch in outputs:
                     if batch.num_rows:
                         yield to_spark_batch(batch, self.spark_out, "the fused stage")
+            elif self.mode == "stream":
+                for batch in outputs:
+                    if batch.num_rows:
+                        yield pa.record_batch({"ipc": pa.array([_ipc(batch)], pa.binary())})
             elif self.mode == "partial":
-                yield from self._partials(outputs)
+                yield from self._partials(leaves)
             else:
                 yield from self._write(outputs, report)
         except Exception as exc:  # every failure is re-raised, encoded
             raise RuntimeError(encode_error(exc)) from exc
         self.accumulator.add(report.as_dict())
 
-    def _outputs(self, batches, pipeline: BatchPipeline, report) -> Iterator[pa.RecordBatch]:
+    def _leaves(
+        self, batches, pipeline: BatchPipeline, report
+    ) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
+        """``(leaf index, its output batches)``: one per read task (the task's index), or
+        the whole partition (its index) for DataFrame input."""
         if self.from_tasks:
             for rows in batches:
                 for _part, first, count, payload in zip(*rows.to_pydict().values(), strict=True):
@@ -280,14 +290,16 @@ class Stage:
                         else _loads(payload)
                     )
                     for offset, task in enumerate(tasks):
-                        yield from pipeline(task.read(report), task.label, first + offset)
+                        index = first + offset
+                        yield index, pipeline(task.read(report), task.label, index)
             return
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        index = context.partitionId() if self.partition_index and context else 0
+        partition = context.partitionId() if context else 0
+        index = partition if self.partition_index else 0
         label = self.label.format(partition=index)
-        yield from pipeline(self._frame_batches(batches, label, report), label, index)
+        yield partition, pipeline(self._frame_batches(batches, label, report), label, index)
 
     def _frame_batches(self, batches, label: str, report) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -299,16 +311,24 @@ class Stage:
                 batch = batch.select(list(self.columns))
             yield batch
 
-    def _partials(self, outputs) -> Iterator[pa.RecordBatch]:
+    def _partials(self, leaves) -> Iterator[pa.RecordBatch]:
+        """This partition's blocks of the fixed merge tree (:mod:`feedline.engines.partials`)."""
         from pyspark import cloudpickle
 
-        result = None
-        for batch in outputs:
-            if batch.num_rows:
-                part = self.partial(batch)
-                result = part if result is None else self.merge(result, part)
-        if result is not None:
-            yield pa.record_batch({"partial": pa.array([cloudpickle.dumps(result)], pa.binary())})
+        from feedline.engines.partials import TreeMerger, fold
+
+        tree = TreeMerger(self.merge)
+        for index, stream in leaves:
+            tree.push(0, index, fold((self.partial(b) for b in stream if b.num_rows), self.merge))
+        blocks = [b for b in tree.blocks() if b[2] is not None]
+        if blocks:
+            yield pa.record_batch(
+                {
+                    "level": pa.array([b[0] for b in blocks], pa.int64()),
+                    "position": pa.array([b[1] for b in blocks], pa.int64()),
+                    "partial": pa.array([cloudpickle.dumps(b[2]) for b in blocks], pa.binary()),
+                }
+            )
 
     def _write(self, outputs, report: ExecutionReport) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -342,6 +362,14 @@ class Stage:
                 "footer": pa.array([s.footer for s in shards], pa.string()),
             }
         )
+
+
+def _ipc(batch: pa.RecordBatch) -> bytes:
+    """One batch as an Arrow IPC stream (feedline's exact types, extension types included)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
 
 
 def _loads(payload: bytes) -> list[Any]:

@@ -2,9 +2,10 @@
 
 Two writers, both into the staging folder of a locked write (:func:`feedline.io.format.
 writing`), both followed by the same driver-side commit (shards renamed
-``part-NNNNN-<write id>.parquet`` in partition order, then :func:`feedline.io.format.commit`
-with lineage ``engine="spark"``). A failed or interrupted job commits nothing: the previous
-dataset at the target, if any, still opens, and the staging folder is removed.
+``part-NNNNN-<write id>.parquet`` in partition order, :data:`MOVERS` at once, then
+:func:`feedline.io.format.commit` with lineage ``engine="spark"``). A failed or
+interrupted job commits nothing: the previous dataset at the target, if any, still opens,
+and the staging folder is removed.
 
 ``"feedline"`` (default)
     The fused stage ends in :class:`feedline.io.format.ShardWriter`: each Spark task writes
@@ -16,15 +17,17 @@ dataset at the target, if any, still opens, and the staging folder is removed.
 ``"spark"``
     Spark's own ``DataFrameWriter.parquet`` (Hadoop commit protocol): ``rows_per_shard`` →
     ``maxRecordsPerFile``, ``row_group_bytes`` → ``parquet.block.size`` (no row-count row
-    groups, no ``bytes_per_shard``). The driver then reads every footer and computes the
-    sha256 checksums in a second, distributed pass. Spark stores arrays, unsigned and
-    large types differently from Arrow, so only flat schemas of booleans, signed integers,
-    floats, strings, binary, dates and decimals are accepted (fields become nullable).
+    groups, no ``bytes_per_shard``). Spark tasks then read every footer and compute the
+    sha256 checksums in a second, distributed pass (the driver collects only them). Spark
+    stores arrays, unsigned and large types differently from Arrow, so only flat schemas
+    of booleans, signed integers, floats, strings, binary, dates and decimals are accepted
+    (fields become nullable).
 """
 
 from __future__ import annotations
 
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -44,6 +47,9 @@ if TYPE_CHECKING:
     from feedline.engines.spark import SparkEngine
 
 __all__ = ["write_with_feedline", "write_with_spark"]
+
+#: shard renames run at once by the driver
+MOVERS = 16
 
 _SPARK_TYPES = (
     pa.bool_(),
@@ -83,21 +89,22 @@ def write_with_feedline(
         writable_schema(job.schema, "the plan")  # refuse what Parquet cannot store, before any task
         rows = job.collect(report).to_pylist()
         rows.sort(key=lambda r: (r["part"], r["seq"]))
-        shards = []
-        for index, row in enumerate(rows):
-            name = write.shard_name(index)
-            staging.fs.mv(staging.join(row["path"]), write.shard_folder.join(name))
-            shards.append(
-                fmt.ShardInfo(
-                    name,
-                    row["rows"],
-                    row["bytes"],
-                    tuple(row["row_groups"]),
-                    row["checksum"],
-                    footer=row["footer"],
-                    page_checksums=True,
-                )
+        names = [write.shard_name(index) for index in range(len(rows))]
+        folder = write.shard_folder
+        pairs = zip(rows, names, strict=True)
+        _move_all(staging.fs, [(staging.join(r["path"]), folder.join(n)) for r, n in pairs])
+        shards = [
+            fmt.ShardInfo(
+                name,
+                row["rows"],
+                row["bytes"],
+                tuple(row["row_groups"]),
+                row["checksum"],
+                footer=row["footer"],
+                page_checksums=True,
             )
+            for name, row in zip(names, rows, strict=True)
+        ]
         manifest = _manifest(engine, plan, job.schema, shards, options, report, preprocessors)
         fmt.commit(write, manifest)
     return manifest
@@ -142,12 +149,14 @@ def write_with_spark(
         )
         described = _describe_all(engine.spark, [out.child(n) for n in names])
         shards = []
+        moves = []
         for index, (name, (size, checksum, groups, footer)) in enumerate(
             zip(names, described, strict=True)
         ):
             final = write.shard_name(index)
-            staging.fs.mv(out.join(name), write.shard_folder.join(final))
+            moves.append((out.join(name), write.shard_folder.join(final)))
             shards.append(fmt.ShardInfo(final, sum(groups), size, groups, checksum, footer, True))
+        _move_all(staging.fs, moves)
         schema = job.schema
         if shards:
             first = write.shard_folder.child(shards[0].path)
@@ -156,6 +165,15 @@ def write_with_spark(
         manifest = _manifest(engine, plan, schema, shards, options, report, preprocessors)
         fmt.commit(write, manifest)
     return manifest
+
+
+def _move_all(fs: Any, moves: list[tuple[str, str]]) -> None:
+    """Rename the shards to their final names, :data:`MOVERS` at once (on object stores each
+    rename is a copy of the whole shard; locally it is cheap either way)."""
+    if not moves:
+        return
+    with ThreadPoolExecutor(min(MOVERS, len(moves))) as pool:
+        list(pool.map(lambda move: fs.mv(*move), moves))
 
 
 def _describe_all(spark: Any, files: list[Location]) -> list[tuple[int, str, tuple[int, ...], str]]:

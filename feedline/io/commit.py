@@ -25,8 +25,8 @@ dataset or the new one, and the next write cleans up whatever the crash left:
    them straight into the dataset folder instead (:attr:`PendingWrite.shard_folder`);
    no manifest names them yet, so readers ignore them.
 3. **Move in.** Check that the lock is still this write's and that the manifest is still
-   the one it started from, then move the staged shards into the folder (local disk:
-   ``fsync`` each shard, rename, ``fsync`` the folder; object stores: copy). The names
+   the one it started from, then move the staged shards into the folder, several at once
+   (local disk: ``fsync`` each shard, rename, ``fsync`` the folder; object stores: copy). The names
    are new, so no file of the committed dataset is touched; the old manifest still
    names only the old shards.
 4. **Commit.** Check lock and manifest again, then replace the manifest in one step
@@ -61,6 +61,7 @@ import posixpath
 import re
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError
 from feedline.io.manifest import MANIFEST_NAME, Manifest
@@ -86,6 +87,8 @@ STAGING_PREFIX = ".feedline-staging-"
 _TEMP_MANIFEST = MANIFEST_NAME + ".tmp-"
 _WRITE_SHARD = re.compile(r"part-\d{5,}-([0-9a-f]{12})\.parquet")
 _OLD_SHARD = re.compile(r"part-\d{5,}\.parquet")
+#: shards moved in at once by a commit (step 3)
+_MOVERS = 16
 
 
 def is_write_leftover(name: str) -> bool:
@@ -291,11 +294,16 @@ def commit(write: PendingWrite, manifest: Manifest) -> None:
             )
     _reached("staged")
     write.check_unchanged()
-    for name in staged:
+
+    def move_in(name: str) -> None:
         if target.is_local:
             fsync_file(staging.join(name))
         fs.mv(staging.join(name), target.join(name))
         _reached("moved")
+
+    if staged:  # in parallel: an fsync waits on the disk, a move on S3 is a copy
+        with ThreadPoolExecutor(min(_MOVERS, len(staged))) as pool:
+            list(pool.map(move_in, staged))
     _publish(write, manifest.to_json().encode())
     _reached("committed")
     with contextlib.suppress(Exception):  # the commit stands; the next write cleans up

