@@ -8,6 +8,7 @@ Usage::
     flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case J  # JPEG decode+augment
     flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case A-wide  # 33 columns
     flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case B  # tensor storage
+    flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case L  # list<uint8>
 
 Two datasets are written once by feedline (4 Parquet shards each, zstd) and every loader
 reads those same shards:
@@ -963,20 +964,21 @@ def w_peak_rss() -> int:
     return int(line.split()[1]) * 1024
 
 
+def w_check(batch: dict[str, Any]) -> int:
+    """A window batch's size, after checking its keys' shapes and dtypes (torch float32)."""
+    import torch
+
+    for key, shape in {"inputs": (W_SIZE, W_FEATURES), "targets": (W_HORIZON, W_FEATURES)}.items():
+        x = batch[key]
+        if tuple(x.shape) != (BATCH, *shape) or x.dtype != torch.float32:
+            raise AssertionError(f"{key} {tuple(x.shape)} {x.dtype}: want {shape} float32")
+    return BATCH
+
+
 def w_measure(make: Callable[[], Iterator[Any]], spec: dict[str, Any], batches: int,
               multiprocess: bool) -> dict[str, Any]:  # fmt: skip
     """Time to the first batch (building included), then samples/s over ``batches - 1``."""
-    import torch
-
-    want = {"inputs": (W_SIZE, W_FEATURES), "targets": (W_HORIZON, W_FEATURES)}
-
-    def check(batch: dict[str, Any]) -> int:
-        for key, shape in want.items():
-            x = batch[key]
-            if tuple(x.shape) != (BATCH, *shape) or x.dtype != torch.float32:
-                raise AssertionError(f"{key} {tuple(x.shape)} {x.dtype}: want {shape} float32")
-        return BATCH
-
+    check = w_check
     sampler = TreeSampler() if multiprocess else None
     base = rss_now()
     start = time.perf_counter()
@@ -1002,9 +1004,10 @@ def w_measure(make: Callable[[], Iterator[Any]], spec: dict[str, Any], batches: 
 
 def w_run_feedline(spec: dict[str, Any], batches: int) -> dict[str, Any]:
     import numpy as np
+    import torch
 
     import feedline as fl
-    from feedline.loader.windows import gather_windows
+    from feedline.loader.windows import gather_windows, strided_windows
 
     holder: dict[str, Any] = {}
     windows = fl.Windows(W_SIZE, W_HORIZON, by="series", order_by="t",
@@ -1021,18 +1024,27 @@ def w_run_feedline(spec: dict[str, Any], batches: int) -> dict[str, Any]:
     result["cache_bytes"] = loader.stats()["cache_bytes"]
     if loader.num_samples != spec["windows"]:
         raise AssertionError(f"{loader.num_samples} windows, expected {spec['windows']}")
-    # the raw-gather ceiling: the loader's own packed arrays and index arrays, one batch at a
-    # time into one reused buffer, no loader around it
+    # raw-gather ceilings: the loader's own packed arrays and index arrays, one batch at a
+    # time in this thread, torch tensors out, no loader around it; (1) "fresh": the strided
+    # window views (made once) indexed by the start rows into fresh arrays, as the loader
+    # does; (2) "reused buffers": a row-by-row take straight into two reused buffers
     sampler, plan = loader._prepare().source, loader._plan()
     values = sampler.arrays["inputs"]
-    out = np.empty((BATCH, W_SIZE, W_FEATURES), dtype=np.float32)
+    inputs, targets = strided_windows(values, W_SIZE), strided_windows(values, W_HORIZON)
+    out_x = np.empty((BATCH, W_SIZE, W_FEATURES), dtype=np.float32)
+    out_y = np.empty((BATCH, W_HORIZON, W_FEATURES), dtype=np.float32)
     count = min(batches, plan.num_batches)
-    start = time.perf_counter()
-    for k in range(count):
-        first = sampler.window_starts(plan.batch(k))
-        gather_windows(values, first, W_SIZE, out)
-        gather_windows(values, first + W_SIZE, W_HORIZON)
-    result["ceiling_samples_per_s"] = count * BATCH / (time.perf_counter() - start)
+    for name in ("ceiling_samples_per_s", "ceiling_reused_samples_per_s"):
+        start = time.perf_counter()
+        for k in range(count):
+            first = sampler.window_starts(plan.batch(k))
+            if name == "ceiling_samples_per_s":
+                x, y = inputs[first], targets[first + W_SIZE]
+            else:
+                x = gather_windows(values, first, W_SIZE, out_x)
+                y = gather_windows(values, first + W_SIZE, W_HORIZON, out_y)
+            w_check({"inputs": torch.from_numpy(x), "targets": torch.from_numpy(y)})
+        result[name] = count * BATCH / (time.perf_counter() - start)
     return result
 
 
@@ -1145,8 +1157,12 @@ def w_markdown(results: dict[str, dict[str, dict]], specs: dict[str, dict], comm
             )
         fl_run = runs.get("feedline", {})
         if fl_run.get("status") == "ok":
-            out.append(f"| {data} | raw gather ceiling (no loader) | "
+            out.append(f"| {data} | raw gather ceiling, fresh arrays (no loader, 1 thread) | "
                        f"{fl_run['ceiling_samples_per_s']:,.0f} | | | | | | | |")  # fmt: skip
+            if "ceiling_reused_samples_per_s" in fl_run:
+                out.append(f"| {data} | raw gather ceiling, into reused buffers (no loader, 1 "
+                           f"thread) | {fl_run['ceiling_reused_samples_per_s']:,.0f} | | | | | "
+                           "| | |")  # fmt: skip
     out.append("")
     for data, runs in results.items():
         fl_run = runs.get("feedline", {})
@@ -1740,6 +1756,8 @@ def case_j(args: argparse.Namespace) -> None:
 # its own process; results go to ``bench/out/loader_awide.json`` / ``loader_b.json``.
 
 AW_OUT = HERE / "out" / "loader_awide.json"
+#: case A-wide: interleaved (loader epoch, ceiling epoch) rounds after the timed runs
+AW_ROUNDS = 25
 B_OUT = HERE / "out" / "loader_b.json"
 AW_COLUMNS = [f"f{i}" for i in range(32)]
 AW_RUNNERS: dict[str, str] = {
@@ -1835,6 +1853,22 @@ def aw_feedline(spec: dict[str, Any], args: argparse.Namespace, stack: bool) -> 
 
     ceiling = measure(gather_epoch, spec, args, multiprocess=False)
     result["ceiling"] = {k: ceiling[k] for k in ("samples_per_s", "seconds", "rows")}
+    # interleaved: one loader epoch, then the ceiling over that epoch's order, AW_ROUNDS
+    # times; the median ratio holds up on a busy machine, whose swings hit whichever of the
+    # two separate runs above happens to be running
+    ratios = []
+    for r in range(AW_ROUNDS):
+        epoch = result["epochs_complete"] + 1 + r
+        loader.set_epoch(epoch)
+        start, rows = time.perf_counter(), 0
+        for batch in loader:
+            rows += len(batch["label"])
+        rate = rows / (time.perf_counter() - start)
+        orders = [np.array(loader._plan(epoch).indices)]
+        start = time.perf_counter()
+        ceiling_rows = sum(len(b["label"]) for b in gather_epoch(0))
+        ratios.append(rate / (ceiling_rows / (time.perf_counter() - start)))
+    result["interleaved_ratios"] = ratios
     return result
 
 
@@ -2025,7 +2059,45 @@ def b_feedline(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
         del loader
     result["fill_s"] = sorted(fills)[len(fills) // 2]
     result["fill_bytes_per_s"] = result["cache_bytes"] / result["fill_s"]
+    result.update(b_node_first_batches(spec, args))
     return result
+
+
+def b_node_first_batches(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """First batch with ``cache="node"`` (median of ``--b-fills``): cold = the node cache file
+    is built (what the first rank of a fresh node waits for), warm = it exists (what the
+    other ranks and a restarted job wait for). Loader creation + first batch, page cache warm
+    for the shards; the file lives under ``--work`` (a local disk)."""
+    import shutil
+
+    import feedline as fl
+
+    folder = Path(spec["dir"]).parent / f"node-cache-{spec['name']}"
+    cold, warm = [], []
+
+    def first_batch() -> tuple[float, dict[str, Any]]:
+        start = time.perf_counter()
+        options = {"shuffle": True, "seed": SEED, "format": "torch", "cache_dir": folder}
+        loader = fl.open(spec["dir"]).loader(batch_size=BATCH, cache="node", **options)
+        next(iter(loader))
+        took = time.perf_counter() - start
+        stats = loader.stats()
+        loader.close()
+        return took, stats
+
+    for _ in range(args.b_fills):
+        shutil.rmtree(folder, ignore_errors=True)  # unflushed pages of the old file go with it
+        took, stats = first_batch()
+        assert stats["node_cache_built"], stats
+        cold.append(took)
+        took, stats = first_batch()
+        assert not stats["node_cache_built"], stats
+        warm.append(took)
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"node_cold_first_batch_s": sorted(cold)[len(cold) // 2],
+            "node_warm_first_batch_s": sorted(warm)[len(warm) // 2],
+            "node_cold_runs_s": cold, "node_warm_runs_s": warm,
+            "load_avg_1m": os.getloadavg()[0]}  # fmt: skip
 
 
 def awb_worker(args: argparse.Namespace) -> None:
@@ -2116,6 +2188,13 @@ def aw_markdown(results: dict[str, dict], spec: dict[str, Any], command: str) ->
             out.append(f"- {name}: {ratio:.1f}x the best peer ({best}; goal >= 10x: "
                        f"{'met' if ratio >= 10 else 'missed'}), {share:.0%} of the packed ceiling "
                        f"(goal >= 80%: {'met' if share >= 0.8 else 'missed'}).")  # fmt: skip
+        rounds = sorted(stack.get("interleaved_ratios") or [])
+        if rounds:
+            median = rounds[len(rounds) // 2]
+            out.append(f"- feedline-stack interleaved with the ceiling epoch by epoch "
+                       f"({len(rounds)} rounds): median {median:.0%} of the ceiling (range "
+                       f"{rounds[0]:.0%}-{rounds[-1]:.0%}; goal >= 80%: "
+                       f"{'met' if median >= 0.8 else 'missed'}).")  # fmt: skip
     return "\n".join(out)
 
 
@@ -2149,10 +2228,14 @@ def b_markdown(results: dict[str, dict], specs: dict[str, dict], command: str) -
         f"rows stored two ways ({SHARDS} shards, 16 row groups, zstd where it pays, page "
         "checksums verified): as `ds.write` stores tensors now (fixed-size binary, PLAIN) and "
         "as before (Parquet lists). First batch = open + cache fill + first gather; fill = "
-        "the cache fill alone (median of the repeats, page cache warm)."
+        "the cache fill alone (median of the repeats, page cache warm). Node cold / warm: "
+        "the first batch with `cache='node'` when the node cache file is built (the first "
+        "rank on a fresh node) / already exists (the other ranks, a restarted job); load = "
+        "the 1-minute load average at the end of the runner."
     )
     out += ["", "| data | stored as | first batch s | fill s | fill GB/s | samples/s | "
-            "peak RSS MB |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+            "peak RSS MB | node cold first batch s | node warm first batch s | load |",
+            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for key, r in results.items():
         spec = specs[key]
         what = f"{spec['data']} ({spec['n']:,} x {spec['dtype']}{spec['shape']})"
@@ -2161,7 +2244,10 @@ def b_markdown(results: dict[str, dict], specs: dict[str, dict], command: str) -
             continue
         out.append(f"| {what} | {spec['encoding']} | {r['first_batch_s']:.2f} | "
                    f"{r['fill_s']:.2f} | {r['fill_bytes_per_s'] / 1e9:.2f} | "
-                   f"{r['samples_per_s']:,.0f} | {r['peak_rss'] / 1e6:,.0f} |")  # fmt: skip
+                   f"{r['samples_per_s']:,.0f} | {r['peak_rss'] / 1e6:,.0f} | "
+                   f"{r.get('node_cold_first_batch_s', float('nan')):.2f} | "
+                   f"{r.get('node_warm_first_batch_s', float('nan')):.3f} | "
+                   f"{r.get('load_avg_1m', float('nan')):.1f} |")  # fmt: skip
     out.append("")
     for data in B_DATA:
         new, old = results.get(f"{data}-binary", {}), results.get(f"{data}-lists", {})
@@ -2171,7 +2257,9 @@ def b_markdown(results: dict[str, dict], specs: dict[str, dict], command: str) -
                        f"({new['fill_bytes_per_s'] / old['fill_bytes_per_s']:.1f}x); first "
                        f"batch {new['first_batch_s']:.2f} s vs {old['first_batch_s']:.2f} s"
                        + (" (goal < 1 s: " + ("met" if new["first_batch_s"] < 1 else "missed")
-                          + ")" if data == "B" else "") + ".")  # fmt: skip
+                          + ")" if data == "B" else "") + "; with cache='node' "
+                       f"{new['node_cold_first_batch_s']:.2f} s cold (file built), "
+                       f"{new['node_warm_first_batch_s']:.3f} s warm (file exists).")  # fmt: skip
     return "\n".join(out)
 
 
@@ -2197,9 +2285,294 @@ def case_b(args: argparse.Namespace) -> None:
     print(b_markdown(results, specs, command))
 
 
+# List columns as written by Spark / pyarrow (``--case L``, issue 16): 100k 3x64x64 uint8
+# images stored as a plain ``list<uint8>`` column (how pyarrow and Spark's ``ArrayType``
+# write arrays), written once by ``pq.write_table`` with pyarrow's default writer settings,
+# read by feedline (``fl.read_parquet(path).loader(shapes=...)``, cache auto and none), Ray
+# Data and Petastorm (its own venv) from the same files, one run; each in its own process.
+
+L_OUT = HERE / "out" / "loader_l.json"
+L_FILES = 10
+L_DATA: dict[str, Any] = {
+    "title": "L: images 3x64x64 uint8 as Parquet list<uint8> + int64 label",
+    "rows": 100_000,
+    "quick_rows": 10_000,
+    "feature": "image",
+    "shape": [3, 64, 64],
+    "dtype": "uint8",
+}
+#: runner -> (venv, description); "" = the interpreter running this script
+L_RUNNERS: dict[str, tuple[str, str]] = {
+    "feedline-auto": ("", "fl.read_parquet(path).loader(batch_size=256, shuffle=True, "
+                      "format='torch', shapes={'image': (3, 64, 64)}) (cache='auto': memory)"),
+    "feedline-none": ("", "the same with cache='none' (streams pools of row groups)"),
+    "feedline-none-w1": ("", "cache='none', shuffle_window=1: pools of one row group (10% of "
+                         "the rows here, as the peers' 10% shuffle buffers)"),
+    "ray-data": ("", "Ray Data read_parquet -> iter_torch_batches(local shuffle buffer 10%)"),
+    "petastorm": ("petastorm", "Petastorm make_batch_reader(workers_count=2, thread pool, "
+                  "shuffle_row_groups) -> BatchedDataLoader(shuffle queue 10%)"),
+    "pyarrow-decode": ("", "floor: pyarrow decoding every row group once (iter_batches in "
+                       "feedline's piece size, feedline's thread count), nothing kept"),
+}
+#: what Spark 4 writes by default, for the same column (not run here: see the report)
+L_SPARK_DEFAULTS = ("Spark's Parquet writer defaults: snappy, dictionary encoding on, "
+                    "parquet.block.size 128 MB row groups, 1 MB pages, one file per task; "
+                    "an ArrayType column is a 3-level list of INT32 (Spark has no uint8)")
+
+
+def l_spec(work: Path, quick: bool) -> dict[str, Any]:
+    n = L_DATA["quick_rows"] if quick else L_DATA["rows"]
+    return {**L_DATA, "name": "L", "n": n, "dir": str(work / f"L-{n}-list-uint8")}
+
+
+def l_make_data(spec: dict[str, Any]) -> dict[str, Any]:
+    """``L_FILES`` files of random images as ``list<uint8>`` with ``pq.write_table``'s
+    defaults (so one row group per file); reused when already written."""
+    import shutil
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(spec["dir"])
+    done = out / "_written.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    rng, n, width = np.random.default_rng(SEED), spec["n"], int(np.prod(spec["shape"]))
+    per, start = n // L_FILES, time.perf_counter()
+    for f in range(L_FILES):
+        flat = pa.array(rng.integers(0, 256, per * width, dtype=np.uint8))
+        offsets = pa.array(np.arange(0, per * width + 1, width, dtype=np.int32))
+        table = pa.table({spec["feature"]: pa.ListArray.from_arrays(offsets, flat),
+                          "label": rng.integers(0, 10, per)})  # fmt: skip
+        pq.write_table(table, out / f"part-{f:05d}.parquet")  # pyarrow's default settings
+    meta = pq.ParquetFile(shard_files(str(out))[0]).metadata
+    column = meta.row_group(0).column(0)
+    info = {
+        "write_s": round(time.perf_counter() - start, 1), "files": L_FILES,
+        "row_groups_per_file": meta.num_row_groups,
+        "rows_per_row_group": meta.row_group(0).num_rows,
+        "compression": column.compression, "encodings": list(column.encodings),
+        "physical_type": column.physical_type, "logical_type": str(column.statistics.logical_type),
+        "bytes": sum(Path(p).stat().st_size for p in shard_files(str(out))),
+        "writer": f"pyarrow {pa.__version__} pq.write_table defaults",
+    }  # fmt: skip
+    done.write_text(json.dumps(info))
+    print(f"wrote L: {n:,} rows in {info['write_s']}s -> {out}", flush=True)
+    return info
+
+
+def l_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def l_feedline(
+    spec: dict[str, Any], args: argparse.Namespace, cache: str, window: int | None = None
+) -> dict[str, Any]:
+    """``measure`` of the feedline loader over the list files; also the first batch's CPU s."""
+    import feedline as fl
+
+    holder: dict[str, Any] = {}
+    shape = tuple(spec["shape"])
+
+    def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
+        if epoch == 0:
+            holder["cpu0"] = l_cpu_s()
+            holder["loader"] = fl.read_parquet(spec["dir"]).loader(
+                batch_size=BATCH, shuffle=True, seed=SEED, format="torch", cache=cache,
+                shapes={spec["feature"]: shape}, shuffle_window=window,
+            )  # fmt: skip
+        holder["loader"].set_epoch(epoch)
+        batches = iter(holder["loader"])
+        if epoch == 0:
+            yield next(batches)
+            holder["first_cpu_s"] = l_cpu_s() - holder["cpu0"]
+        yield from batches
+
+    load = os.getloadavg()
+    result = measure(make_epoch, spec, args, multiprocess=False)
+    stats = holder["loader"].stats()
+    result |= {k: stats.get(k) for k in ("cache", "shuffle_window", "cache_bytes",
+                                         "pools_loaded", "max_pool_rows")}  # fmt: skip
+    return result | {"first_batch_cpu_s": holder.get("first_cpu_s"), "load_before": load,
+                     "load_after": os.getloadavg()}  # fmt: skip
+
+
+def l_decode_floor(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every row group decoded once by pyarrow, as feedline's loaders read it: the same piece
+    size and thread count, the arrays dropped. The least a cache fill of this data costs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    import feedline as fl
+    from feedline.loader.backend import as_source
+    from feedline.loader.cache import MAX_READ_THREADS, read_rows
+    from feedline.loader.columns import column_specs
+    from feedline.loader.packed import plan_packing
+
+    source = as_source(fl.read_parquet(spec["dir"]))
+    specs = column_specs(source.schema(), [spec["feature"], "label"],
+                         shapes={spec["feature"]: tuple(spec["shape"])})  # fmt: skip
+    piece = read_rows(plan_packing(specs), source.schema())
+    threads = min(MAX_READ_THREADS, os.cpu_count() or 1)
+    groups = [(f, g) for f in shard_files(spec["dir"])
+              for g in range(pq.ParquetFile(f).metadata.num_row_groups)]  # fmt: skip
+
+    def decode(task: tuple[str, int]) -> int:
+        batches = pq.ParquetFile(task[0]).iter_batches(
+            batch_size=piece, row_groups=[task[1]], columns=[spec["feature"], "label"],
+            use_threads=False)  # fmt: skip
+        return sum(b.num_rows for b in batches)
+
+    load, cpu, start = os.getloadavg(), l_cpu_s(), time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        rows = sum(pool.map(decode, groups))
+    wall = time.perf_counter() - start
+    return {"decode_s": wall, "decode_cpu_s": l_cpu_s() - cpu, "rows": rows, "piece_rows": piece,
+            "threads": threads, "rows_per_s": rows / wall, "load_before": load,
+            "load_after": os.getloadavg()}  # fmt: skip
+
+
+def l_worker(args: argparse.Namespace) -> None:
+    """Child process of case L: one runner; its result (or error) to ``args.result``."""
+    spec = json.loads(args.spec)
+    fns: dict[str, Callable[[], dict[str, Any]]] = {
+        "feedline-auto": lambda: l_feedline(spec, args, "auto"),
+        "feedline-none": lambda: l_feedline(spec, args, "none"),
+        "feedline-none-w1": lambda: l_feedline(spec, args, "none", window=1),
+        "ray-data": lambda: run_ray(spec, args),
+        "petastorm": lambda: run_petastorm(spec, args),
+        "pyarrow-decode": lambda: l_decode_floor(spec),
+    }
+    try:
+        load = os.getloadavg()
+        result = {"status": "ok", **fns[args.worker]()}
+        result.setdefault("load_before", load)
+        result.setdefault("load_after", os.getloadavg())
+    except BaseException as exc:  # noqa: BLE001 - reported in the table
+        sys.stderr.write(traceback.format_exc())
+        result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    Path(args.result).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def l_run_child(runner: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    venv = L_RUNNERS[runner][0]
+    python = python_for(venv)
+    if not python.exists() or (venv and not (VENVS / venv / ".complete").exists()):
+        return {"status": "not installed", "error": f"no {VENVS / venv}: run bench/setup_peers.sh"}
+    work = Path(args.work)
+    result_file, log = work / f"result-L-{runner}.json", work / f"log-L-{runner}.txt"
+    result_file.unlink(missing_ok=True)
+    cmd = [str(python), str(Path(__file__).resolve()), "--case", "L", "--worker", runner,
+           "--spec", json.dumps(spec), "--result", str(result_file), "--work", str(work),
+           "--min-seconds", str(args.min_seconds), "--cap-seconds", str(args.cap_seconds),
+           "--max-epochs", str(args.max_epochs)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_DEDUP_LOGS": "0"}
+    try:
+        with open(log, "w") as out:
+            subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                           timeout=args.cap_seconds + args.setup_seconds, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "error": f"no result in time (log: {log})"}
+    if result_file.exists():
+        return json.loads(result_file.read_text()) | {"log": str(log)}
+    return {"status": "crashed", "error": f"no result (log: {log})"}
+
+
+def l_markdown(results: dict[str, dict], spec: dict[str, Any], data: dict[str, Any],
+               command: str) -> str:  # fmt: skip
+    out = ["## Spark/pyarrow list<uint8> images (bench/loader.py --case L)", "", "```", command,
+           "```", "",
+           f"{spec['n']:,} x uint8{spec['shape']} as a plain `list<uint8>` column + int64 label, "
+           f"{data['files']} files written by {data['writer']}: {data['row_groups_per_file']} row "
+           f"group(s) of {data['rows_per_row_group']:,} rows per file, {data['compression']}, "
+           f"encodings {data['encodings']}, {data['physical_type']} ({data['logical_type']}), "
+           f"{data['bytes'] / 1e9:.2f} GB. {L_SPARK_DEFAULTS}. Batch 256, shuffled, torch "
+           "tensors; first batch from building the loader; samples/s after it; load = "
+           "1-minute load average before / after the runner (2 cores).", "",
+           "Incl. first batch: every sample timed (first batch included) over the timed "
+           "epochs.", "",
+           "| loader | samples/s | incl. first batch | first batch s | first batch CPU s | "
+           "rows per epoch | peak RSS MB | load |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, r in results.items():
+        if name == "pyarrow-decode":
+            continue
+        if r.get("status") != "ok":
+            out.append(f"| {name} | {r.get('status')}: {r.get('error')} | | | | | | |")
+            continue
+        cpu = r.get("first_batch_cpu_s")
+        overall = r["rows"] / (r["first_batch_s"] + r["seconds"])
+        out.append(f"| {name} | {rate(r['samples_per_s'])} | {rate(overall)} | "
+                   f"{r['first_batch_s']:.2f} | "
+                   f"{'-' if cpu is None else f'{cpu:.2f}'} | {rows_note(r)} | "
+                   f"{mb(r['peak_rss'])} | {r['load_before'][0]:.1f} / "
+                   f"{r['load_after'][0]:.1f} |")  # fmt: skip
+    floor = results.get("pyarrow-decode", {})
+    if floor.get("status") == "ok":
+        out.append(f"\nFloor: pyarrow alone decodes all {floor['rows']:,} rows in "
+                   f"{floor['decode_s']:.2f} s ({floor['decode_cpu_s']:.2f} CPU s, "
+                   f"{floor['threads']} threads, pieces of {floor['piece_rows']} rows; load "
+                   f"{floor['load_before'][0]:.1f} / {floor['load_after'][0]:.1f}).")  # fmt: skip
+    peers = [r["samples_per_s"] for n, r in results.items()
+             if n in ("ray-data", "petastorm") and r.get("status") == "ok"
+             and r.get("samples_per_s")]  # fmt: skip
+    for name in ("feedline-auto", "feedline-none", "feedline-none-w1"):
+        r = results.get(name, {})
+        if r.get("status") == "ok" and peers:
+            ratio = r["samples_per_s"] / max(peers)
+            out.append(f"- {name}: {ratio:.1f}x the best peer ({rate(max(peers))} samples/s; "
+                       f"goal >= 10x: {'met' if ratio >= 10 else 'missed'}); first batch "
+                       f"{r['first_batch_s']:.2f} s (goal < 2 s: "
+                       f"{'met' if r['first_batch_s'] < 2 else 'missed'}).")  # fmt: skip
+    return "\n".join(out)
+
+
+def case_l(args: argparse.Namespace) -> None:
+    """``--case L``: write the list<uint8> images once, run each runner in a child, report."""
+    if args.min_seconds is None:
+        args.min_seconds = 2.0 if args.quick else 5.0
+    if args.cap_seconds is None:  # long enough for one whole epoch of the slow peers
+        args.cap_seconds = 30.0 if args.quick else 150.0
+    if args.worker:
+        l_worker(args)
+        return
+    if args.report:  # print the last run's markdown again
+        saved = json.loads(L_OUT.read_text())
+        meta = saved["meta"]
+        print(l_markdown(saved["results"], meta["spec"], meta["data"], meta["command"]))
+        return
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    spec = l_spec(work, args.quick)
+    data = l_make_data(spec)
+    results = {}
+    for runner in [r for r in L_RUNNERS if not args.only or r in args.only]:
+        for path in shard_files(spec["dir"]):  # every runner starts from the page cache
+            path_bytes = Path(path).read_bytes()
+            del path_bytes
+        results[runner] = l_run_child(runner, spec, args)
+        r = results[runner]
+        print(f"[L] {runner}: {r.get('status')} {rate(r.get('samples_per_s'))} samples/s, "
+              f"first batch {r.get('first_batch_s')}, load {os.getloadavg()[0]:.1f} "
+              f"{'' if r.get('status') == 'ok' else r.get('error')}", file=sys.stderr,
+              flush=True)  # fmt: skip
+    command = ("flock /tmp/feedline-bench.lock .venv/bin/python bench/loader.py --case L"
+               + (" --quick" if args.quick else ""))  # fmt: skip
+    save_case(L_OUT, command, results, runners=L_RUNNERS, spec=spec, data=data,
+              spark_defaults=L_SPARK_DEFAULTS)  # fmt: skip
+    print(l_markdown(results, spec, data, command))
+
+
 #: the cases run by ``--case NAME`` instead of the default tabular/image comparison
 CASES: dict[str, Callable[[argparse.Namespace], None]] = {
-    "W": case_w, "J": case_j, "A-wide": case_aw, "B": case_b,
+    "W": case_w, "J": case_j, "A-wide": case_aw, "B": case_b, "L": case_l,
 }
 
 

@@ -22,16 +22,18 @@ The contract with the loader's pipeline:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from feedline.errors import ConfigurationError
 from feedline.io.shard_source import BatchStream, ShardSource, open_shard_source
-from feedline.loader.cache import CacheSession, file_layout, known_rows, load_cache
-from feedline.loader.columns import ColumnSpec, column_specs, with_dtypes
+from feedline.loader.cache import CacheSession, FileLayout, file_layout, known_rows, load_cache
+from feedline.loader.columns import ColumnSpec, column_specs, infer_shapes, with_dtypes
+from feedline.loader.node_cache import NodeCache, open_node_cache
 from feedline.loader.order import block_shuffle_pools
 from feedline.loader.packed import Packing, plan_packing
 from feedline.loader.shard_cache import ShardCache
@@ -44,6 +46,8 @@ __all__ = ["Backend", "as_source", "open_backend"]
 DEFAULT_CACHE_LIMIT = 20 * 10**9
 #: pools resident at once while streaming, plus slack for the batches in flight
 STREAM_POOLS = 3
+#: ``cache="auto"`` with several ranks uses a node cache from this many bytes of columns on
+AUTO_NODE_BYTES = 64 << 20
 
 
 def as_source(data: Any) -> ShardSource | BatchStream:
@@ -77,8 +81,8 @@ class Backend:
     Attributes
     ----------
     mode:
-        ``"memory"`` (a cache or window sampler in ``source``) or ``"none"`` (streaming; the
-        ``FileLayout`` in ``source``).
+        ``"memory"`` (a cache, node cache or window sampler in ``source``) or ``"none"``
+        (streaming; the ``FileLayout`` in ``source``).
     sizes:
         Row-group sizes the order functions work on (``[num_windows]`` for windows).
     window:
@@ -111,7 +115,7 @@ class Backend:
         """
         out = {"cache": self.mode, "num_samples": self.num_samples, "shuffle_window": self.window}
         out |= {"cache_bytes": self.nbytes} | self.stats.as_dict()
-        if isinstance(self.source, WindowSampler):
+        if isinstance(self.source, WindowSampler | NodeCache):
             out |= self.source.describe()
         return out | (self.shards.describe() if self.shards is not None else {})
 
@@ -164,13 +168,25 @@ def open_backend(
     cache_limit: int | None = None,
     stack: Mapping[str, Sequence[str]] | None = None,
     dtype: Any = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    ragged: str | Mapping[str, str] = "raise",
+    pad_value: float = 0,
+    world_size: int = 1,
+    node_dir: str | os.PathLike[str] | None = None,
 ) -> Backend:
     """Decide how to serve ``source`` and load it when it is cached.
+
+    ``cache="node"`` maps a node cache file in ``node_dir`` (see
+    :mod:`feedline.loader.node_cache`), filling it first if no process did; ``"auto"`` does
+    too when ``world_size > 1`` and the columns are numbers and tensors read from files,
+    fit ``budget`` and hold at least :data:`AUTO_NODE_BYTES` (falling back to memory when
+    the folder cannot be created).
 
     Remote shards are read through a :class:`~feedline.loader.shard_cache.ShardCache` in
     ``cache_dir`` (holding at most ``cache_limit`` bytes) when ``cache_dir`` is given.
     ``stack`` and ``dtype`` are the loader's (see :func:`~feedline.loader.packed.plan_packing`
-    and :func:`~feedline.loader.columns.with_dtypes`).
+    and :func:`~feedline.loader.columns.with_dtypes`); ``shapes``, ``ragged`` and
+    ``pad_value`` too (list columns, see :func:`~feedline.loader.columns.column_specs`).
 
     Examples
     --------
@@ -199,12 +215,13 @@ def open_backend(
             shards.schedule(range(len(layout.files)))
         sampler = WindowSampler(source, windows, layout=layout, widen_unsigned=widen_unsigned)
         return Backend("memory", sampler, [sampler.num_rows], window, shards=shards)
-    packing = _packing(source, columns, strings, widen_unsigned, stack, dtype)
+    lists = {"shapes": shapes, "ragged": ragged, "pad_value": pad_value}
+    packing = _packing(source, columns, strings, widen_unsigned, stack, dtype, lists)
     specs = packing.specs
     rows = layout.num_rows if layout is not None else known_rows(source)
     estimate = packing.row_bytes * (rows or 0)
     stream = cache == "none" or (cache == "auto" and rows is not None and estimate > budget)
-    if stream and layout is None:
+    if (stream or cache == "node") and layout is None:
         raise ConfigurationError(
             f"Loader: this dataset ({source!r}) is computed, so its row groups cannot be "
             f"streamed (cache={cache!r}, estimate {estimate} bytes vs memory_budget {budget}). "
@@ -217,12 +234,34 @@ def open_backend(
             group_bytes = max(1, packing.row_bytes * max(sizes, default=1))
             window = max(1, min(len(sizes), budget // (STREAM_POOLS * group_bytes)))
         return Backend("none", layout, sizes, window, specs, shards=shards, packing=packing)
-    limit = budget if cache == "auto" and rows is None else None
     if shards is not None:  # downloads overlap decoding: each shard loads once it arrives
         shards.schedule(range(len(layout.files)))
+    if _use_node(cache, layout, packing, world_size, stream):
+        try:
+            loaded = open_node_cache(layout, packing, node_dir, options=lists)
+        except ConfigurationError:
+            if cache == "node":
+                raise
+        else:  # a node cache: served like a memory cache
+            sizes = layout.row_group_sizes
+            return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing)
+    limit = budget if cache == "auto" and rows is None else None
     loaded = load_cache(source, packing, layout=layout, budget=limit)
     sizes = layout.row_group_sizes if layout is not None else [loaded.num_rows]
     return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing)
+
+
+def _use_node(
+    cache: str, layout: FileLayout | None, packing: Packing, world_size: int, stream: bool
+) -> bool:
+    """``cache="node"``; or ``"auto"`` for several ranks on files, numbers only, in budget,
+    of at least :data:`AUTO_NODE_BYTES` (below that the copies cost little)."""
+    if cache == "node":
+        return True
+    if cache != "auto" or world_size < 2 or layout is None or stream:
+        return False
+    strings = any(c.dtype.hasobject for c in packing.singles)
+    return not strings and packing.row_bytes * layout.num_rows >= AUTO_NODE_BYTES
 
 
 def _packing(
@@ -232,6 +271,7 @@ def _packing(
     widen_unsigned: bool,
     stack: Mapping[str, Sequence[str]] | None,
     dtype: Any,
+    lists: Mapping[str, Any] | None = None,
 ) -> Packing:
     """The batch keys and blocks: ``columns`` (default: all but stacked), ``stack`` keys."""
     if stack is not None and not isinstance(stack, Mapping):
@@ -248,8 +288,37 @@ def _packing(
     if outputs is not None or stack:  # a stacked column not in the schema is named here
         listed = outputs if outputs is not None else source.schema().names
         read = list(dict.fromkeys([*listed, *stacked]))
-    specs = column_specs(source.schema(), read, strings=strings, widen_unsigned=widen_unsigned)
+    lists = dict(lists or {})
+    schema = source.schema()
+    names = read if read is not None else schema.names
+    lists["shapes"] = infer_shapes(
+        schema, names, _sampler(source), lists.get("shapes"), lists.get("ragged", "raise")
+    )
+    specs = column_specs(schema, read, strings=strings, widen_unsigned=widen_unsigned, **lists)
     if outputs is None and stack:  # every column but the stacked ones, in schema order
         outputs = [s.name for s in specs if s.name not in set(stacked)]
     specs, stack_dtypes = with_dtypes(specs, dtype, stack, torch=widen_unsigned)
     return plan_packing(specs, stack, outputs, stack_dtypes)
+
+
+#: rows of each row group read to infer list columns' shapes
+SAMPLE_ROWS = 64
+
+
+def _sampler(source: ShardSource | BatchStream) -> Any:
+    """``columns -> batches`` of a few rows of each row group (a plan's batches otherwise)."""
+
+    def batches(columns: list[str]) -> Iterator[pa.RecordBatch]:
+        if isinstance(source, BatchStream):
+            yield from source.iter_batches(columns)
+            return
+        for f, groups in enumerate(source.groups):
+            for i, rows in enumerate(groups):
+                if rows:
+                    pieces = source.iter_read(f, [i], columns, SAMPLE_ROWS)
+                    try:
+                        yield next(pieces)
+                    finally:
+                        pieces.close()
+
+    return batches

@@ -13,10 +13,15 @@ uint16, uint32                             widened to int32 / int64 when ``widen
 uint64                                     refused for torch (:class:`SchemaError`, cast to int64)
 ``arrow.fixed_shape_tensor`` / fixed-size  an N-d array ``(rows, *shape)`` of the value type
 list of the above
+list / large_list / fixed_size_list of     an N-d array ``(rows, *shape)`` when every row has
+numbers, nested (``list<list<float>>``)    the same length: ``shape`` given (``shapes=``) or
+                                           taken from the first row; ragged rows raise or are
+                                           padded / cut (``ragged=``, see
+                                           :mod:`feedline.io.list_tensors`)
 string / binary (also large and view)      refused (:class:`SchemaError`) unless
                                            ``strings="list"``: then a ``list`` of str / bytes
 anything else (timestamps, decimals,       refused (:class:`SchemaError`) naming the column
-dictionaries, variable-length lists,       and the cast or encoding to make for its type
+dictionaries, lists of strings,            and the cast or encoding to make for its type
 structs, maps, null)
 =========================================  ==================================================
 
@@ -25,7 +30,7 @@ Nulls are refused with a :class:`DataError` naming the column and where the null
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,12 +38,21 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
+from feedline.io.list_tensors import (
+    check_ragged,
+    level_sizes,
+    list_levels,
+    list_to_numpy,
+    needs_shape,
+    schema_shape,
+)
 
 __all__ = [
     "ColumnSpec",
     "chunk_to_numpy",
     "column_specs",
     "estimate_bytes",
+    "infer_shapes",
     "parse_budget",
     "with_dtypes",
 ]
@@ -53,13 +67,16 @@ class ColumnSpec:
     """One loader column: its name, kind and the NumPy array it becomes.
 
     ``kind`` is ``"numeric"`` (1-d), ``"tensor"`` (N-d, ``shape`` per row) or ``"string"``
-    (a Python list per batch, ``dtype=object``).
+    (a Python list per batch, ``dtype=object``). A list column's tensor is fitted to
+    ``shape`` as ``ragged`` says, with ``pad_value`` (see :mod:`feedline.io.list_tensors`).
     """
 
     name: str
     kind: str
     dtype: np.dtype
     shape: tuple[int, ...] = ()
+    ragged: str = "raise"
+    pad_value: float = 0
 
     @property
     def row_bytes(self) -> int:
@@ -114,8 +131,8 @@ def _tensor_fix(kind: pa.DataType) -> str:
         return f"decode it {before} (pc.cast(col, pa.{kind.value_type}()))"
     if t.is_list(kind) or t.is_large_list(kind) or t.is_list_view(kind):
         return (
-            f"make every row the same length {before}: a fixed_size_list (pad or truncate; "
-            "fl.Tokenize does this for text)"
+            f"make it a list of numbers of one length per row {before} (lists of numbers load "
+            "as tensors: shapes={...}, ragged='pad'; fl.Tokenize does this for text)"
         )
     if t.is_struct(kind) or t.is_map(kind):
         return f"turn its fields into columns of their own {before} (e.g. pc.struct_field)"
@@ -130,13 +147,25 @@ def column_specs(
     *,
     strings: str = "raise",
     widen_unsigned: bool = False,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    ragged: str | Mapping[str, str] = "raise",
+    pad_value: float = 0,
 ) -> list[ColumnSpec]:
     """The loader arrays the ``columns`` of ``schema`` become (all columns when ``None``).
+
+    A list column (``list`` / ``large_list`` / ``fixed_size_list`` of numbers, nested or
+    not) becomes a tensor of ``shapes[name]``, or of its fixed sizes when every level is
+    fixed-size; a variable-length one needs its shape in ``shapes`` (the loader infers it
+    from the data first, see :func:`infer_shapes`). ``ragged`` (one policy, or one per
+    column) and ``pad_value`` say how rows of another length are fitted.
 
     Raises
     ------
     SchemaError
-        For a missing column, a string column with ``strings="raise"``, or an unsupported type.
+        For a missing column, a string column with ``strings="raise"``, an unsupported type,
+        or a variable-length list column without a shape.
+    ConfigurationError
+        For a shape or ``pad_value`` that does not fit its column.
 
     Examples
     --------
@@ -144,6 +173,8 @@ def column_specs(
     >>> [(s.name, s.kind, str(s.dtype)) for s in column_specs(pa.schema({"x": pa.uint16()}),
     ...                                                       widen_unsigned=True)]
     [('x', 'numeric', 'int32')]
+    >>> column_specs(pa.schema({"im": pa.list_(pa.uint8())}), shapes={"im": (3, 4, 4)})[0].shape
+    (3, 4, 4)
     """
     if strings not in ("raise", "list"):
         raise ConfigurationError(
@@ -157,10 +188,15 @@ def column_specs(
             f"Loader column(s) {missing} are not in the dataset. Available: {schema.names}. "
             "Fix: check columns=[...]."
         )
+    shapes = _check_shapes(schema, shapes)
     specs = []
     for name in names:
         t = schema.field(name).type
-        if _is_text(t):
+        if list_levels(t) is not None and not isinstance(t, pa.FixedShapeTensorType):
+            policy = check_ragged(ragged.get(name, "raise") if isinstance(ragged, Mapping)
+                                  else ragged)  # fmt: skip
+            specs.append(_list_spec(name, t, shapes.get(name), policy, pad_value, widen_unsigned))
+        elif _is_text(t):
             if strings != "list":
                 raise SchemaError(
                     f"Column {name!r} holds {t} values, which cannot become a tensor. Fix: encode "
@@ -176,12 +212,117 @@ def column_specs(
                 )
             dtype = _numeric_dtype(name, t.value_type, widen_unsigned)
             specs.append(ColumnSpec(name, "tensor", dtype, tuple(int(d) for d in t.shape)))
-        elif pa.types.is_fixed_size_list(t):
-            dtype = _numeric_dtype(name, t.value_type, widen_unsigned)
-            specs.append(ColumnSpec(name, "tensor", dtype, (int(t.list_size),)))
         else:
             specs.append(ColumnSpec(name, "numeric", _numeric_dtype(name, t, widen_unsigned)))
     return specs
+
+
+def _check_shapes(
+    schema: pa.Schema, shapes: Mapping[str, Sequence[int]] | None
+) -> dict[str, tuple[int, ...]]:
+    """``shapes`` as tuples of ints, each naming a list column of ``schema``."""
+    out = {}
+    for name, shape in dict(shapes or {}).items():
+        i = schema.get_field_index(name)
+        if i < 0 or list_levels(schema.field(i).type) is None:
+            kinds = [f.name for f in schema if list_levels(f.type) is not None]
+            raise ConfigurationError(
+                f"Loader: shapes= names {name!r}, which is not a list column of numbers "
+                f"(list columns: {kinds}). Fix: name list columns only (fixed-shape tensor "
+                "columns carry their shape)."
+            )
+        try:
+            out[name] = tuple(int(d) for d in shape)
+            level_sizes(schema.field(i).type, out[name])
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"Loader: shapes[{name!r}]={shape!r} does not fit the column's type "
+                f"{schema.field(i).type}: {exc}. Fix: pass a tuple of ints such as (3, 64, 64)."
+            ) from None
+    return out
+
+
+def _list_spec(name: str, kind: pa.DataType, shape: tuple[int, ...] | None, ragged: str,
+               pad_value: float, widen_unsigned: bool) -> ColumnSpec:  # fmt: skip
+    """The tensor spec of list column ``name`` (see :mod:`feedline.io.list_tensors`)."""
+    levels, leaf = list_levels(kind)  # type: ignore[misc]
+    if shape is None:
+        if needs_shape(kind):
+            raise SchemaError(
+                f"Column {name!r} ({kind}) has variable-length lists and no shape. Fix: pass "
+                f"shapes={{{name!r}: (...)}} to the loader (it is inferred from the first row "
+                "when the loader reads the data itself)."
+            )
+        shape = schema_shape(kind)
+    if ragged == "raise":
+        for level, (k, size) in enumerate(zip(levels, level_sizes(kind, shape), strict=True)):
+            if pa.types.is_fixed_size_list(k) and k.list_size != size:
+                raise SchemaError(
+                    f"Column {name!r}: its level {level} lists hold {k.list_size} values, the "
+                    f"shape {shape} needs {size}. Fix: pass the shape the data has, or "
+                    "ragged='pad' / 'truncate' / 'pad_or_truncate' to fit the rows."
+                )
+    dtype = _numeric_dtype(name, leaf, widen_unsigned)
+    stored = np.dtype(leaf.to_pandas_dtype())
+    try:
+        fits = np.array(pad_value).astype(stored) == pad_value
+    except (TypeError, ValueError, OverflowError):
+        fits = False
+    if not fits:
+        raise ConfigurationError(
+            f"Loader: pad_value={pad_value!r} is not a {stored} value (column {name!r}). Fix: "
+            "pass a pad_value the column's type holds exactly, e.g. 0."
+        )
+    return ColumnSpec(name, "tensor", dtype, shape, ragged, pad_value)
+
+
+def infer_shapes(
+    schema: pa.Schema,
+    names: Sequence[str],
+    batches: Callable[[list[str]], Any],
+    given: Mapping[str, Sequence[int]] | None = None,
+    ragged: str | Mapping[str, str] = "raise",
+) -> dict[str, tuple[int, ...]]:
+    """``given`` plus the shapes of the variable-length list columns among ``names`` it
+    lacks, taken from their first non-null row in ``batches(columns)`` (an iterable of record
+    batches, read only as far as needed; every later row is checked as it loads).
+
+    A column whose ``ragged`` policy pads or cuts rows must have its shape given: fitting
+    rows to whatever length the first row has would be arbitrary (ConfigurationError).
+
+    Examples
+    --------
+    >>> t = pa.table({"v": pa.array([[1, 2, 3]], pa.list_(pa.int8())), "k": [0]})
+    >>> infer_shapes(t.schema, ["v", "k"], lambda cols: t.select(cols).to_batches())
+    {'v': (3,)}
+    """
+    from feedline.io.list_tensors import infer_list_shape
+
+    shapes = {k: tuple(int(d) for d in v) for k, v in dict(given or {}).items()}
+    todo = [n for n in names if n not in shapes and schema.get_field_index(n) >= 0
+            and needs_shape(schema.field(n).type)]  # fmt: skip
+    for name in todo:
+        policy = ragged.get(name, "raise") if isinstance(ragged, Mapping) else ragged
+        if policy != "raise":
+            raise ConfigurationError(
+                f"Loader: ragged={policy!r} for the list column {name!r} needs its shape. Fix: "
+                f"pass shapes={{{name!r}: (...)}} (the length to pad or cut its rows to)."
+            )
+    if not todo:
+        return shapes
+    found: dict[str, tuple[int, ...]] = {}
+    for batch in batches(todo):
+        for name in todo:
+            if name not in found:
+                shape = infer_list_shape(batch.column(name))
+                if shape is not None:
+                    found[name] = shape
+        if len(found) == len(todo):
+            break
+    for name in todo:  # no non-null row anywhere: the shape matters for no row
+        levels, _ = list_levels(schema.field(name).type)  # type: ignore[misc]
+        shapes[name] = found.get(name, (0,) * len(levels))
+    return shapes
 
 
 def _target(key: str, value: Any, torch: bool) -> np.dtype:
@@ -291,13 +432,19 @@ def parse_budget(value: int | str) -> int:
 
 
 def chunk_to_numpy(
-    chunk: pa.Array, spec: ColumnSpec, where: str, convert: bool = True
+    chunk: pa.Array,
+    spec: ColumnSpec,
+    where: str,
+    convert: bool = True,
+    row_of: Callable[[int], int] | None = None,
 ) -> np.ndarray:
     """One Arrow chunk as an array matching ``spec`` (zero-copy where Arrow allows it).
 
     ``where`` (file, row group) is named in the error raised for nulls. ``convert=False``
     leaves the values in their own dtype (for a caller copying them into an array of
-    ``spec.dtype``, which converts as it copies).
+    ``spec.dtype``, which converts as it copies). A list chunk is decoded by
+    :func:`~feedline.io.list_tensors.list_to_numpy`; its errors name the row
+    ``row_of(i)`` for the chunk's row ``i`` (the dataset's row when the caller knows it).
 
     Examples
     --------
@@ -306,6 +453,10 @@ def chunk_to_numpy(
     >>> chunk_to_numpy(pa.array([[1, 2], [3, 4]], pa.list_(pa.float32(), 2)), spec, "x").shape
     (2, 2)
     """
+    if spec.kind == "tensor" and list_levels(chunk.type) is not None:  # not an extension
+        out = list_to_numpy(chunk, spec.shape, ragged=spec.ragged, pad_value=spec.pad_value,
+                            column=spec.name, where=where, row_of=row_of)  # fmt: skip
+        return out if out.dtype == spec.dtype or not convert else out.astype(spec.dtype)
     if chunk.null_count:
         first = int(np.flatnonzero(~np.asarray(chunk.is_valid()))[0])
         raise DataError(

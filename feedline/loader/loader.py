@@ -29,7 +29,8 @@ from feedline.loader.columns import parse_budget
 from feedline.loader.formats import FORMATS, can_pin
 from feedline.loader.nodes import Gather, Node, Order
 from feedline.loader.nodes.workers import make_workers
-from feedline.loader.order import EpochPlan, global_order
+from feedline.loader.order import EpochPlan
+from feedline.loader.order_ahead import OrderAhead
 from feedline.loader.pipeline import default_pipeline, group_size
 from feedline.loader.resume import epoch_plan, restore
 from feedline.loader.skips import Skips
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Loader"]
 
-CACHES = ("auto", "memory", "none")
+CACHES = ("auto", "memory", "node", "none")
 
 
 def _int(name: str, value: Any, low: int) -> int:
@@ -92,7 +93,16 @@ class Loader(LoaderViews):
     cache:
         ``"memory"`` loads the columns into NumPy arrays (exact permutation), ``"none"``
         streams row groups (two-level shuffle), ``"auto"`` caches when the estimate from the
-        schema and row count fits ``memory_budget``.
+        schema and row count fits ``memory_budget``. ``"node"``: one cache per machine, a
+        file under ``<cache_dir>/node`` (default ``~/.cache/feedline/node``) that the first
+        loader process fills once (verified as it reads) and every loader process of the node
+        memory-maps read-only: 8 ranks hold one copy (the page cache's), a restarted job starts
+        at once, the permutation stays exact, and data larger than RAM is paged by the OS
+        (random reads from disk: slower than a memory cache when it does not fit). Works
+        across separately started processes (torchrun, ``torch.multiprocessing``, Ray Train);
+        numbers and tensors only; needs a written dataset. ``"auto"`` picks ``"node"`` when
+        ``world_size > 1`` and those hold, for an estimate of 64 MiB up to ``memory_budget``.
+        See :mod:`feedline.loader.node_cache`.
     prefetch:
         Batches a background thread keeps ready (at least). It gathers them in groups with one
         take per column (the batches are views of it): ``prefetch`` batches, or as many as make
@@ -124,6 +134,8 @@ class Loader(LoaderViews):
         there; ``cache_limit`` (bytes or ``"20GB"``) caps the folder by evicting the least
         recently used shards that no reader holds. ``cache_dir=False`` reads remote shards
         directly. Local datasets are never copied. See :mod:`feedline.loader.shard_cache`.
+        ``cache="node"`` files go in ``<cache_dir>/node`` (``~/.cache/feedline/node`` when
+        ``cache_dir`` is the default or ``False``); point it at a local disk with room.
     track:
         ``True`` logs :meth:`metrics` (``loader/samples_per_s``, ``loader/data_wait_fraction``,
         ``loader/batches``, ``loader/samples``, ``loader/seconds``) to the MLflow run active
@@ -162,6 +174,15 @@ class Loader(LoaderViews):
         Move each batch to this torch device (``"cuda"``, ``"cuda:1"``) with
         ``non_blocking=True`` on a side CUDA stream, one batch ahead (pair with
         ``pin_memory=True``); ``None`` or a CPU device leaves batches where they are.
+    shapes, ragged, pad_value:
+        List columns (``list`` / ``large_list`` / ``fixed_size_list`` of numbers, nested or
+        not, as Spark's ``ArrayType`` and pyarrow write arrays) load as tensors:
+        ``shapes={"image": (3, 64, 64)}`` gives a column's per-sample shape, else it is
+        that of the first row. Every row is checked as it loads; a row of another length
+        or a null row raises :class:`~feedline.errors.DataError` naming it, unless
+        ``ragged`` (one policy or ``{column: policy}``) is ``"pad"`` (short and null rows
+        filled with ``pad_value``), ``"truncate"`` (long rows cut) or ``"pad_or_truncate"``
+        (both; these need the shape in ``shapes``). See :mod:`feedline.io.list_tensors`.
 
     Evaluation: ``loader(batch_size=..., shuffle=False)`` (``drop_last`` then defaults to
     ``False``): every sample once, in stored order, a short last batch.
@@ -208,6 +229,9 @@ class Loader(LoaderViews):
         num_workers: int = 0,
         worker_type: str = "thread",
         device: Any = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        ragged: str | Mapping[str, str] = "raise",
+        pad_value: float = 0,
     ) -> None:
         if isinstance(dataset, str | os.PathLike):  # opened now: a wrong path fails here
             dataset = as_source(dataset)
@@ -267,7 +291,9 @@ class Loader(LoaderViews):
         self._backend: Backend | None = None
         self._resolved: ShardSource | BatchStream | None = None
         self.stack, self.dtype = stack, dtype
+        self.lists = {"shapes": shapes, "ragged": ragged, "pad_value": pad_value}
         self._plan_cache: tuple[Any, EpochPlan] | None = None
+        self._order_ahead: OrderAhead | None = None
         self._active: weakref.ref | None = None
         self._token: object = None
         self._timing = Timing(self.batch_size)
@@ -292,7 +318,8 @@ class Loader(LoaderViews):
                 strings=self.strings, widen_unsigned=self.format == "torch",
                 budget=self.memory_budget, window=self._requested_window,
                 cache_dir=self.cache_dir, cache_limit=self.cache_limit, stack=self.stack,
-                dtype=self.dtype,
+                dtype=self.dtype, **self.lists, world_size=self.world_size,
+                node_dir=self.cache_dir,
             )  # fmt: skip
         return self._backend
 
@@ -322,16 +349,26 @@ class Loader(LoaderViews):
         segments = self._segments if epoch == self._epoch else ()
         key = (epoch, segments, self.shuffle, backend.window, self.seed)
         if self._plan_cache is None or self._plan_cache[0] != key:
-            order = global_order(
-                backend.sizes, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                window=backend.window,
-            )  # fmt: skip
+            order = self._orders().get(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                                       window=backend.window)  # fmt: skip
             plan = epoch_plan(
                 order, segments, rank=self.rank, world_size=self.world_size,
                 batch_size=self.batch_size, drop_last=self.drop_last, pad_last=self.pad_last,
             )  # fmt: skip
             self._plan_cache = (key, plan)
         return self._plan_cache[1]
+
+    def _orders(self) -> OrderAhead:
+        """The epochs' orders, the next one drawn ahead (:mod:`feedline.loader.order_ahead`)."""
+        if self._order_ahead is None:
+            backend = self._prepare()  # an order drawn ahead may take an eighth of the cache
+            self._order_ahead = OrderAhead(backend.sizes, max_bytes=backend.nbytes // 8)
+        return self._order_ahead
+
+    def _draw_ahead(self, epoch: int) -> None:
+        """Start drawing epoch ``epoch``'s order (called by the gather, mid-epoch)."""
+        self._orders().ahead(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                             window=self._prepare().window)  # fmt: skip
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the rest of a resumed epoch after an elastic resume)."""
@@ -424,8 +461,9 @@ class Loader(LoaderViews):
         """The default pipeline from the loader's position (:mod:`feedline.loader.pipeline`)."""
         backend = self._prepare()
         group = group_size(backend, self._shapes(), self.batch_size, self.prefetch)
+        order = Order(self._plan, epoch=self._epoch, batch=self._consumed, ahead=self._draw_ahead)
         return default_pipeline(
-            Order(self._plan, epoch=self._epoch, batch=self._consumed), backend,
+            order, backend,
             shuffle=self.shuffle, seed=self.seed, fmt=fmt, group=group, transform=self.transform,
             batched=self.batched, workers=self._workers, padding_mask=self.return_padding_mask,
             pin=self.pin_memory, prefetch=self.prefetch, device=self.device,

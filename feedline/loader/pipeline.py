@@ -52,19 +52,21 @@ def default_pipeline(
     prefetch: int,
     device: Any,
 ) -> Node:
-    """order → gather → [map] → format → [pin] → [prefetch] → [device].
+    """order → gather → [map] → [format] → [pin] → [prefetch] → [device].
 
     Without a transform, cached batches are gathered ``group`` at a time straight into
-    reused (or page-locked) buffers and handed over as one group; with one, the transform's
-    workers (``workers``, shared across epochs) map each batch and ``prefetch`` batches are
-    kept ready.
+    reused (or page-locked) buffers, made tensors once per group (``fmt="torch"``) and
+    handed over as one group; with one, the transform's workers (``workers``, shared across
+    epochs) map each batch and ``prefetch`` batches are kept ready.
     """
     mapped = transform is not None
+    direct = not mapped and fmt == "torch"  # tensors made by the gather, once per group
     node: Node = Gather(order, backend, shuffle=shuffle, seed=seed, group=1 if mapped else group,
-                        pin=pin and not mapped)  # fmt: skip
+                        pin=pin and not mapped, fmt="torch" if direct else None)  # fmt: skip
     if mapped:
         node = Map(node, transform, batched=batched, seed=seed, workers=workers)
-    node = Format(node, fmt, padding_mask=padding_mask)
+    if mapped or padding_mask or fmt == "tf":  # numpy and direct tensors need no Format
+        node = Format(node, fmt, padding_mask=padding_mask)
     if pin and mapped:
         node = Pin(node)
     if prefetch:

@@ -9,8 +9,16 @@ The interface the loader uses is small: :class:`WindowSampler` numbers the windo
 loader's samples, shuffled, sharded and resumed by the pure functions of
 :mod:`feedline.loader.order`), :meth:`WindowSampler.window_starts` maps window ids to start
 rows (:func:`window_starts`: O(series) memory, not O(windows)), and :func:`gather_windows`
-copies only the batch's windows (one ``np.take`` of ``starts[:, None] + arange(size)`` rows):
-memory is O(data + batch), never the ``(windows, size, width)`` tensor.
+copies only the batch's windows (indexing a strided view of every window with the start
+rows, :func:`strided_windows`): memory is O(data + batch), never the ``(windows, size,
+width)`` tensor.
+
+A batch's windows are gathered into fresh arrays, not into the loader's reused buffers: a
+strided view indexed by start rows has no ``out=``, so filling a buffer costs either a
+second copy or a row-by-row ``np.take`` (one index per time step). Measured in the loader
+(2,000 series x 5,000 steps x 8 features, window 96 + 8, batch 256, 2 cores), CPU per batch:
+fresh arrays 190-202 us, ``np.take`` into reused buffers 235-245 us, fresh arrays copied
+into reused buffers 256-440 us. The allocator hands the freed batches' memory straight back.
 """
 
 from __future__ import annotations
@@ -30,7 +38,14 @@ if TYPE_CHECKING:
     from feedline.io.shard_source import BatchStream, ShardSource
     from feedline.loader.cache import FileLayout
 
-__all__ = ["WindowSampler", "Windows", "gather_windows", "window_counts", "window_starts"]
+__all__ = [
+    "WindowSampler",
+    "Windows",
+    "gather_windows",
+    "strided_windows",
+    "window_counts",
+    "window_starts",
+]
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -148,36 +163,61 @@ def window_starts(
     return bounds[series] + (ids - first_ids[series]) * stride
 
 
-def gather_windows(
-    values: np.ndarray, starts: np.ndarray, length: int, out: np.ndarray | None = None
-) -> np.ndarray:
-    """``values[s : s + length]`` for every ``s`` in ``starts``, as one array.
+def strided_windows(values: np.ndarray, length: int) -> np.ndarray:
+    """Every window of ``length`` rows of ``values`` as a read-only strided view (no copy).
 
     ``values`` holds one time step per row, C-contiguous, so every window is one contiguous
-    block of memory: a strided view whose first axis is the start row holds every window
-    without copying anything, and indexing it with ``starts`` copies just the batch's
-    windows, block by block (about 1.8x a row-by-row ``np.take`` of the same rows). Never
-    ``np.take`` of the view: that copies every window of the data first. The result (or
-    ``out``) has shape ``(len(starts), length, *values.shape[1:])``.
+    block of memory; the view's first axis is the start row. Index it with start rows to
+    copy just those windows; never ``np.take`` it (that copies every window first).
 
     Examples
     --------
-    >>> gather_windows(np.arange(10.0), np.array([6, 0]), 3).tolist()
-    [[6.0, 7.0, 8.0], [0.0, 1.0, 2.0]]
+    >>> strided_windows(np.arange(5.0), 3)[[2, 0]].tolist()
+    [[2.0, 3.0, 4.0], [0.0, 1.0, 2.0]]
     """
     values = np.ascontiguousarray(values)
     count = max(len(values) - length + 1, 0)
     step = values.strides[0]
-    windows = np.lib.stride_tricks.as_strided(
+    return np.lib.stride_tricks.as_strided(
         values,
         shape=(count, length, *values.shape[1:]),
         strides=(step, step, *values.strides[1:]),
         writeable=False,
     )
-    picked = windows[np.asarray(starts, dtype=np.int64)]
+
+
+def gather_windows(
+    values: np.ndarray, starts: np.ndarray, length: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``values[s : s + length]`` for every ``s`` in ``starts``, as one array.
+
+    Without ``out``: :func:`strided_windows` indexed by ``starts``, window by window into a
+    fresh array (about 1.8x a row-by-row ``np.take`` of the same rows). With ``out`` (shape
+    ``(len(starts), length, *values.shape[1:])``): a row-by-row ``np.take`` straight into
+    it (no temporary array, one copy). ``values`` of a :class:`WindowSampler` are
+    C-contiguous; others are made so first.
+
+    Examples
+    --------
+    >>> gather_windows(np.arange(10.0), np.array([6, 0]), 3).tolist()
+    [[6.0, 7.0, 8.0], [0.0, 1.0, 2.0]]
+    >>> out = np.empty((1, 2))
+    >>> gather_windows(np.arange(10.0), np.array([4]), 2, out) is out, out.tolist()
+    (True, [[4.0, 5.0]])
+    """
+    starts = np.asarray(starts, dtype=np.int64)
     if out is None:
-        return picked
-    out[...] = picked
+        return strided_windows(values, length)[starts]
+    values = np.ascontiguousarray(values)
+    rows = (starts[:, None] + np.arange(length, dtype=np.int64)).reshape(-1)
+    flat = out.reshape(len(rows), *values.shape[1:])  # a view: out is C-contiguous
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(values)):
+        raise ConfigurationError(
+            f"gather_windows: windows of {length} rows starting at rows {int(starts.min())}.."
+            f"{int(starts.max())} leave the {len(values)} rows. Fix: pass start rows from "
+            "0 to len(values) - length."
+        )
+    values.take(rows, axis=0, out=flat, mode="clip")
     return out
 
 
@@ -189,6 +229,7 @@ class WindowSampler:
     series, in time order; the loader shuffles, shards and resumes them with the pure order
     functions of :mod:`feedline.loader.order` over ``[num_rows]`` samples. A batch is
     :meth:`gather` of its ids: memory is the data plus the batches, never every window.
+    ``fills_buffers`` is ``False``: the loader lets it gather into fresh arrays.
 
     Examples
     --------
@@ -203,6 +244,9 @@ class WindowSampler:
     >>> batch["inputs"].tolist(), batch["targets"].tolist()
     ([[10.0, 11.0], [0.0, 1.0]], [[12.0], [2.0]])
     """
+
+    #: the loader's gather passes no reused buffers (windows go into fresh arrays)
+    fills_buffers = False
 
     def __init__(
         self,
@@ -249,6 +293,9 @@ class WindowSampler:
             self.arrays["targets"] = self._step_view(
                 series.arrays["targets"], self.target_specs, isinstance(single_out, str)
             )
+        lengths = {"inputs": windows.size, "targets": windows.horizon}
+        #: per key: every window as a strided view (made once: a batch only indexes it)
+        self._views = {k: strided_windows(a, lengths[k]) for k, a in self.arrays.items()}
         self.nbytes, self.resorted = series.nbytes, series.resorted
         self.num_series = len(series.bounds) - 1
         counts = window_counts(series.bounds, windows.size + windows.horizon, windows.stride)
@@ -296,9 +343,15 @@ class WindowSampler:
     def gather(
         self, indices: np.ndarray, out: Mapping[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:
-        """Windows ``indices``: ``inputs`` and ``targets`` (into ``out`` where it has the key)."""
+        """Windows ``indices``: ``inputs`` and ``targets``, in fresh arrays (see the module
+        docstring), or into ``out`` where it has the key."""
         first = self.window_starts(indices)
-        at = {"inputs": first, "targets": first + self.windows.size}
-        lengths = {"inputs": self.windows.size, "targets": self.windows.horizon}
-        out = out or {}
-        return {k: gather_windows(a, at[k], lengths[k], out.get(k)) for k, a in self.arrays.items()}
+        got = {}
+        for key, view in self._views.items():
+            at = first if key == "inputs" else first + self.windows.size
+            buffer = out.get(key) if out else None
+            if buffer is None:
+                got[key] = view[at]
+            else:
+                got[key] = gather_windows(self.arrays[key], at, view.shape[1], buffer)
+        return got

@@ -98,6 +98,15 @@ class Node(Iterator[Batch]):
         """The next batch; raises ``StopIteration`` at the end of the epoch."""
         raise NotImplementedError
 
+    def next_group(self) -> list[Batch]:
+        """The next batches at once, in order (at least one; ``StopIteration`` at the end).
+
+        A node that makes batches in groups (a :class:`~feedline.loader.nodes.Gather` of small
+        batches) hands a whole group over, so the nodes after it pass the group along in one
+        call instead of one per batch. The default is ``[self.next()]``.
+        """
+        return [self.next()]
+
     def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
         """Start again at ``initial_state`` (a :meth:`get_state` result) or the epoch's start."""
         raise NotImplementedError
@@ -157,10 +166,20 @@ class Stage(Node):
     def clear(self) -> None:
         """Forget anything read ahead of the delivered position."""
 
+    def produce_group(self) -> list[Batch]:
+        """The next records at once (see :meth:`Node.next_group`); default ``[produce()]``."""
+        return [self.produce()]
+
     def next(self) -> Batch:
         item = self.produce()
         self._position = (item.epoch, item.number + 1)
         return item
+
+    def next_group(self) -> list[Batch]:
+        items = self.produce_group()
+        last = items[-1]
+        self._position = (last.epoch, last.number + 1)
+        return items
 
     def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
         parse_position(initial_state, type(self).__name__)

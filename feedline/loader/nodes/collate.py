@@ -72,7 +72,12 @@ class Format(Stage):
         self.fmt, self.padding_mask = fmt, bool(padding_mask)
 
     def produce(self) -> Batch:
-        item = self.source.next()
+        return self._convert(self.source.next())
+
+    def produce_group(self) -> list[Batch]:
+        return [self._convert(item) for item in self.source.next_group()]
+
+    def _convert(self, item: Batch) -> Batch:
         data = item.data
         if self.padding_mask:
             data = dict(data)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from feedline.errors import ConfigurationError
 from feedline.loader.backend import Backend
 from feedline.loader.buffers import BufferPool
-from feedline.loader.cache import as_batch_value
 from feedline.loader.nodes.base import Batch, Node, Stage
 
 __all__ = ["Gather"]
@@ -35,6 +37,12 @@ class Gather(Stage):
     objects:
         ``"list"`` turns object (string, bytes) columns into Python lists; ``"array"`` keeps
         the object arrays (what a :class:`~feedline.loader.nodes.Map` indexes).
+    fmt:
+        ``"torch"``: yield ``torch.Tensor`` columns, made once per group and column
+        (``torch.from_numpy`` of the gathered group, split into the batches' row ranges in
+        one call): a group of small batches costs a few tensor views, not a conversion per
+        batch and column. ``None`` (default): NumPy arrays (convert later with
+        :class:`~feedline.loader.nodes.Format`).
 
     Examples
     --------
@@ -54,10 +62,21 @@ class Gather(Stage):
         group: int = 1,
         pin: bool = False,
         objects: str = "list",
+        fmt: str | None = None,
     ) -> None:
         super().__init__(source)
         self.backend, self.shuffle, self.seed = backend, bool(shuffle), int(seed)
         self.group, self.pin, self.objects = max(1, int(group)), bool(pin), objects
+        self._from_numpy = None
+        if fmt == "torch":
+            from feedline.loader.torch import import_torch
+
+            self._from_numpy = import_torch().from_numpy
+        elif fmt is not None:
+            raise ConfigurationError(
+                f"Gather: fmt={fmt!r}; it is 'torch' or None. Fix: pass fmt='torch', or None "
+                "and a Format node after it."
+            )
         self._ready: deque[Batch] = deque()
         self._session: Any = None
         self._session_epoch: int | None = None
@@ -77,8 +96,12 @@ class Gather(Stage):
             self._session_epoch = epoch
         return self._session
 
-    def _out(self, rows: int, capacity: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def _out(
+        self, session: Any, rows: int, capacity: int
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """(tensors to take the batches from, arrays to gather ``rows`` rows into)."""
+        if not self.pin and not getattr(session, "fills_buffers", True):
+            return {}, {}  # it gathers into fresh arrays (windows: see loader.windows)
         shapes = getattr(self.backend, "buffer_shapes", self.backend.shapes)()
         if self.pin:  # straight into page-locked tensors
             from feedline.loader.torch import batch_buffers
@@ -91,6 +114,10 @@ class Gather(Stage):
         return {}, self._pool.get(rows)
 
     def _fill(self) -> None:
+        take = getattr(self.source, "take", None)
+        if take is not None:  # an Order: the group's indices are one slice of its plan
+            self._gather(*take(self.group))
+            return
         batches: list[Batch] = []
         for _ in range(self.group):
             try:
@@ -107,27 +134,41 @@ class Gather(Stage):
         if tail is not None:
             self._gather([tail])
 
-    def _gather(self, batches: list[Batch]) -> None:
+    def _gather(self, batches: list[Batch], indices: np.ndarray | None = None) -> None:
         session = self._session_for(batches[0].epoch)
-        if len(batches) == 1:
-            indices = batches[0].indices
-        else:
-            indices = np.concatenate([b.indices for b in batches])
-        tensors, out = self._out(len(indices), len(batches[0].indices) * self.group)
+        if indices is None:
+            indices = (batches[0].indices if len(batches) == 1
+                       else np.concatenate([b.indices for b in batches]))  # fmt: skip
+        tensors, out = self._out(session, len(indices), len(batches[0].indices) * self.group)
         arrays = session.gather(indices, out=out)
-        keep_objects = self.objects == "array"
-        start = 0
-        for batch in batches:
-            rows = slice(start, start + len(batch.indices))
-            start = rows.stop
-            data = {}
-            for name, array in arrays.items():
-                part = tensors.get(name, array)[rows]
-                data[name] = part if keep_objects else as_batch_value(part)
-            batch.data = data
-            self._ready.append(batch)
+        sizes = [len(b.indices) for b in batches]
+        bounds = np.cumsum([0, *sizes]).tolist()
+        rows = [slice(a, b) for a, b in itertools.pairwise(bounds)]
+        # per column: each batch's part (views of the group's arrays or tensors)
+        parts = [self._split(tensors.get(name, array), sizes, rows) for name, array in
+                 arrays.items()]  # fmt: skip
+        names = list(arrays)
+        for batch, *values in zip(batches, *parts, strict=True):
+            batch.data = dict(zip(names, values, strict=True))
+        self._ready.extend(batches)
+
+    def _split(self, values: Any, sizes: list[int], rows: list[slice]) -> Sequence[Any]:
+        """``values`` (a group's column) cut into the batches' parts."""
+        if isinstance(values, np.ndarray) and values.dtype.kind == "O":
+            return [values[r] if self.objects == "array" else values[r].tolist() for r in rows]
+        if self._from_numpy is not None and isinstance(values, np.ndarray):
+            tensor = self._from_numpy(values)  # one conversion per group and column
+            return tensor.split(sizes) if len(sizes) > 1 else (tensor,)
+        return [values[r] for r in rows]
 
     def produce(self) -> Batch:
         if not self._ready:
             self._fill()
         return self._ready.popleft()
+
+    def produce_group(self) -> list[Batch]:
+        if not self._ready:
+            self._fill()
+        items = list(self._ready)
+        self._ready.clear()
+        return items

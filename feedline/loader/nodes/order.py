@@ -23,6 +23,10 @@ class Order(Node):
         (then :meth:`reset` may move to another epoch).
     epoch, batch:
         Where to start.
+    ahead:
+        Called with the next epoch's number once half of an epoch's batches are out: the
+        loader starts drawing that epoch's order then (see
+        :mod:`feedline.loader.order_ahead`), so a new epoch does not wait for it.
 
     Its state is the next batch's position; ``reset(None)`` starts the current epoch again.
 
@@ -37,12 +41,18 @@ class Order(Node):
     """
 
     def __init__(
-        self, plan: EpochPlan | Callable[[int], EpochPlan], *, epoch: int = 0, batch: int = 0
+        self,
+        plan: EpochPlan | Callable[[int], EpochPlan],
+        *,
+        epoch: int = 0,
+        batch: int = 0,
+        ahead: Callable[[int], None] | None = None,
     ) -> None:
         self._make = plan if callable(plan) else None
         self._fixed = None if callable(plan) else plan
         self.epoch, self.batch = int(epoch), int(batch)
         self._plan: EpochPlan | None = None
+        self._ahead, self._told = ahead, -1
 
     @classmethod
     def of(
@@ -82,12 +92,34 @@ class Order(Node):
         return self.plan.indices[self.batch * self.plan.batch_size :]
 
     def next(self) -> Batch:
-        plan, k = self.plan, self.batch
+        plan, k = self._plan or self.plan, self.batch
         if k >= plan.num_batches:
             raise StopIteration
         self.batch = k + 1
-        rows = slice(k * plan.batch_size, (k + 1) * plan.batch_size)
-        return Batch(self.epoch, k, plan.indices[rows], plan.padded[rows])
+        if self._ahead is not None and 2 * k >= plan.num_batches and self._told != self.epoch:
+            self._told = self.epoch
+            self._ahead(self.epoch + 1)
+        start = k * plan.batch_size
+        stop = start + plan.batch_size
+        return Batch(self.epoch, k, plan.indices[start:stop], plan.padded[start:stop])
+
+    def take(self, count: int) -> tuple[list[Batch], np.ndarray]:
+        """The next ``count`` batches (fewer at the epoch's end) and their row indices as one
+        array (a view of the plan: a gather of several batches needs no concatenation).
+
+        Examples
+        --------
+        >>> node = Order.of([5], batch_size=2, shuffle=False, drop_last=False)
+        >>> batches, rows = node.take(2)
+        >>> [b.number for b in batches], rows.tolist(), node.take(9)[1].tolist()
+        ([0, 1], [0, 1, 2, 3], [4])
+        """
+        plan, k = self._plan or self.plan, self.batch
+        stop = min(plan.num_batches, k + max(1, int(count)))
+        batches = [self.next() for _ in range(stop - k)]
+        if not batches:
+            raise StopIteration
+        return batches, plan.indices[k * plan.batch_size : stop * plan.batch_size]
 
     def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
         position = parse_position(initial_state, "Order")

@@ -41,8 +41,8 @@ class Prefetch(Stage):
         while True:
             items: list[Batch] = []
             try:
-                for _ in range(group):
-                    items.append(source.next())
+                while len(items) < group:  # whole groups from a node that makes them
+                    items.extend(source.next_group())
             except StopIteration:
                 if items:
                     yield items
