@@ -132,7 +132,10 @@ def _file_reader(
     schema: pa.Schema,
     columns: Sequence[str] | None,
     predicate: pc.Expression | None,
+    row_groups: Sequence[int] | None = None,
 ):
+    """A read task's function: the file's rows (only ``row_groups`` when given)."""
+
     def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
         filesystem = loc.arrow_filesystem()
         try:
@@ -156,8 +159,16 @@ def _file_reader(
         scan_schema = schema if exact else file_schema
         total = fragment.num_row_groups
         piece = fragment
+        if row_groups is not None:
+            try:
+                piece = fragment.subset(row_group_ids=list(row_groups))
+            except pa.ArrowException as exc:
+                raise DataError(
+                    f"Cannot read row groups {list(row_groups)} of {loc.url!r}: {exc}. The file "
+                    "changed after its footer was read. Fix: re-run on the unchanged input."
+                ) from exc
         if predicate is not None:
-            piece = fragment.subset(filter=predicate, schema=scan_schema)
+            piece = piece.subset(filter=predicate, schema=scan_schema)
         kept = piece.num_row_groups
         report.add(
             files_read=1,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, DataError, FeedlineError, FormatError
+from feedline.preprocess.fit_sample import fit_data
 from feedline.preprocess.state_checks import check_fitted, invalid_state, non_finite
 
 if TYPE_CHECKING:
@@ -127,13 +128,39 @@ class Preprocessor(ABC):
     ) -> Preprocessor:
         """Return a fitted copy, computed on ``ds`` (or a ``fraction`` sample of it).
 
-        Partial statistics are computed per batch in parallel and merged, so the same fit
-        runs on any engine.
+        Partial statistics are computed per batch in parallel and merged in a fixed order,
+        so the same fit runs on any engine and gives the same state.
+
+        With ``fraction``, a Parquet or feedline input read through row-wise operators
+        (select, filter, map_batches, transform, sample) is sampled by *row group*: row
+        groups are chosen from the footers' row counts by ``seed`` until they hold
+        ``fraction`` of the rows, and only those are read (rows inside are thinned to that
+        target). Every engine reads the same ones, so the fitted state is the same. Other
+        inputs (CSV, in-memory, after a ``limit`` or a relational operator) are read whole
+        and sampled row by row. A row-group sample is a cluster sample: on data sorted or
+        clustered by a fitted column, fit on ``ds.sample(fraction, seed)`` instead (every
+        row group is read, rows drawn uniformly).
+
+        When a second pass is unavoidable: ``ds.transform(p)`` with an unfitted ``p`` fits
+        it when the pipeline first runs, which is one pass over the data before ``p``
+        (a full pass) and then the transform pass. Avoid it by fitting on a sample first
+        (``p = p.fit(ds, fraction=0.05)``: reads ~5% of the row groups) or by passing a
+        fitted state (``from_state(saved)``, or ``fl.open(path).preprocessor``); a fitted
+        ``p`` inside ``ds.transform`` costs no extra pass.
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> out = tempfile.mkdtemp() + "/ds"
+        >>> _ = fl.range(1000).write(out, rows_per_shard=500, row_group_rows=100)
+        >>> sc = fl.StandardScaler("id").fit(fl.open(out), fraction=0.2, seed=0)
+        >>> sc.fitted["count"]["id"]
+        200
         """
         fitted = copy.copy(self)
         if not self.needs_fit:
             return fitted
-        data = ds.sample(fraction, seed) if fraction is not None else ds
+        data = fit_data(ds, fraction, seed, engine)
         data = data.select(list(self.fit_columns()))
         merged = data.aggregate(self.partial, self.merge, engine=engine)
         if merged is None:

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError, FormatError, SchemaError
 from feedline.preprocess.base import Preprocessor, from_state, register
+from feedline.preprocess.fit_sample import fit_data
 from feedline.preprocess.scalers import float_values, is_numeric, tensor_array
 from feedline.preprocess.state_checks import invalid_state
 
@@ -100,7 +101,7 @@ class Chain(Preprocessor):
         engine: str | Engine | None = None,
     ) -> Preprocessor:
         """Return a fitted copy: each step fitted on the previous steps' output."""
-        data = ds.sample(fraction, seed) if fraction is not None else ds
+        data = fit_data(ds, fraction, seed, engine)  # a row-group sample where possible
         fitted: list[Preprocessor] = []
         i = 0
         while i < len(self.steps):

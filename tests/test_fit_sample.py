@@ -1,0 +1,170 @@
+"""``fit(ds, fraction=f, seed=s)`` reads only the sampled row groups (issue 13, item 3).
+
+The proof that the other row groups are not read: their data pages are damaged (the shards
+carry page CRCs, so reading one raises), and the fit still succeeds, while a full read of the
+same data fails.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+import feedline as fl
+from feedline.errors import ConfigurationError, DataError
+from feedline.io.sampling import RowGroupSample, choose_row_groups
+from feedline.plan import Sample
+from feedline.preprocess.fit_sample import fit_data
+
+ROWS, SHARD, GROUP = 4000, 1000, 100
+
+
+def table(rows: int = ROWS) -> pa.Table:
+    rng = np.random.default_rng(7)
+    return pa.table(
+        {
+            "id": np.arange(rows, dtype=np.int64),
+            "x": rng.lognormal(1.0, 1.5, rows),
+            "c": [f"k{i}" for i in rng.integers(0, 30, rows)],
+        }
+    )
+
+
+@pytest.fixture
+def written(tmp_path) -> Path:
+    out = tmp_path / "ds"
+    fl.from_arrow(table()).write(out, rows_per_shard=SHARD, row_group_rows=GROUP)
+    return out
+
+
+def damage_unsampled(out: Path, fraction: float, seed: int) -> list[tuple[int, int]]:
+    """Flip bytes in the data pages of every row group the sample does not choose."""
+    source = fl.open(out).plan.source
+    chosen = RowGroupSample(source, fraction, seed).choice.groups
+    damaged = []
+    for f, loc in enumerate(source.files):
+        meta = pq.ParquetFile(loc.path).metadata
+        with open(loc.path, "r+b") as handle:
+            for g in range(meta.num_row_groups):
+                if g in chosen.get(f, ()):
+                    continue
+                for c in range(meta.num_columns):
+                    chunk = meta.row_group(g).column(c)
+                    start = (chunk.dictionary_page_offset if chunk.has_dictionary_page
+                             else chunk.data_page_offset)
+                    handle.seek(start + chunk.total_compressed_size // 2)
+                    handle.write(b"\xde\xad\xbe\xef")
+                damaged.append((f, g))
+    return damaged
+
+
+def chosen_rows(out: Path, fraction: float, seed: int) -> pa.Table:
+    """The rows of the chosen row groups, read with pyarrow alone."""
+    source = fl.open(out).plan.source
+    choice = RowGroupSample(source, fraction, seed).choice
+    parts = [
+        pq.ParquetFile(source.files[f].path).read_row_groups(list(groups))
+        for f, groups in choice.groups.items()
+    ]
+    return pa.concat_tables(parts)
+
+
+def test_fit_reads_only_the_sampled_row_groups(written):
+    damaged = damage_unsampled(written, 0.1, seed=3)
+    assert len(damaged) == 36  # 40 row groups, 4 of them hold 10% of the rows
+    ds = fl.open(written)
+    with pytest.raises(DataError):
+        fl.StandardScaler("x").fit(ds.sample(0.1, seed=3))  # a full read meets the damage
+    fitted = fl.StandardScaler("x").fit(ds, fraction=0.1, seed=3)
+    expected = chosen_rows(written, 0.1, seed=3)["x"].to_numpy()
+    assert fitted.fitted["count"]["x"] == len(expected) == 400
+    assert fitted.fitted["mean"]["x"] == pytest.approx(expected.mean(), rel=1e-12)
+    assert fitted.fitted["var"]["x"] == pytest.approx(expected.var(), rel=1e-9)
+
+
+def test_chain_and_string_indexer_fit_on_the_sampled_row_groups(written):
+    damage_unsampled(written, 0.2, seed=1)
+    chain = fl.Chain([fl.StandardScaler("x"), fl.StringIndexer("c")])
+    fitted = chain.fit(fl.open(written), fraction=0.2, seed=1)
+    seen = set(chosen_rows(written, 0.2, seed=1)["c"].to_pylist())
+    indexer = fitted.steps[1]
+    assert set(indexer.fitted["labels"]["c"]) == seen
+
+
+def test_sample_is_deterministic_and_rows_are_thinned_to_the_target(tmp_path):
+    out = tmp_path / "odd"
+    fl.from_arrow(table(3000)).write(out, rows_per_shard=700, row_group_rows=300)
+    ds = fl.open(out)
+    states = {json.dumps(fl.StandardScaler("x").fit(ds, fraction=0.25, seed=5).state)
+              for _ in range(2)}
+    assert len(states) == 1
+    choice = RowGroupSample(ds.plan.source, 0.25, 5).choice
+    assert choice.keep < 1.0  # 750 rows wanted, whole row groups hold more
+    count = fl.StandardScaler("x").fit(ds, fraction=0.25, seed=5).fitted["count"]["x"]
+    assert 0 < count < choice.rows
+    assert abs(count - 750) < 4 * np.sqrt(750)
+    other = fl.StandardScaler("x").fit(ds, fraction=0.25, seed=6).state
+    assert json.dumps(other) not in states
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_choice_holds_the_fraction_and_no_row_group_too_many(seed):
+    rng = np.random.default_rng(seed)
+    counts = [list(rng.integers(0, 500, rng.integers(1, 6))) for _ in range(rng.integers(1, 9))]
+    total = sum(sum(c) for c in counts)
+    fraction = float(rng.uniform(0.01, 0.99))
+    choice = choose_row_groups(counts, fraction, seed)
+    assert choice == choose_row_groups(counts, fraction, seed)
+    sizes = [counts[f][g] for f, gs in choice.groups.items() for g in gs]
+    assert all(sizes) and sum(sizes) == choice.rows
+    if total:
+        assert choice.rows >= fraction * total
+        assert choice.rows - max(sizes) < fraction * total  # not a whole row group too many
+        assert choice.rows * choice.keep == pytest.approx(fraction * total)
+
+
+def test_plain_parquet_reads_footers_and_pushes_the_filter(tmp_path):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    data = table()
+    for i in range(4):
+        part = data.slice(i * SHARD, SHARD)
+        pq.write_table(part, folder / f"p{i}.parquet", row_group_size=GROUP)
+    ds = fl.read_parquet(folder).filter(pc.equal(pc.bit_wise_and(pc.field("id"), 1), 0))
+    sampled = fit_data(ds, 0.1, seed=2)
+    assert sampled.plan.source.kind == "row-group sample"
+    ids = sampled.to_arrow()["id"].to_numpy()
+    assert len(ids) == 200 and (ids % 2 == 0).all()
+    groups = {(int(i) // GROUP) for i in ids}
+    assert len(groups) == 4  # four whole 100-row groups, half their rows pass the filter
+
+
+def test_upstream_preprocessors_are_fitted_on_all_rows(written):
+    ds = fl.open(written).transform(fl.StandardScaler("x"))
+    sampled = fit_data(ds, 0.1, seed=0)
+    upstream = sampled.plan.ops[-1].preprocessor
+    assert upstream.state == fl.StandardScaler("x").fit(fl.open(written)).state
+    assert upstream.fitted["count"]["x"] == ROWS
+
+
+def test_other_inputs_and_operators_keep_the_row_sample(tmp_path, written):
+    csv = tmp_path / "t.csv"
+    pacsv.write_csv(table(100), csv)
+    for ds in (fl.read_csv(csv), fl.from_arrow(table(100)), fl.open(written).limit(500)):
+        assert fit_data(ds, 0.5, seed=0).plan.ops[-1] == Sample(0.5, 0)
+    assert fit_data(fl.open(written), 1.0, seed=0).plan.source.kind == "feedline"
+
+
+def test_bad_fraction_or_seed_is_a_configuration_error(written):
+    for fraction, seed in ((1.5, 0), (-0.1, 0), (0.1, -1)):
+        with pytest.raises(ConfigurationError, match="Fix:"):
+            fl.StandardScaler("x").fit(fl.open(written), fraction=fraction, seed=seed)
+    with pytest.raises(ConfigurationError, match="no rows"):
+        fl.StandardScaler("x").fit(fl.open(written), fraction=0.0)

@@ -1,0 +1,48 @@
+"""A fit on ``fraction=`` reads the same row groups on Spark as on the local engine (they are
+chosen from metadata on the driver) and gives a byte-equal fitted state."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_fit_sample import GROUP, SHARD, damage_unsampled, table  # tests/ is on sys.path
+
+import feedline as fl
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+    pytest.mark.skipif(
+        shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
+        reason="Spark needs a Java runtime",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    from feedline.engines.spark import spark_session
+
+    session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
+    yield session
+    session.stop()
+
+
+def test_fraction_fit_is_byte_equal_on_spark_and_reads_only_sampled_row_groups(spark, tmp_path):
+    from feedline.engines.spark import SparkEngine
+
+    out = tmp_path / "ds"
+    fl.from_arrow(table()).write(out, rows_per_shard=SHARD, row_group_rows=GROUP)
+    damage_unsampled(out, 0.15, seed=4)  # a read of any other row group would raise
+    chain = fl.Chain([fl.StandardScaler("x"), fl.RobustScaler("x", output="r"),
+                      fl.StringIndexer("c")])
+    local = chain.fit(fl.open(out), fraction=0.15, seed=4)
+    remote = chain.fit(fl.open(out), fraction=0.15, seed=4, engine=SparkEngine(spark, partitions=3))
+    assert json.dumps(remote.state, sort_keys=True) == json.dumps(local.state, sort_keys=True)
+    assert local.steps[0].fitted["count"]["x"] == 600
