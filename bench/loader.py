@@ -999,6 +999,7 @@ def w_measure(make: Callable[[], Iterator[Any]], spec: dict[str, Any], batches: 
         "peak_rss": w_peak_rss(),
         "tree_peak_rss": sampler.stop() if sampler else None,
         "data_bytes": spec["data_bytes"],
+        "load_1min": os.getloadavg()[0],  # the machine is shared: the load it ran under
     }
 
 
@@ -1007,6 +1008,7 @@ def w_run_feedline(spec: dict[str, Any], batches: int) -> dict[str, Any]:
     import torch
 
     import feedline as fl
+    from feedline.loader.nodes.gather_threads import GatherThreads, gather_threads
     from feedline.loader.windows import gather_windows, strided_windows
 
     holder: dict[str, Any] = {}
@@ -1027,13 +1029,30 @@ def w_run_feedline(spec: dict[str, Any], batches: int) -> dict[str, Any]:
     # raw-gather ceilings: the loader's own packed arrays and index arrays, one batch at a
     # time in this thread, torch tensors out, no loader around it; (1) "fresh": the strided
     # window views (made once) indexed by the start rows into fresh arrays, as the loader
-    # does; (2) "reused buffers": a row-by-row take straight into two reused buffers
+    # does; (2) "reused buffers": a row-by-row take straight into two reused buffers; (3)
+    # "fresh, N threads": N batches at a time, one per thread into fresh arrays (the loader's
+    # most threads, so its "% of ceiling" compares like with like; the loader splits only
+    # while a CPU is idle: see feedline.loader.nodes.gather_threads)
     sampler, plan = loader._prepare().source, loader._plan()
     values = sampler.arrays["inputs"]
     inputs, targets = strided_windows(values, W_SIZE), strided_windows(values, W_HORIZON)
     out_x = np.empty((BATCH, W_SIZE, W_FEATURES), dtype=np.float32)
     out_y = np.empty((BATCH, W_HORIZON, W_FEATURES), dtype=np.float32)
     count = min(batches, plan.num_batches)
+    threads = result["gather_threads"] = gather_threads()
+
+    def fresh(k: int) -> tuple[Any, Any]:
+        first = sampler.window_starts(plan.batch(k))
+        return torch.from_numpy(inputs[first]), torch.from_numpy(targets[first + W_SIZE])
+
+    if threads > 1:
+        with GatherThreads(threads) as pool:
+            start = time.perf_counter()
+            for k in range(0, count - count % threads, threads):
+                for x, y in pool.map(fresh, range(k, k + threads)):
+                    w_check({"inputs": x, "targets": y})
+            done = count - count % threads
+            result["ceiling_threads_samples_per_s"] = done * BATCH / (time.perf_counter() - start)
     for name in ("ceiling_samples_per_s", "ceiling_reused_samples_per_s"):
         start = time.perf_counter()
         for k in range(count):
@@ -1147,6 +1166,8 @@ def w_markdown(results: dict[str, dict[str, dict]], specs: dict[str, dict], comm
             tree_gib = "-" if tree is None else f"{tree / gib:.2f}"
             all_runs = r.get("samples_per_s_runs", [])
             spread = f" ({min(all_runs):,.0f}-{max(all_runs):,.0f})" if len(all_runs) > 1 else ""
+            if "load_1min" in r:
+                spread += f" [load {r['load_1min']:.1f}]"
             out.append(
                 f"| {data} ({spec['series']:,} x {spec['steps']:,} x {W_FEATURES}, "
                 f"{spec['data_bytes'] / gib:.2f} GiB) | {name} | "
@@ -1163,6 +1184,11 @@ def w_markdown(results: dict[str, dict[str, dict]], specs: dict[str, dict], comm
                 out.append(f"| {data} | raw gather ceiling, into reused buffers (no loader, 1 "
                            f"thread) | {fl_run['ceiling_reused_samples_per_s']:,.0f} | | | | | "
                            "| | |")  # fmt: skip
+            if "ceiling_threads_samples_per_s" in fl_run:
+                threads, rate_n = fl_run["gather_threads"], fl_run["ceiling_threads_samples_per_s"]
+                out.append(f"| {data} | raw gather ceiling, into fresh arrays, {threads} threads "
+                           "(no loader; the most the loader splits a group across) | "
+                           f"{rate_n:,.0f} | | | | | | | |")  # fmt: skip
     out.append("")
     for data, runs in results.items():
         fl_run = runs.get("feedline", {})

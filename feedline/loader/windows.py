@@ -19,6 +19,8 @@ second copy or a row-by-row ``np.take`` (one index per time step). Measured in t
 (2,000 series x 5,000 steps x 8 features, window 96 + 8, batch 256, 2 cores), CPU per batch:
 fresh arrays 190-202 us, ``np.take`` into reused buffers 235-245 us, fresh arrays copied
 into reused buffers 256-440 us. The allocator hands the freed batches' memory straight back.
+The fancy-index copy releases the GIL, so the loader may gather a group's batches on several
+threads, whole batches each (:mod:`feedline.loader.nodes.gather_threads`).
 """
 
 from __future__ import annotations
@@ -247,6 +249,9 @@ class WindowSampler:
 
     #: the loader's gather passes no reused buffers (windows go into fresh arrays)
     fills_buffers = False
+    #: :meth:`gather` only reads shared state: the loader may split a group's batches across
+    #: threads (the fancy-index copy releases the GIL; see loader.nodes.gather_threads)
+    thread_safe_gather = True
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ from feedline.errors import ConfigurationError
 from feedline.loader.backend import Backend
 from feedline.loader.buffers import BufferPool
 from feedline.loader.nodes.base import Batch, Node, Stage
+from feedline.loader.nodes.gather_threads import GatherThreads, batch_cuts
 
 __all__ = ["Gather"]
 
@@ -43,6 +44,12 @@ class Gather(Stage):
         one call): a group of small batches costs a few tensor views, not a conversion per
         batch and column. ``None`` (default): NumPy arrays (convert later with
         :class:`~feedline.loader.nodes.Format`).
+    threads:
+        Threads a group's gather is split across, whole batches per thread, when the backend
+        gathers into fresh arrays with GIL-free copies (windows; see :mod:`~feedline.loader.
+        nodes.gather_threads`). Default: the CPUs this process may use, at most 4, while the
+        other processes leave a CPU idle (else 1). The batches are the same, in the same
+        order, whatever the count.
 
     Examples
     --------
@@ -63,8 +70,10 @@ class Gather(Stage):
         pin: bool = False,
         objects: str = "list",
         fmt: str | None = None,
+        threads: int | None = None,
     ) -> None:
         super().__init__(source)
+        self._threads = GatherThreads(threads)
         self.backend, self.shuffle, self.seed = backend, bool(shuffle), int(seed)
         self.group, self.pin, self.objects = max(1, int(group)), bool(pin), objects
         self._from_numpy = None
@@ -81,6 +90,7 @@ class Gather(Stage):
         self._session: Any = None
         self._session_epoch: int | None = None
         self._pool: BufferPool | None = None
+        self._sample_bytes: int | None = None
 
     def clear(self) -> None:
         self._ready.clear()
@@ -140,17 +150,40 @@ class Gather(Stage):
             indices = (batches[0].indices if len(batches) == 1
                        else np.concatenate([b.indices for b in batches]))  # fmt: skip
         tensors, out = self._out(session, len(indices), len(batches[0].indices) * self.group)
-        arrays = session.gather(indices, out=out)
         sizes = [len(b.indices) for b in batches]
         bounds = np.cumsum([0, *sizes]).tolist()
-        rows = [slice(a, b) for a, b in itertools.pairwise(bounds)]
-        # per column: each batch's part (views of the group's arrays or tensors)
-        parts = [self._split(tensors.get(name, array), sizes, rows) for name, array in
-                 arrays.items()]  # fmt: skip
-        names = list(arrays)
-        for batch, *values in zip(batches, *parts, strict=True):
-            batch.data = dict(zip(names, values, strict=True))
+        cuts = [0, len(batches)]
+        if not out and not tensors and getattr(session, "thread_safe_gather", False):
+            cuts = batch_cuts(sizes, self._threads.threads, self._row_bytes())
+        if len(cuts) > 2:  # whole batches per thread, each part into its own fresh arrays
+            spans = [(bounds[a], bounds[b]) for a, b in itertools.pairwise(cuts)]
+            got = self._threads.map(lambda k: session.gather(indices[slice(*spans[k])]),
+                                    range(len(spans)))  # fmt: skip
+        else:
+            got = [session.gather(indices, out=out)]
+        self._assign(batches, cuts, got, tensors)
+
+    def _assign(self, batches: list[Batch], cuts: list[int], got: list[dict[str, Any]],
+                tensors: dict[str, Any]) -> None:  # fmt: skip
+        sizes = [len(b.indices) for b in batches]
+        for (a, b), arrays in zip(itertools.pairwise(cuts), got, strict=True):
+            part = sizes[a:b]
+            ends = np.cumsum([0, *part]).tolist()
+            rows = [slice(x, y) for x, y in itertools.pairwise(ends)]
+            # per column: each batch's part (views of the group's arrays or tensors)
+            parts = [self._split(tensors.get(name, array), part, rows) for name, array in
+                     arrays.items()]  # fmt: skip
+            names = list(arrays)
+            for batch, *values in zip(batches[a:b], *parts, strict=True):
+                batch.data = dict(zip(names, values, strict=True))
         self._ready.extend(batches)
+
+    def _row_bytes(self) -> int:
+        """Bytes a sample takes in the gathered arrays."""
+        if self._sample_bytes is None:
+            shapes = self.backend.shapes().values()
+            self._sample_bytes = sum(int(np.prod(s)) * d.itemsize for s, d in shapes)
+        return self._sample_bytes
 
     def _split(self, values: Any, sizes: list[int], rows: list[slice]) -> Sequence[Any]:
         """``values`` (a group's column) cut into the batches' parts."""
@@ -160,6 +193,10 @@ class Gather(Stage):
             tensor = self._from_numpy(values)  # one conversion per group and column
             return tensor.split(sizes) if len(sizes) > 1 else (tensor,)
         return [values[r] for r in rows]
+
+    def close(self) -> None:
+        super().close()
+        self._threads.close()
 
     def produce(self) -> Batch:
         if not self._ready:

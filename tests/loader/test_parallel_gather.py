@@ -1,0 +1,169 @@
+"""A group's window gather split across threads: the same batches, in the same order, as one
+thread; exact resume; the threads joined at every end (breaks, resets, deleted loaders); an
+exception in a gather thread reaches the caller with its traceback."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import traceback
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+import feedline as fl
+from feedline.loader import nodes
+from feedline.loader.nodes import gather_threads as gt
+
+SERIES, STEPS, FEATURES, SIZE, HORIZON, BATCH = 6, 1500, 8, 96, 8, 128
+
+
+@pytest.fixture(scope="module")
+def windows_loader() -> fl.Loader:
+    """Windows of 3,328 bytes (96 + 8 steps of 8 float32): a batch of 128 is 416 KiB, over
+    ``MIN_PART_BYTES``, so a group of batches is split across the threads."""
+    rng = np.random.default_rng(0)
+    n = SERIES * STEPS
+    columns = {"s": np.repeat(np.arange(SERIES), STEPS), "t": np.tile(np.arange(STEPS), SERIES)}
+    columns |= {f"f{j}": rng.standard_normal(n, dtype=np.float32) for j in range(FEATURES)}
+    ds = fl.from_arrow(pa.table(columns))
+    windows = fl.Windows(SIZE, HORIZON, by="s", order_by="t",
+                         features=[f"f{j}" for j in range(FEATURES)])  # fmt: skip
+    return ds.loader(windows=windows, batch_size=BATCH, seed=3, drop_last=False,
+                     format="numpy")
+
+
+def gather(loader: fl.Loader, threads: int, *, group: int = 4, fmt: str | None = None,
+           epoch: int = 0) -> nodes.Gather:  # fmt: skip
+    order = nodes.Order(loader._plan, epoch=epoch)
+    return nodes.Gather(order, loader._prepare(), shuffle=True, seed=loader.seed, group=group,
+                        fmt=fmt, threads=threads)  # fmt: skip
+
+
+def gather_thread_names() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("feedline-gather")]
+
+
+def storage(value: object) -> int:
+    """Where the memory a batch's array is a view of starts."""
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage().data_ptr()
+    assert isinstance(value, np.ndarray) and value.base is not None
+    return value.base.__array_interface__["data"][0]
+
+
+def as_numpy(value: object) -> np.ndarray:
+    return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+@pytest.mark.parametrize("fmt", [None, "torch"])
+@pytest.mark.parametrize(("threads", "group"), [(2, 4), (3, 3), (4, 2), (2, 5)])
+def test_split_gathers_are_the_single_threads_batches_in_order(
+    windows_loader: fl.Loader, threads: int, group: int, fmt: str | None
+) -> None:
+    with gather(windows_loader, 1, group=group, fmt=fmt) as one:
+        want = [(b.number, b.indices.copy(), {k: as_numpy(v).copy() for k, v in b.data.items()})
+                for b in one]  # fmt: skip
+    with gather(windows_loader, threads, group=group, fmt=fmt) as many:
+        got = list(many)
+        bases = {storage(b.data["inputs"]) for b in got[:group]}
+    assert len(bases) == min(threads, group)  # the first group came in that many parts
+    assert [b.number for b in got] == [w[0] for w in want] == list(range(len(want)))
+    assert len(got[-1]) < BATCH  # the short last batch too
+    for batch, (_, indices, data) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(batch.indices, indices)
+        for key, values in data.items():
+            value = as_numpy(batch.data[key])
+            assert value.dtype == values.dtype and value.shape == values.shape
+            assert value.tobytes() == values.tobytes()  # bit-identical
+    assert not gather_thread_names()  # closed with the node
+
+
+def test_the_loader_with_split_gathers_yields_its_single_thread_epoch(
+    windows_loader: fl.Loader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gt, "auto_threads", lambda own_busy=0.0: 1)
+    windows_loader.set_epoch(1)
+    one = [{k: v.copy() for k, v in b.items()} for b in windows_loader]
+    monkeypatch.setattr(gt, "auto_threads", lambda own_busy=0.0: 2)
+    seen: set[str] = set()
+    many = []
+    windows_loader.set_epoch(1)
+    for b in windows_loader:
+        seen.update(gather_thread_names())
+        many.append(b)
+    assert seen  # the split ran
+    assert len(many) == len(one)
+    for a, b in zip(many, one, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_resume_through_split_gathers_is_exact(windows_loader: fl.Loader) -> None:
+    with gather(windows_loader, 1, group=3) as node:
+        want = [b.data["inputs"].copy() for b in node]
+    for stop in (1, 3, 4, 7):
+        with gather(windows_loader, 2, group=3) as node:
+            head = [next(node).data["inputs"].copy() for _ in range(stop)]
+            state = node.get_state()
+        assert state == {"epoch": 0, "batch": stop}
+        with gather(windows_loader, 2, group=3, epoch=5) as node:
+            node.reset(state)
+            tail = [b.data["inputs"] for b in node]
+        got = head + tail
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_no_gather_thread_outlives_early_breaks_resets_or_the_loader(
+    windows_loader: fl.Loader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = set(threading.enumerate())
+    for k in range(200):  # prefetched pipelines, broken off after a few batches
+        node = nodes.Prefetch(gather(windows_loader, 2, group=2), depth=1, group=2)
+        for _, _batch in zip(range(1 + k % 3), node, strict=False):
+            pass
+        if k % 2:
+            node.reset({"epoch": 0, "batch": 1})
+            next(node)
+        node.close()
+    assert not gather_thread_names()
+    monkeypatch.setattr(gt, "auto_threads", lambda own_busy=0.0: 2)
+    for _ in range(100):  # the loader's own pipeline: broken off, then the loader deleted
+        loader = fl.Loader(windows_loader._source(), windows=windows_loader.windows,
+                           batch_size=BATCH, seed=1)  # fmt: skip
+        for _, _batch in zip(range(3), loader, strict=False):
+            pass
+        del loader, _batch
+    gc.collect()
+    assert not gather_thread_names()
+    assert set(threading.enumerate()) <= before
+
+
+def boom(x: int) -> int:
+    if x == 2:
+        raise ValueError(f"part {x} failed")
+    return x
+
+
+def test_an_error_in_a_gather_thread_reaches_the_caller_with_its_traceback() -> None:
+    pool = gt.GatherThreads(3)
+    with pytest.raises(ValueError, match="part 2 failed") as info:
+        pool.map(boom, [0, 1, 2])
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert frames[-1] == "boom"  # raised in the pool's thread, its frames intact
+    assert pool.map(boom, [0, 1, 3]) == [0, 1, 3]  # the pool keeps working
+    pool.close()
+    assert not gather_thread_names()
+
+
+def test_the_automatic_count_splits_only_while_a_cpu_is_idle() -> None:
+    # own_busy is taken off the load average: a huge one leaves the others nothing, a huge
+    # negative one makes them fill every CPU
+    assert gt.auto_threads(own_busy=1e9) == gt.gather_threads()
+    assert gt.auto_threads(own_busy=-1e9) == 1
+    assert gt.batch_cuts([100] * 8, 3, row_bytes=gt.MIN_PART_BYTES) == [0, 3, 6, 8]
