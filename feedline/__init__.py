@@ -55,6 +55,9 @@ from feedline.preprocess.drift import DriftReport, compare
 from feedline.preprocess.stats import Stats, stats
 from feedline.readers import (
     from_arrow,
+    from_dict,
+    from_huggingface,
+    from_numpy,
     from_pandas,
     from_polars,
     from_ray,
@@ -116,6 +119,9 @@ __all__ = [
     "clear_spark_cache",
     "compare",
     "from_arrow",
+    "from_dict",
+    "from_huggingface",
+    "from_numpy",
     "from_pandas",
     "from_polars",
     "from_ray",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from feedline.conveniences import ConvenienceMethods
 from feedline.engines.base import Engine, WriteInfo, WriteOptions, get_engine
 from feedline.engines.fusion import rebatch
 from feedline.engines.schema import infer_schema
@@ -18,6 +19,8 @@ from feedline.io.pandas_metadata import valid_pandas_schema
 from feedline.io.source import ExecutionReport, Source
 from feedline.io.storage import resolve
 from feedline.plan import Filter, Limit, MapBatches, Plan, Sample, Select, Transform
+from feedline.relational.methods import RelationalMethods
+from feedline.relational.ops import RelationalSource, plan_lines
 
 if TYPE_CHECKING:
     from feedline.io.format import Manifest
@@ -29,7 +32,7 @@ __all__ = ["Dataset", "infer_schema"]
 
 
 
-class Dataset:
+class Dataset(RelationalMethods, ConvenienceMethods):
     """A lazy, immutable pipeline. Every method returns a new ``Dataset``; nothing runs
     until a terminal call (``iter_batches``, ``to_arrow``, ``take``, ``count``, ``write``).
 
@@ -97,7 +100,9 @@ class Dataset:
         return Chain(steps)
 
     def __repr__(self) -> str:
-        return "Dataset(" + " -> ".join(self._plan.describe()) + ")"
+        from feedline.display import describe
+
+        return describe(self._plan)
 
     def _then(self, op: Any) -> Dataset:
         return Dataset(self._plan.then(op), self._fits)
@@ -228,16 +233,31 @@ class Dataset:
             )
         return self._then(Limit(n))
 
-    def sample(self, fraction: float, seed: int = 0) -> Dataset:
-        """Keep each row with probability ``fraction`` (the same rows for the same ``seed``).
+    def sample(
+        self, fraction: float | None = None, seed: int = 0, *, n: int | None = None
+    ) -> Dataset:
+        """Keep each row with probability ``fraction``, or exactly ``n`` rows (all when fewer);
+        the same rows for the same ``seed``.
+
+        ``n=`` takes the first ``n`` rows of ``random_shuffle(seed)``: rows keyed by a seeded
+        hash of their content, so every engine and file layout picks the same ones.
 
         Examples
         --------
         >>> import feedline as fl
         >>> 800 < fl.range(10_000).sample(0.1, seed=1).count() < 1200
         True
+        >>> fl.range(10_000).sample(n=7, seed=1).count()
+        7
         """
-        if not 0.0 <= fraction <= 1.0:
+        if n is not None:
+            if fraction is not None or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ConfigurationError(
+                    f"sample() takes either fraction= or a non-negative int n=, got "
+                    f"fraction={fraction!r}, n={n!r}. Fix: pass one, e.g. ds.sample(n=1000)."
+                )
+            return self.random_shuffle(seed).limit(n)
+        if fraction is None or not 0.0 <= fraction <= 1.0:
             raise ConfigurationError(
                 f"sample() needs 0 <= fraction <= 1, got {fraction}. Fix: pass e.g. 0.1 for 10%."
             )
@@ -260,7 +280,7 @@ class Dataset:
         from feedline.plan import pushdown
 
         lines = ["Logical plan:"]
-        lines += [f"  {'  ' * i}{line}" for i, line in enumerate(self._plan.describe())]
+        lines += [f"  {line}" for line in plan_lines(self._plan)]
         pushed = pushdown(self._plan)
         lines.append("Pushed into the reader:")
         lines.append(f"  columns: {list(pushed.columns) if pushed.columns else 'all'}")
@@ -325,7 +345,15 @@ class Dataset:
                 upstream = Dataset(Plan(self._plan.source, tuple(ops)), self._fits)
                 op = self._fits.get(position, op, lambda o=op, u=upstream: _fit(o, u, engine))
             ops.append(op)
-        return Plan(self._plan.source, tuple(ops))
+        source = self._plan.source
+        if isinstance(source, RelationalSource):  # fit the inputs' preprocessors too
+            source = source.with_inputs(
+                [
+                    Dataset(plan, self._fits.child(number))._resolved_plan(engine)
+                    for number, plan in enumerate(source.inputs)
+                ]
+            )
+        return Plan(source, tuple(ops))
 
     def _execute(
         self,
@@ -439,6 +467,55 @@ class Dataset:
             store_stats(written, engine=engine)
         return info
 
+    def write_tfrecord(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        engine: str | Engine | None = None,
+        compression: str | None = None,
+        records_per_file: int | None = None,
+        bytes_per_file: int | str | None = "256MiB",
+        overwrite: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> WriteInfo:
+        """Write the rows as TFRecord files of ``tf.train.Example`` records (for tf.data).
+
+        The plan runs on ``engine`` and its batches stream into ``part-00000.tfrecord``,
+        ``part-00001.tfrecord`` … in the folder ``path`` (a new file after
+        ``records_per_file`` records or about ``bytes_per_file`` bytes), ``compression``
+        ``None``, ``"GZIP"`` or ``"ZLIB"``. Integers and booleans become ``int64_list``,
+        floats ``float_list`` (float32), binary and strings ``bytes_list``; lists and
+        tensors are flattened. See :mod:`feedline.io.tfrecord_write`.
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> info = fl.range(10).write_tfrecord(tempfile.mkdtemp(), records_per_file=4)
+        >>> info.rows, info.shards
+        (10, 3)
+        """
+        import time
+
+        from feedline.io.sizes import parse_bytes
+        from feedline.io.tfrecord_write import write_tfrecord
+
+        started = time.perf_counter()
+        report = ExecutionReport()
+        resolved = get_engine(engine)
+        target = resolve(path, storage_options)
+        rows, files, size = write_tfrecord(
+            self._execute(resolved, preserve_order=True, report=report),
+            target,
+            compression=compression,
+            records_per_file=records_per_file,
+            bytes_per_file=parse_bytes(bytes_per_file) if bytes_per_file else None,
+            overwrite=overwrite,
+        )
+        seconds = time.perf_counter() - started
+        return WriteInfo(
+            target.url, rows, len(files), size, seconds, resolved.name, report.as_dict()
+        )
+
     def to_spark(self, spark: Any = None) -> Any:
         """This dataset as a lazy Spark DataFrame (see :func:`feedline.engines.spark.to_spark`)."""
         from feedline.engines.spark import to_spark
@@ -451,6 +528,14 @@ class Dataset:
         from feedline.engines.ray_bridge import to_ray
 
         return to_ray(self, engine)
+
+    def streaming_split(self, n: int, *, equal: bool = True, engine: Any = None) -> list[Any]:
+        """``n`` disjoint streams of this dataset for ``n`` Ray consumers (Ray Train workers),
+        computed on Ray as they are read, nothing written first (see
+        :func:`feedline.engines.ray_bridge.streaming_split`)."""
+        from feedline.engines.ray_bridge import streaming_split
+
+        return streaming_split(self, n, equal=equal, engine=engine)
 
     def loader(
         self,
@@ -482,6 +567,9 @@ class Dataset:
         num_workers: int = 0,
         worker_type: str = "thread",
         device: Any = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        ragged: str | Mapping[str, str] = "raise",
+        pad_value: float = 0,
     ) -> Loader:
         """A training loader over this dataset: :class:`feedline.loader.Loader`, whose
         docstring describes every parameter (the same, in the same order).
@@ -504,7 +592,8 @@ class Dataset:
             strings=strings, return_padding_mask=return_padding_mask, track=track,
             cache_dir=cache_dir, cache_limit=cache_limit, stack=stack, dtype=dtype,
             pad_last=pad_last, transform=transform, batched=batched, num_workers=num_workers,
-            worker_type=worker_type, device=device,
+            worker_type=worker_type, device=device, shapes=shapes, ragged=ragged,
+            pad_value=pad_value,
         )  # fmt: skip
 
     def _loader_source(self, columns: Sequence[str] | None = None) -> ShardSource | BatchStream:
@@ -557,6 +646,12 @@ class _FitCache:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._fitted: dict[tuple[int, int], tuple[Transform, Transform]] = {}
+        self._children: dict[int, _FitCache] = {}
+
+    def child(self, number: int) -> _FitCache:
+        """The cache of a relational operator's input ``number`` (kept with this one)."""
+        with self._lock:
+            return self._children.setdefault(number, _FitCache())
 
     def get(self, position: int, op: Transform, fit: Callable[[], Any]) -> Transform:
         key = (position, id(op))

@@ -16,14 +16,19 @@ import pyarrow.compute as pc
 from feedline.io.source import Source, fingerprint_of
 
 __all__ = [
+    "Cast",
+    "Drop",
     "Filter",
     "Limit",
     "MapBatches",
     "Operator",
     "Plan",
+    "Rename",
+    "RowHash",
     "Sample",
     "Select",
     "Transform",
+    "WithColumns",
     "callable_name",
     "pushdown",
 ]
@@ -115,7 +120,66 @@ class Sample:
         return f"Sample(fraction={self.fraction}, seed={self.seed})"
 
 
-Operator = Union[Select, Filter, MapBatches, Transform, Limit, Sample]  # noqa: UP007
+@dataclass(frozen=True)
+class WithColumns:
+    """Add or replace columns computed by pyarrow expressions, all on the incoming batch.
+
+    A name already present is replaced in place; new names are appended in the given order.
+    """
+
+    columns: tuple[tuple[str, pc.Expression], ...]
+
+    def describe(self) -> str:
+        return f"WithColumns({', '.join(f'{n}={e}' for n, e in self.columns)})"
+
+
+@dataclass(frozen=True)
+class Rename:
+    """Rename columns (``old -> new`` pairs); the others keep their names and places."""
+
+    mapping: tuple[tuple[str, str], ...]
+
+    def describe(self) -> str:
+        return f"Rename({', '.join(f'{a}->{b}' for a, b in self.mapping)})"
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Remove ``columns``."""
+
+    columns: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"Drop({', '.join(self.columns)})"
+
+
+@dataclass(frozen=True)
+class Cast:
+    """Cast columns to Arrow types (``name -> type`` pairs); safe casts only."""
+
+    types: tuple[tuple[str, pa.DataType], ...]
+
+    def describe(self) -> str:
+        return f"Cast({', '.join(f'{n}:{t}' for n, t in self.types)})"
+
+
+@dataclass(frozen=True)
+class RowHash:
+    """Append the seeded row-content key of :mod:`feedline.relational.rowhash` (int64).
+
+    Engines add it to the inputs of ``random_shuffle`` and ``split`` (never users).
+    """
+
+    seed: int
+    column: str
+
+    def describe(self) -> str:
+        return f"RowHash(seed={self.seed})"
+
+
+Operator = Union[  # noqa: UP007
+    Select, Filter, MapBatches, Transform, Limit, Sample, WithColumns, Rename, Drop, Cast, RowHash
+]
 
 
 @dataclass(frozen=True)

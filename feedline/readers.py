@@ -20,6 +20,9 @@ from feedline.io.text import TextSource
 
 __all__ = [
     "from_arrow",
+    "from_dict",
+    "from_huggingface",
+    "from_numpy",
     "from_pandas",
     "from_polars",
     "from_ray",
@@ -340,6 +343,123 @@ def from_arrow(table: pa.Table | pa.RecordBatch) -> Dataset:
     3
     """
     return Dataset.from_source(ArrowSource(table))
+
+
+def from_dict(mapping: Mapping[str, Any]) -> Dataset:
+    """A dataset over columns given as a dict of name → values.
+
+    Values are lists, NumPy arrays (more than one dimension: a fixed-shape tensor column,
+    one row per first-axis entry) or Arrow arrays, all of one length.
+
+    Examples
+    --------
+    >>> import feedline as fl, numpy as np
+    >>> ds = fl.from_dict({"id": [1, 2], "image": np.zeros((2, 3, 3), np.uint8)})
+    >>> ds.schema().field("image").type.shape, ds.count()
+    ([3, 3], 2)
+    """
+    from feedline.engines.fusion import to_arrow_array
+
+    if not isinstance(mapping, Mapping) or not mapping:
+        raise ConfigurationError(
+            f"from_dict() needs a non-empty dict of column name -> values, got "
+            f"{type(mapping).__name__}. Fix: pass e.g. {{'x': [1, 2, 3]}}."
+        )
+    arrays = {}
+    for name, values in mapping.items():
+        try:
+            arrays[str(name)] = to_arrow_array(values)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise SchemaError(
+                f"from_dict(): the column {name!r} cannot become an Arrow column "
+                f"({type(exc).__name__}: {exc}). Fix: give one value per row, all of one type "
+                "(a list, or a NumPy array: n-d for tensors)."
+            ) from exc
+    lengths = {name: len(array) for name, array in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise ConfigurationError(
+            f"from_dict(): columns have different lengths {lengths}. Fix: give every column "
+            "one value per row."
+        )
+    return Dataset.from_source(ArrowSource(pa.table(arrays), name="dict"))
+
+
+def from_numpy(arrays: Any) -> Dataset:
+    """A dataset over NumPy arrays: a dict of name → array, or one array (a ``data`` column)
+    or a list of arrays concatenated along the first axis (a ``data`` column).
+
+    Arrays with more than one dimension become fixed-shape tensor columns (zero-copy
+    when C-contiguous), one row per first-axis entry.
+
+    Examples
+    --------
+    >>> import feedline as fl, numpy as np
+    >>> ds = fl.from_numpy(np.arange(12, dtype=np.float32).reshape(4, 3))
+    >>> ds.schema().field("data").type.shape, ds.count()
+    ([3], 4)
+    >>> fl.from_numpy({"x": np.arange(3)}).to_numpy()["x"].tolist()
+    [0, 1, 2]
+    """
+    import numpy as np
+
+    if isinstance(arrays, np.ndarray):
+        arrays = {"data": arrays}
+    elif isinstance(arrays, list | tuple) and arrays and all(
+        isinstance(a, np.ndarray) for a in arrays
+    ):
+        arrays = {"data": np.concatenate(arrays)}
+    if not isinstance(arrays, Mapping) or not all(
+        isinstance(a, np.ndarray) for a in arrays.values()
+    ):
+        raise ConfigurationError(
+            f"from_numpy() needs a NumPy array, a list of them or a dict of name -> array, got "
+            f"{type(arrays).__name__}. Fix: pass np arrays (fl.from_dict takes lists too)."
+        )
+    bad = {name: a.shape for name, a in arrays.items() if a.ndim == 0}
+    if bad:
+        raise ConfigurationError(
+            f"from_numpy(): arrays {bad} have no rows (0-d). Fix: give arrays of at least one "
+            "dimension, one row per first-axis entry."
+        )
+    return from_dict(arrays)
+
+
+def from_huggingface(dataset: Any) -> Dataset:
+    """A dataset over a Hugging Face ``datasets.Dataset``, reading its Arrow table.
+
+    The table backing the dataset (memory-mapped from the ``datasets`` cache) is used
+    as it is, without a copy; a dataset with an indices mapping (after ``select``,
+    ``shuffle``, ``filter``…) has its selected rows taken once. Features stay as stored in
+    Arrow (``ClassLabel`` as integers, ``Image`` as a ``{bytes, path}`` struct).
+
+    Examples
+    --------
+    >>> import feedline as fl, datasets
+    >>> hf = datasets.Dataset.from_dict({"text": ["a", "b", "c"], "label": [0, 1, 0]})
+    >>> fl.from_huggingface(hf).to_arrow()["label"].to_pylist()
+    [0, 1, 0]
+    >>> fl.from_huggingface(hf.select([2, 0])).to_arrow()["text"].to_pylist()
+    ['c', 'a']
+    """
+    kind = type(dataset).__name__
+    if kind in ("DatasetDict", "IterableDatasetDict"):
+        raise ConfigurationError(
+            f"from_huggingface() needs one split, got a {kind} with splits "
+            f"{list(dataset)}. Fix: pick one, e.g. fl.from_huggingface(dd['train'])."
+        )
+    if kind == "IterableDataset" or not hasattr(dataset, "data") or not hasattr(
+        dataset, "with_format"
+    ):
+        raise ConfigurationError(
+            f"from_huggingface() needs a map-style datasets.Dataset, got {kind}. Fix: load it "
+            "without streaming=True (datasets.load_dataset(..., split='train'))."
+        )
+    if getattr(dataset, "_indices", None) is None:
+        table = dataset.data.table  # the backing Arrow table: no copy
+    else:
+        table = dataset.with_format("arrow")[:]  # the indexed rows, taken once
+    name = f"huggingface dataset {getattr(dataset, 'builder_name', None) or ''}".rstrip()
+    return Dataset.from_source(ArrowSource(table, name=name))
 
 
 def from_pandas(df: Any) -> Dataset:

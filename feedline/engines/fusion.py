@@ -18,13 +18,18 @@ import pyarrow as pa
 from feedline.errors import FeedlineError, SchemaError, UserFunctionError
 from feedline.io.source import ExecutionReport
 from feedline.plan import (
+    Cast,
+    Drop,
     Filter,
     Limit,
     MapBatches,
     Operator,
+    Rename,
+    RowHash,
     Sample,
     Select,
     Transform,
+    WithColumns,
     callable_name,
 )
 
@@ -258,6 +263,14 @@ class BatchPipeline:
             return self._transform(op, stream, label)
         if isinstance(op, Sample):
             return _sample(op, stream, task_index, position)
+        if isinstance(op, WithColumns | Rename | Drop | Cast):
+            from feedline.engines.columns import apply_edit
+
+            return (apply_edit(op, b, label) for b in stream)
+        if isinstance(op, RowHash):
+            from feedline.relational.rowhash import row_hash
+
+            return (b.append_column(op.column, row_hash(b, op.seed)) for b in stream)
         raise TypeError(f"unknown operator {op!r}")
 
     def _filter(self, op: Filter, stream, label) -> Iterator[pa.RecordBatch]:

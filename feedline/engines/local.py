@@ -33,9 +33,10 @@ from feedline.engines.streaming import run_stage, run_tasks
 from feedline.errors import ConfigurationError
 from feedline.io import format as fmt
 from feedline.io.sizes import parse_bytes
-from feedline.io.source import ExecutionReport
+from feedline.io.source import ExecutionReport, ReadTask
 from feedline.io.storage import Location
-from feedline.plan import MapBatches, Operator, Plan, callable_name, pushdown
+from feedline.plan import MapBatches, Operator, Plan, Pushdown, callable_name, pushdown
+from feedline.relational.ops import RelationalSource
 
 __all__ = ["LocalEngine", "parse_bytes"]
 
@@ -51,6 +52,12 @@ class LocalEngine:
         Peak memory is about this budget plus a few working batches per worker
         and the writer's row-group buffer (measured: 2 GiB streamed with a 256 MB budget
         and 8 workers peaked at 654 MiB RSS).
+    relational_memory:
+        Memory limit of the embedded query engine (DuckDB) running sort, groupby, join,
+        union, unique, random_shuffle, repartition and split; over it, they spill to
+        ``spill_directory``. Default: ``memory_budget``.
+    spill_directory:
+        Where they spill. Default: a fresh temporary directory, removed afterwards.
 
     Examples
     --------
@@ -62,13 +69,21 @@ class LocalEngine:
 
     name = "local"
 
-    def __init__(self, parallelism: int | None = None, memory_budget: int | str = "1GB") -> None:
+    def __init__(
+        self,
+        parallelism: int | None = None,
+        memory_budget: int | str = "1GB",
+        relational_memory: int | str | None = None,
+        spill_directory: str | os.PathLike[str] | None = None,
+    ) -> None:
         if parallelism is not None and parallelism < 1:
             raise ConfigurationError(
                 f"parallelism={parallelism} must be >= 1. Fix: pass a positive int or None."
             )
         self.parallelism = parallelism or max(2, os.cpu_count() or 2)
         self.memory_budget = parse_bytes(memory_budget)
+        self.relational_memory = parse_bytes(relational_memory or memory_budget)
+        self.spill_directory = spill_directory
 
     def __repr__(self) -> str:
         return f"LocalEngine(parallelism={self.parallelism}, memory_budget={self.memory_budget})"
@@ -84,7 +99,7 @@ class LocalEngine:
         first_ops, first_limit = segments[0]
         head, *models = split_at_models(first_ops)
         pipeline = BatchPipeline(head, report, instances)
-        read_tasks = plan.source.read_tasks(pushed.columns, pushed.predicate)
+        read_tasks = self._read_tasks(plan, pushed)
         # the read tasks' queues and every model stage's queue share the memory budget
         stages = 1 + sum(len(split_at_models(ops)) - 1 for ops, _ in segments)
         budget = max(1, self.memory_budget // stages)
@@ -115,6 +130,14 @@ class LocalEngine:
             if limit is not None:
                 stream = apply_limit(stream, limit)
         return _counted(stream, report)
+
+    def _read_tasks(self, plan: Plan, pushed: Pushdown) -> list[ReadTask]:
+        """The source's read tasks; a relational source's come from DuckDB."""
+        if isinstance(plan.source, RelationalSource):
+            from feedline.engines.local_relational import relational_tasks
+
+            return relational_tasks(self, plan.source, pushed.columns, pushed.predicate)
+        return plan.source.read_tasks(pushed.columns, pushed.predicate)
 
     def _model_stage(
         self,
@@ -176,7 +199,7 @@ class LocalEngine:
             return result
         report = ExecutionReport()
         pipeline = BatchPipeline(segments[0][0], report, InstancePool())
-        read_tasks = plan.source.read_tasks(pushed.columns, pushed.predicate)
+        read_tasks = self._read_tasks(plan, pushed)
 
         def make_task(index: int) -> Callable[[], Iterator[Any]]:
             task = read_tasks[index]

@@ -252,10 +252,27 @@ class RayEngine:
 
         from feedline.engines.ray_bridge import RaySource
         from feedline.engines.ray_runtime import ship_user_modules
+        from feedline.relational.ops import RelationalSource
 
         self.ensure_ray()
         ship_user_modules(ops)
         source = plan.source
+        if isinstance(source, RelationalSource):  # Ray Data's own operators
+            from feedline.engines.ray_relational import relational_dataset
+
+            return relational_dataset(
+                self,
+                plan,
+                pushed,
+                ops,
+                preserve_order=preserve_order,
+                collector=collector,
+                run_id=run_id,
+                conform=conform,
+                partial=partial,
+                merge=merge,
+                count_output=count_output,
+            )
         if isinstance(source, RaySource):
             rds = source.private_copy()
             labels: tuple[str, ...] = (source.describe(),)

@@ -10,7 +10,19 @@ import pyarrow as pa
 
 from feedline.engines.fusion import BatchPipeline
 from feedline.errors import ConfigurationError
-from feedline.plan import Filter, Limit, MapBatches, Plan, Select, Transform
+from feedline.plan import (
+    Cast,
+    Drop,
+    Filter,
+    Limit,
+    MapBatches,
+    Plan,
+    Rename,
+    RowHash,
+    Select,
+    Transform,
+    WithColumns,
+)
 
 __all__ = ["SCHEMA_SAMPLE_ROWS", "infer_schema"]
 
@@ -44,6 +56,12 @@ def infer_schema(plan: Plan) -> pa.Schema:
             schema = pa.schema([schema.field(c) for c in op.columns])
         elif isinstance(op, MapBatches) and op.output_schema is not None:
             schema = op.output_schema
+        elif isinstance(op, WithColumns | Rename | Drop | Cast):
+            from feedline.engines.columns import edit_schema
+
+            schema = edit_schema(op, schema)
+        elif isinstance(op, RowHash):
+            schema = schema.append(pa.field(op.column, pa.int64(), nullable=False))
         elif isinstance(op, MapBatches | Transform) or (
             isinstance(op, Filter) and not op.is_expression
         ):

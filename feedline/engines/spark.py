@@ -74,6 +74,7 @@ from feedline.engines.spark_cluster import (
     ship_user_modules,
 )
 from feedline.engines.spark_plan import build_job, quiet_pandas_warning
+from feedline.engines.spark_relational import Prepared, prepare
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
@@ -227,6 +228,7 @@ class SparkEngine:
     def dataframe(self, plan: Plan, *, preserve_order: bool = True) -> Any:
         """The plan as a lazy Spark DataFrame (tensor columns as arrays; nothing runs yet)."""
         spark = self.ready(plan)
+        plan = prepare(spark, plan, self.partitions, persist=False).plan
         job = build_job(spark, plan, preserve_order=preserve_order, partitions=self.partitions)
         return job.frame
 
@@ -242,16 +244,26 @@ class SparkEngine:
         """
         report = report if report is not None else ExecutionReport()
         spark = self.ready(plan)
+        prepared = prepare(spark, plan, self.partitions)
         job = build_job(
-            spark, plan, mode="stream", preserve_order=preserve_order, partitions=self.partitions
+            spark,
+            prepared.plan,
+            mode="stream",
+            preserve_order=preserve_order,
+            partitions=self.partitions,
         )
-        return self._stream(job, report)
+        return self._stream(job, report, prepared)
 
-    def _stream(self, job: Any, report: ExecutionReport) -> Iterator[pa.RecordBatch]:
-        for batch in job.stream(report):
-            if batch.num_rows:
-                report.add(rows_out=batch.num_rows, batches_out=1)
-                yield batch
+    def _stream(
+        self, job: Any, report: ExecutionReport, prepared: Prepared
+    ) -> Iterator[pa.RecordBatch]:
+        try:
+            for batch in job.stream(report):
+                if batch.num_rows:
+                    report.add(rows_out=batch.num_rows, batches_out=1)
+                    yield batch
+        finally:
+            prepared.finish(report)
 
     def aggregate(
         self,
@@ -272,15 +284,20 @@ class SparkEngine:
 
         from feedline.engines.partials import TreeMerger
 
+        spark = self.ready(plan)
+        prepared = prepare(spark, plan, self.partitions)
         job = build_job(
-            self.ready(plan),
-            plan,
+            spark,
+            prepared.plan,
             mode="partial",
             partitions=self.partitions,
             partial=partial,
             merge=merge,
         )
-        blocks = job.collect().to_pylist()
+        try:
+            blocks = job.collect().to_pylist()
+        finally:
+            prepared.finish(None)
         blocks.sort(key=lambda b: b["position"] << b["level"])
         tree = TreeMerger(merge)
         for block in blocks:
@@ -309,17 +326,20 @@ class SparkEngine:
 
         report = report if report is not None else ExecutionReport()
         start = time.perf_counter()
-        self.ready(plan)
+        prepared = prepare(self.ready(plan), plan, self.partitions)
         writer = write_with_feedline if self.writer == "feedline" else write_with_spark
-        manifest = writer(
-            self,
-            plan,
-            target,
-            options,
-            preserve_order=preserve_order,
-            report=report,
-            preprocessors=preprocessors or [],
-        )
+        try:
+            manifest = writer(
+                self,
+                prepared.plan,
+                target,
+                options,
+                preserve_order=preserve_order,
+                report=report,
+                preprocessors=preprocessors or [],
+            )
+        finally:
+            prepared.finish(report)
         if on_rows is not None:
             for shard in manifest.shards:
                 on_rows(shard.rows)

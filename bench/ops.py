@@ -1,0 +1,242 @@
+"""Relational operators and ``to_numpy(stack=True)``: feedline (local engine) side by side
+with Polars, DuckDB and pandas, in one run.
+
+Usage::
+
+    flock /tmp/feedline-bench.lock .venv/bin/python bench/ops.py [--rows 10000000]
+        [--repeat 2] [--only ops|numpy] [--files 100] [--cols 1000]
+
+* ``ops``: groupby-agg (sum, mean, count over 1 000 000 keys), sort (by a float column,
+  all columns carried) and an inner join with a 1 000 000-row dimension table, on
+  ``--rows`` rows held in memory by each library (an Arrow table for feedline and DuckDB, a
+  Polars frame, a pandas frame), each result collected in memory (Arrow table / frame).
+  feedline delegates these to its embedded engine; the goal is within 1.2x of the best peer.
+  When this feedline has no relational operators yet, its rows say ``n/a``.
+* ``numpy``: the "speed cubing" read: ``--files`` Parquet files of 1000 rows x ``--cols``
+  float64 columns (written by pandas, snappy, cached in ``/tmp/feedline-bench-cubes``)
+  read into one ``(rows, cols)`` array: ``fl.read_parquet(folder).to_numpy(stack=True)``
+  vs ``pd.concat([pd.read_parquet(f) for f in files]).to_numpy()`` and
+  ``pl.read_parquet(files).to_numpy()``. All read from the page cache (a warm-up pass
+  first); every result is checked equal to pandas'.
+
+Each figure is the best of ``--repeat`` timed calls. Prints a table with ratios
+(peer time / feedline time: above 1 means feedline is faster), the ``uptime`` load averages
+before and after (this machine is shared: other work runs at the same time), and writes
+``bench/out/ops.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+import feedline as fl
+
+CUBES = Path("/tmp/feedline-bench-cubes")
+OUT = Path(__file__).parent / "out" / "ops.json"
+
+
+def load() -> str:
+    """The machine's load averages (1, 5, 15 minutes)."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    """Best wall time of ``repeat`` calls, and the last result."""
+    times, result = [], None
+    for _ in range(repeat):
+        result = None
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return min(times), result
+
+
+def make_tables(rows: int, keys: int, seed: int = 0) -> tuple[pa.Table, pa.Table]:
+    """A fact table (k int64 in [0, keys), v float64, w int64) and a dimension table."""
+    rng = np.random.default_rng(seed)
+    facts = pa.table(
+        {
+            "k": rng.integers(0, keys, rows),
+            "v": rng.standard_normal(rows),
+            "w": rng.integers(0, 1000, rows),
+        }
+    )
+    dims = pa.table({"k": np.arange(keys, dtype=np.int64), "d": rng.standard_normal(keys)})
+    return facts, dims
+
+
+def has_relational() -> bool:
+    return all(hasattr(fl.Dataset, name) for name in ("sort", "groupby", "join"))
+
+
+def op_runners(facts: pa.Table, dims: pa.Table) -> dict[str, dict[str, Callable[[], Any]]]:
+    """For each operation, a runner per library returning the collected result."""
+    pdf, pdims = facts.to_pandas(), dims.to_pandas()
+    plf, pldims = pl.from_arrow(facts), pl.from_arrow(dims)
+    con = duckdb.connect()
+    con.register("facts", facts)
+    con.register("dims", dims)
+    fdf, fdims = fl.from_arrow(facts), fl.from_arrow(dims)
+    runners: dict[str, dict[str, Callable[[], Any]]] = {
+        "groupby-agg": {
+            "polars": lambda: plf.group_by("k").agg(
+                pl.col("v").sum().alias("s"), pl.col("v").mean().alias("m"), pl.len().alias("n")
+            ),
+            "duckdb": lambda: con.sql(
+                "SELECT k, sum(v) AS s, avg(v) AS m, count(*) AS n FROM facts GROUP BY k"
+            ).to_arrow_table(),
+            "pandas": lambda: pdf.groupby("k", sort=False).agg(
+                s=("v", "sum"), m=("v", "mean"), n=("v", "size")
+            ),
+        },
+        "sort": {
+            "polars": lambda: plf.sort("v"),
+            "duckdb": lambda: con.sql("SELECT * FROM facts ORDER BY v").to_arrow_table(),
+            "pandas": lambda: pdf.sort_values("v"),
+        },
+        "join": {
+            "polars": lambda: plf.join(pldims, on="k", how="inner"),
+            "duckdb": lambda: con.sql(
+                "SELECT * FROM facts JOIN dims USING (k)"
+            ).to_arrow_table(),
+            "pandas": lambda: pdf.merge(pdims, on="k", how="inner"),
+        },
+    }
+    if has_relational():
+        runners["groupby-agg"]["feedline"] = lambda: fdf.groupby("k").agg(
+            s=("v", "sum"), m=("v", "mean"), n=("*", "count")
+        ).to_arrow()
+        runners["sort"]["feedline"] = lambda: fdf.sort("v").to_arrow()
+        runners["join"]["feedline"] = lambda: fdf.join(fdims, on="k", how="inner").to_arrow()
+    return runners
+
+
+def rows_of(result: Any) -> int:
+    return result.num_rows if isinstance(result, pa.Table) else len(result)
+
+
+def bench_ops(rows: int, repeat: int) -> list[dict[str, Any]]:
+    facts, dims = make_tables(rows, keys=1_000_000)
+    results = []
+    for op, runners in op_runners(facts, dims).items():
+        row: dict[str, Any] = {"case": f"{op} ({rows:,} rows)"}
+        counts = {}
+        for name in ("feedline", "polars", "duckdb", "pandas"):
+            if name not in runners:
+                row[name] = None
+                continue
+            seconds, result = best(runners[name], repeat)
+            row[name] = seconds
+            counts[name] = rows_of(result)
+            del result
+        if len(set(counts.values())) > 1:
+            raise SystemExit(f"{op}: the libraries returned different row counts {counts}")
+        row["rows_out"] = next(iter(counts.values()))
+        results.append(row)
+    return results
+
+
+def make_cubes(files: int, cols: int) -> list[Path]:
+    """``files`` Parquet files of 1000 x ``cols`` float64 written by pandas (cached)."""
+    folder = CUBES / f"{files}x1000x{cols}"
+    paths = [folder / f"part-{i:03d}.parquet" for i in range(files)]
+    if not (folder / "_done").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        names = [f"c{j}" for j in range(cols)]
+        for path in paths:
+            pd.DataFrame(rng.random((1000, cols)), columns=names).to_parquet(path)
+        (folder / "_done").write_text("ok")
+    return paths
+
+
+def bench_numpy(files: int, cols: int, repeat: int) -> list[dict[str, Any]]:
+    paths = make_cubes(files, cols)
+    folder = paths[0].parent
+    runners = {
+        "feedline": lambda: fl.read_parquet(folder).to_numpy(stack=True),
+        "feedline (order=F)": lambda: fl.read_parquet(folder).to_numpy(stack=True, order="F"),
+        "pandas": lambda: pd.concat([pd.read_parquet(p) for p in paths]).to_numpy(),
+        "polars": lambda: pl.read_parquet(paths).to_numpy(),
+    }
+    for path in paths:  # into the page cache
+        path.read_bytes()
+    reference = runners["pandas"]()
+    row: dict[str, Any] = {"case": f"to_numpy: {files} files x 1000 x {cols} float64"}
+    for name, fn in runners.items():
+        seconds, result = best(fn, repeat)
+        if not np.array_equal(result, reference):
+            raise SystemExit(f"{name} read different values than pandas")
+        row[name] = seconds
+        del result
+    return [row]
+
+
+def report(rows: list[dict[str, Any]], before: str, after: str) -> None:
+    console = Console(width=150)
+    names = ["feedline", "polars", "duckdb", "pandas"]
+    table = Table(title="bench/ops.py (seconds, best of runs; ratio = peer / feedline)")
+    for column in ["case", *names, "best peer / feedline", "pandas / feedline"]:
+        table.add_column(column, justify="left" if column == "case" else "right")
+    for row in rows:
+        peers = [row.get(n) for n in names[1:] if row.get(n) is not None]
+        if "polars" in row and "duckdb" not in row:  # the to_numpy row
+            peers = [row[n] for n in ("pandas", "polars")]
+        ours = row.get("feedline")
+        cells = [row["case"], *(f"{row[n]:.3f}" if row.get(n) else "n/a" for n in names)]
+        cells.append(f"{min(peers) / ours:.2f}x" if ours else "n/a")
+        cells.append(f"{row['pandas'] / ours:.2f}x" if ours else "n/a")
+        table.add_row(*cells)
+        if "feedline (order=F)" in row:
+            f_order = row["feedline (order=F)"]
+            table.add_row(
+                "  same, order='F'", f"{f_order:.3f}", "", "", "",
+                f"{min(peers) / f_order:.2f}x", f"{row['pandas'] / f_order:.2f}x",
+            )  # fmt: skip
+    console.print(table)
+    console.print(f"load averages (1/5/15 min): before {before}, after {after}; the machine is "
+                  f"shared with other work, {os.cpu_count()} CPUs")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--files", type=int, default=100)
+    parser.add_argument("--cols", type=int, default=1000)
+    parser.add_argument("--only", choices=["ops", "numpy"])
+    args = parser.parse_args()
+    before = load()
+    rows: list[dict[str, Any]] = []
+    if args.only in (None, "ops"):
+        rows += bench_ops(args.rows, args.repeat)
+    if args.only in (None, "numpy"):
+        rows += bench_numpy(args.files, args.cols, args.repeat)
+    after = load()
+    report(rows, before, after)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(
+        json.dumps(
+            {"args": vars(args), "load_before": before, "load_after": after, "rows": rows},
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
