@@ -630,7 +630,7 @@ class Dataset(RelationalMethods, ConvenienceMethods):
             same = names is None or list(names) == schema.names
             return (self if same else self.select(list(names))).iter_batches()
 
-        return BatchStream(schema, rows, batches, repr(self))
+        return BatchStream(schema, rows, batches, repr(self).splitlines()[0])
 
 
 def _fit(op: Transform, upstream: Dataset, engine: str | Engine | None) -> Any:
