@@ -2062,6 +2062,8 @@ def b_make_data(spec: dict[str, Any]) -> None:
 
 def b_feedline(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """First batch and samples/s of ``fl.open(path).loader``; then the cache fill alone."""
+    import torch  # noqa: F401  (imported before the clock starts, as a training script has it)
+
     import feedline as fl
 
     holder: dict[str, Any] = {}
@@ -2399,6 +2401,8 @@ def l_feedline(
     spec: dict[str, Any], args: argparse.Namespace, cache: str, window: int | None = None
 ) -> dict[str, Any]:
     """``measure`` of the feedline loader over the list files; also the first batch's CPU s."""
+    import torch  # noqa: F401  (imported before the clock starts, as a training script has it)
+
     import feedline as fl
 
     holder: dict[str, Any] = {}
