@@ -26,13 +26,12 @@ A working directory the workers should see can still be given the documented Ray
 
 from __future__ import annotations
 
-import io
 import os
 import sys
-import sysconfig
 import threading
 from typing import Any
 
+from feedline.engines.user_modules import user_modules as find_user_modules
 from feedline.errors import ConfigurationError
 
 __all__ = ["check_workers", "feedline_runtime_env", "ship_user_modules", "user_modules"]
@@ -178,18 +177,9 @@ def _unfit_error(unfit: list[dict[str, Any]], *, shipped: bool) -> Configuration
 # ----------------------------------------------------------------------------- user modules
 
 
-def _library_roots() -> tuple[str, ...]:
-    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    paths |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    return tuple(os.path.realpath(p) + os.sep for p in paths if p)
-
-
 def user_modules(objects: Any) -> list[str]:
-    """Top-level names of the user modules that pickling ``objects`` refers to by name.
-
-    A user module is loaded from a file outside the interpreter's library folders (stdlib,
-    site-packages), is not feedline or ``__main__`` (whose functions cloudpickle sends by
-    value) and is not registered with ``register_pickle_by_value``.
+    """Top-level names of the user modules that pickling ``objects`` refers to by name (see
+    :func:`feedline.engines.user_modules.user_modules`).
 
     Examples
     --------
@@ -199,29 +189,7 @@ def user_modules(objects: Any) -> list[str]:
     """
     from ray import cloudpickle
 
-    seen: set[str] = set()
-
-    class _Recorder(cloudpickle.Pickler):
-        def reducer_override(self, obj: Any) -> Any:
-            module = getattr(obj, "__module__", None)
-            if isinstance(module, str) and (isinstance(obj, type) or callable(obj)):
-                seen.add(module)
-            return super().reducer_override(obj)
-
-    _Recorder(io.BytesIO()).dump(objects)
-    roots = _library_roots()
-    found = set()
-    for name in seen:
-        top = name.split(".")[0]
-        module = sys.modules.get(name)
-        if module is None or top in ("feedline", "__main__", "ray"):
-            continue
-        if cloudpickle.cloudpickle._is_registered_pickle_by_value(module):
-            continue
-        file = getattr(sys.modules.get(top), "__file__", None)
-        if file and not os.path.realpath(file).startswith(roots):
-            found.add(top)
-    return sorted(found)
+    return find_user_modules(objects, cloudpickle, ("ray",))
 
 
 def ship_user_modules(objects: Any) -> list[str]:

@@ -31,13 +31,13 @@ import io
 import os
 import re
 import sys
-import sysconfig
 import tempfile
 import threading
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from feedline.engines.user_modules import user_modules as find_user_modules
 from feedline.errors import ConfigurationError
 
 __all__ = [
@@ -192,18 +192,9 @@ def _zip_package(name: str, folder: Path) -> str:
 # ----------------------------------------------------------------------------- user modules
 
 
-def _library_roots() -> tuple[str, ...]:
-    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    paths |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    return tuple(os.path.realpath(p) + os.sep for p in paths if p)
-
-
 def user_modules(objects: Any) -> list[str]:
-    """Top-level names of the user modules that pickling ``objects`` refers to by name.
-
-    A user module is one loaded from a file outside the interpreter's library folders
-    (stdlib, site-packages), other than feedline and ``__main__`` (whose functions
-    cloudpickle sends by value), and not registered with ``register_pickle_by_value``.
+    """Top-level names of the user modules that pickling ``objects`` refers to by name (see
+    :func:`feedline.engines.user_modules.user_modules`).
 
     Examples
     --------
@@ -213,29 +204,7 @@ def user_modules(objects: Any) -> list[str]:
     """
     from pyspark import cloudpickle
 
-    seen: set[str] = set()
-
-    class _Recorder(cloudpickle.Pickler):
-        def reducer_override(self, obj: Any) -> Any:
-            module = getattr(obj, "__module__", None)
-            if isinstance(module, str) and (isinstance(obj, type) or callable(obj)):
-                seen.add(module)
-            return super().reducer_override(obj)
-
-    _Recorder(io.BytesIO()).dump(objects)
-    roots = _library_roots()
-    found = set()
-    for name in seen:
-        module = sys.modules.get(name)
-        top = name.split(".")[0]
-        if module is None or top in ("feedline", "__main__", "pyspark", "py4j"):
-            continue
-        if cloudpickle.cloudpickle._is_registered_pickle_by_value(module):
-            continue
-        file = getattr(sys.modules.get(top), "__file__", None)
-        if file and not os.path.realpath(file).startswith(roots):
-            found.add(top)
-    return sorted(found)
+    return find_user_modules(objects, cloudpickle, ("pyspark", "py4j"))
 
 
 def ship_user_modules(spark: Any, objects: Any) -> list[str]:
