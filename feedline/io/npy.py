@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ ZIP_MAGIC = b"PK\x03\x04"
 _KINDS = "biufUS"
 #: the largest compressed member (bytes) one ``.npz`` value may expand to
 _MAX_NPZ_BYTES = 1 << 31
+#: serializes NumPy's header parsing (see read_header)
+_HEADER_LOCK = threading.Lock()
 
 Shape = tuple[int | None, ...]
 
@@ -122,12 +125,15 @@ def read_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], bo
     """
     handle = io.BytesIO(data)
     version = np.lib.format.read_magic(handle)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-    else:
-        raise ValueError(f"npy format version {version} is not supported")
+    # NumPy parses the header with ast.literal_eval, which is not thread-safe on CPython 3.11
+    # (reader threads raised "SystemError: AST constructor recursion depth mismatch")
+    with _HEADER_LOCK:
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+        else:
+            raise ValueError(f"npy format version {version} is not supported")
     if dtype.hasobject or dtype.kind not in _KINDS or dtype.fields is not None:
         raise ValueError(f"its dtype {dtype} is not a plain number, bool or string type")
     return dtype, tuple(int(d) for d in shape), bool(fortran), handle.tell()
