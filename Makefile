@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +29,21 @@ test: $(STAMP)
 	$(PY) -m pytest tests/test_memory_bound.py -q -p no:cacheprovider
 	$(PY) -m pytest tests feedline -q --ignore=tests/test_memory_bound.py
 
+# The documentation site (mkdocs.yml): the docs extra goes into .venv once (its own stamp),
+# then a strict build into site/ (warnings, broken links and docstring problems fail it).
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(PIP) install --quiet -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d site
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check feedline tests bench
+	$(VENV)/bin/ruff check feedline tests bench examples
 
 bench: $(STAMP)
 	$(PY) bench/read_write.py
 
 clean:
-	rm -rf $(VENV) demo-output .pytest_cache
+	rm -rf $(VENV) demo-output .pytest_cache site

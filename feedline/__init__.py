@@ -9,6 +9,7 @@ Examples
 
 from feedline import charts, preprocess, tracking
 from feedline._version import __version__
+from feedline.config import config
 from feedline.dataset import Dataset
 from feedline.engines.base import WriteInfo, get_engine
 from feedline.engines.local import LocalEngine
@@ -118,6 +119,7 @@ __all__ = [
     "charts",
     "clear_spark_cache",
     "compare",
+    "config",
     "from_arrow",
     "from_dict",
     "from_huggingface",

@@ -23,7 +23,7 @@ import numpy as np
 
 from feedline.errors import ConfigurationError, MissingDependencyError
 
-__all__ = ["bin_timeline", "plot_loader_timeline"]
+__all__ = ["bin_timeline", "draw_loader_timeline", "plot_loader_timeline"]
 
 #: figure size in inches and resolution: 1200 x 700 pixels
 FIGSIZE, DPI = (12.0, 7.0), 100
@@ -131,6 +131,33 @@ def plot_loader_timeline(
     pathlib.Path
         ``path``.
     """
+    figure = draw_loader_timeline(timeline, title=title, bins=bins)
+    out = Path(path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(out, format="png")
+    except OSError as exc:
+        raise ConfigurationError(
+            f"plot_loader_timeline: cannot write {str(out)!r}: {exc}. Fix: pass a writable path."
+        ) from exc
+    return out
+
+
+def draw_loader_timeline(
+    timeline: Sequence[Mapping[str, Any]], *, title: str | None = None, bins: int | None = None
+) -> Any:
+    """The matplotlib ``Figure`` that :func:`plot_loader_timeline` saves (same arguments).
+
+    Every label fits in the figure: the throughput axis has headroom above the tallest bin
+    for the epoch labels, and its ticks are compact (``500k``, ``80M``).
+
+    Examples
+    --------
+    >>> rows = [{"epoch": 0, "time": t, "samples": 10, "wait_s": 0.25, "step_s": 0.75}
+    ...         for t in (1.0, 2.0, 3.0, 4.0)]
+    >>> [a.get_ylabel() for a in draw_loader_timeline(rows).axes][0]
+    'throughput (samples/s)'
+    """
     bins = bins or int(np.clip(len(timeline) // 20, 10, 60))
     c, binned = _columns(timeline), bin_timeline(timeline, bins)
     figure = _figure()
@@ -152,10 +179,11 @@ def plot_loader_timeline(
         top.annotate(f"epoch {e}", (t0, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
                      textcoords="offset points", fontsize=9, color="0.3")  # fmt: skip
     top.set_ylabel("throughput (samples/s)")
-    top.set_ylim(bottom=0)
+    highest = float(np.nanmax(rate)) if len(rate) and np.isfinite(rate).any() else 0.0
+    top.set_ylim(0, highest * 1.18 if highest > 0 else 1.0)  # headroom for the epoch labels
     top.grid(alpha=0.3)
     top.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2, fontsize=9, frameon=False)
-    top.yaxis.set_major_formatter(_thousands())
+    top.yaxis.set_major_formatter(_thousands(top))
     fraction = 100 * binned["wait_fraction"]
     bottom.stairs(np.nan_to_num(fraction), edges, fill=True, color="tab:orange", alpha=0.6)
     bottom.set_ylim(0, 100)
@@ -169,18 +197,27 @@ def plot_loader_timeline(
         f"waited {100 * total_wait / total if total > 0 else 0:.1f}% of the loop's time",
         fontsize=12,
     )
-    out = Path(path)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(out, format="png")
-    except OSError as exc:
-        raise ConfigurationError(
-            f"plot_loader_timeline: cannot write {str(out)!r}: {exc}. Fix: pass a writable path."
-        ) from exc
-    return out
+    return figure
 
 
-def _thousands() -> Any:
+def _compact(value: float, top: float) -> str:
+    """A tick of an axis that reaches ``top``: one unit for the whole axis (``k`` from
+    100,000, ``M`` from ten million, ``G`` from ten billion), thousands separators below.
+
+    Examples
+    --------
+    >>> [_compact(v, 5e5) for v in (0, 250000, 500000)], [_compact(v, 8e7) for v in (0, 4e7, 8e7)]
+    (['0', '250k', '500k'], ['0', '40M', '80M'])
+    >>> [_compact(v, 12500) for v in (0, 12500)], _compact(1.5e10, 2e10)
+    (['0', '12,500'], '15G')
+    """
+    for scale, suffix, start in ((1e9, "G", 1e10), (1e6, "M", 1e7), (1e3, "k", 1e5)):
+        if top >= start:
+            return f"{value / scale:,.4g}{suffix}" if value else "0"
+    return f"{value:,.0f}"
+
+
+def _thousands(axis: Any) -> Any:
     from matplotlib.ticker import FuncFormatter
 
-    return FuncFormatter(lambda v, _pos: f"{v:,.0f}")
+    return FuncFormatter(lambda v, _pos: _compact(v, max(abs(x) for x in axis.get_ylim())))

@@ -16,6 +16,7 @@ import pyarrow as pa
 from feedline.errors import ConfigurationError, MissingDependencyError
 
 if TYPE_CHECKING:
+    import polars
     from rich.console import Console
 
     from feedline.dataset import Dataset
@@ -94,7 +95,7 @@ class ConvenienceMethods:
 
         print_table(table, None, console)
 
-    def to_polars(self, engine: str | Engine | None = None) -> Any:
+    def to_polars(self, engine: str | Engine | None = None) -> polars.DataFrame:
         """Run the plan and collect the result as a Polars DataFrame.
 
         Fixed-shape tensor columns become Polars ``Array`` columns of the same shape.

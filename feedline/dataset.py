@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,16 +19,25 @@ from feedline.io.pandas_metadata import valid_pandas_schema
 from feedline.io.source import ExecutionReport, Source
 from feedline.io.storage import resolve
 from feedline.plan import Filter, Limit, MapBatches, Plan, Sample, Select, Transform
+from feedline.progress import also
+from feedline.progress import bar as progress_bar
 from feedline.relational.methods import RelationalMethods
 from feedline.relational.ops import RelationalSource, plan_lines
 
 if TYPE_CHECKING:
+    import pandas
+    import pyspark.sql
+    import ray.data
+    from pyspark.sql import SparkSession
+
     from feedline.io.format import Manifest
     from feedline.io.shard_source import BatchStream, ShardSource
     from feedline.loader import Loader, Windows
     from feedline.preprocess.base import Preprocessor
 
 __all__ = ["Dataset", "infer_schema"]
+
+T = TypeVar("T")
 
 
 
@@ -216,7 +225,7 @@ class Dataset(RelationalMethods, ConvenienceMethods):
             )
         )
 
-    def transform(self, preprocessor: Any) -> Dataset:
+    def transform(self, preprocessor: Preprocessor) -> Dataset:
         """Apply a preprocessor; an unfitted one is fitted when the plan first executes."""
         if not hasattr(preprocessor, "transform_batch"):
             raise ConfigurationError(
@@ -302,8 +311,11 @@ class Dataset(RelationalMethods, ConvenienceMethods):
         """The number of rows (from metadata alone when the plan allows it)."""
         ops = self._plan.ops
         if all(isinstance(op, Select | Limit) for op in ops):
-            infer_schema(self._plan)  # validates selected columns without reading data
-            total = self._plan.source.count_rows()
+            # a relational source types itself from its inputs: fit their preprocessors first
+            relational = isinstance(self._plan.source, RelationalSource)
+            plan = self._resolved_plan(engine) if relational else self._plan
+            infer_schema(plan)  # validates selected columns without reading data
+            total = plan.source.count_rows()
             if total is not None:
                 for op in ops:
                     if isinstance(op, Limit):
@@ -313,10 +325,10 @@ class Dataset(RelationalMethods, ConvenienceMethods):
 
     def aggregate(
         self,
-        partial: Callable[[pa.RecordBatch], Any],
-        merge: Callable[[Any, Any], Any],
+        partial: Callable[[pa.RecordBatch], T],
+        merge: Callable[[T, T], T],
         engine: str | Engine | None = None,
-    ) -> Any:
+    ) -> T | None:
         """Merge ``partial(batch)`` over every batch of the dataset, on ``engine``.
 
         ``partial`` turns one batch into a partial result and ``merge`` combines two of them;
@@ -389,19 +401,29 @@ class Dataset(RelationalMethods, ConvenienceMethods):
         stream = self._execute(engine, preserve_order=preserve_order)
         return rebatch(stream, batch_size) if batch_size else stream
 
-    def to_arrow(self, engine: str | Engine | None = None) -> pa.Table:
+    def to_arrow(
+        self, engine: str | Engine | None = None, *, progress: bool | None = None
+    ) -> pa.Table:
         """Run the plan and collect the result as a ``pyarrow.Table``.
 
         Its ``pandas`` schema metadata (from ``fl.from_pandas``) keeps only what is still
-        true of the result's columns (:mod:`feedline.io.pandas_metadata`).
+        true of the result's columns (:mod:`feedline.io.pandas_metadata`). ``progress``: a
+        bar of the rows collected (``None``: ``fl.config.progress``).
         """
-        batches = list(self._execute(engine, preserve_order=True))
+        batches: list[pa.RecordBatch] = []
+        with progress_bar("collect rows", progress=progress) as advance:
+            for batch in self._execute(engine, preserve_order=True):
+                batches.append(batch)
+                advance(batch.num_rows)
         table = pa.Table.from_batches(batches) if batches else self.schema().empty_table()
         return table.replace_schema_metadata(valid_pandas_schema(table.schema).metadata)
 
-    def to_pandas(self, engine: str | Engine | None = None) -> Any:
-        """Run the plan and collect the result as a pandas DataFrame."""
-        return self.to_arrow(engine).to_pandas()
+    def to_pandas(
+        self, engine: str | Engine | None = None, *, progress: bool | None = None
+    ) -> pandas.DataFrame:
+        """Run the plan and collect the result as a pandas DataFrame (``progress``: as in
+        :meth:`to_arrow`)."""
+        return self.to_arrow(engine, progress=progress).to_pandas()
 
     def take(self, n: int = 20, engine: str | Engine | None = None) -> list[dict[str, Any]]:
         """The first ``n`` rows as a list of dicts (reads only what it needs)."""
@@ -420,6 +442,7 @@ class Dataset(RelationalMethods, ConvenienceMethods):
         storage_options: dict[str, Any] | None = None,
         on_rows: Callable[[int], None] | None = None,
         stats: bool = False,
+        progress: bool | None = None,
     ) -> WriteInfo:
         """Materialize the dataset as a feedline dataset (shards + manifest) at ``path``.
 
@@ -429,6 +452,8 @@ class Dataset(RelationalMethods, ConvenienceMethods):
         ``stats=True`` then stores ``fl.stats`` of the committed data in the manifest's
         ``statistics`` (a second, parallel read of the shards on the same engine, and an
         atomic manifest replacement; see :func:`feedline.preprocess.stats.store_stats`).
+        ``progress`` shows a bar of the rows written (``None``: ``fl.config.progress``, by
+        default only on a terminal or in a notebook; see :mod:`feedline.progress`).
 
         Examples
         --------
@@ -445,20 +470,21 @@ class Dataset(RelationalMethods, ConvenienceMethods):
             row_group_rows=row_group_rows,
             compression=compression,
         )
-        plan = self._resolved_plan(engine)
-        states = [
-            {"name": type(op.preprocessor).__name__, "state": op.preprocessor.state}
-            for op in plan.ops
-            if isinstance(op, Transform) and hasattr(op.preprocessor, "state")
-        ]
-        info = get_engine(engine).write(
-            plan,
-            resolve(path, storage_options),
-            options,
-            preserve_order=preserve_order,
-            on_rows=on_rows,
-            preprocessors=states,
-        )
+        with progress_bar(f"write {os.fspath(path)}", progress=progress) as advance:
+            plan = self._resolved_plan(engine)
+            states = [
+                {"name": type(op.preprocessor).__name__, "state": op.preprocessor.state}
+                for op in plan.ops
+                if isinstance(op, Transform) and hasattr(op.preprocessor, "state")
+            ]
+            info = get_engine(engine).write(
+                plan,
+                resolve(path, storage_options),
+                options,
+                preserve_order=preserve_order,
+                on_rows=also(advance, on_rows),
+                preprocessors=states,
+            )
         if stats:
             from feedline.io.format import open_source
             from feedline.preprocess.stats import store_stats
@@ -516,20 +542,22 @@ class Dataset(RelationalMethods, ConvenienceMethods):
             target.url, rows, len(files), size, seconds, resolved.name, report.as_dict()
         )
 
-    def to_spark(self, spark: Any = None) -> Any:
+    def to_spark(self, spark: SparkSession | None = None) -> pyspark.sql.DataFrame:
         """This dataset as a lazy Spark DataFrame (see :func:`feedline.engines.spark.to_spark`)."""
         from feedline.engines.spark import to_spark
 
         return to_spark(self, spark)
 
-    def to_ray(self, engine: Any = None) -> Any:
+    def to_ray(self, engine: str | Engine | None = None) -> ray.data.Dataset:
         """This dataset as a lazy ``ray.data.Dataset`` (see
         :func:`feedline.engines.ray_bridge.to_ray`)."""
         from feedline.engines.ray_bridge import to_ray
 
         return to_ray(self, engine)
 
-    def streaming_split(self, n: int, *, equal: bool = True, engine: Any = None) -> list[Any]:
+    def streaming_split(
+        self, n: int, *, equal: bool = True, engine: str | Engine | None = None
+    ) -> list[ray.data.DataIterator]:
         """``n`` disjoint streams of this dataset for ``n`` Ray consumers (Ray Train workers),
         computed on Ray as they are read, nothing written first (see
         :func:`feedline.engines.ray_bridge.streaming_split`)."""

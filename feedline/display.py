@@ -114,10 +114,11 @@ def to_html(plan: Plan) -> str:
     if schema is None:
         parts.append("<p>Schema: known after running the user functions.</p>")
     else:
-        parts.append("<table><thead><tr><th>column</th><th>type</th></tr></thead><tbody>")
-        for f in schema:
-            parts.append(f"<tr><td>{esc(f.name)}</td><td>{esc(short_type(f.type))}</td></tr>")
-        parts.append("</tbody></table>")
+        from feedline.notebook import table
+
+        noun = "column" if len(schema) == 1 else "columns"
+        parts.append(f"<div>{len(schema):,} {noun}</div>")
+        parts.append(table(["column", "type"], [[f.name, short_type(f.type)] for f in schema]))
     parts.append("</div>")
     return "".join(parts)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
@@ -17,6 +17,14 @@ from feedline.io.jsonl import JsonlSource
 from feedline.io.memory import ArrowSource, RangeSource, table_from_pandas
 from feedline.io.parquet import ParquetSource
 from feedline.io.text import TextSource
+
+if TYPE_CHECKING:
+    import datasets
+    import numpy
+    import pandas
+    import polars
+    import pyspark.sql
+    import ray.data
 
 __all__ = [
     "from_arrow",
@@ -384,7 +392,9 @@ def from_dict(mapping: Mapping[str, Any]) -> Dataset:
     return Dataset.from_source(ArrowSource(pa.table(arrays), name="dict"))
 
 
-def from_numpy(arrays: Any) -> Dataset:
+def from_numpy(
+    arrays: numpy.ndarray | Sequence[numpy.ndarray] | Mapping[str, numpy.ndarray],
+) -> Dataset:
     """A dataset over NumPy arrays: a dict of name → array, or one array (a ``data`` column)
     or a list of arrays concatenated along the first axis (a ``data`` column).
 
@@ -424,7 +434,7 @@ def from_numpy(arrays: Any) -> Dataset:
     return from_dict(arrays)
 
 
-def from_huggingface(dataset: Any) -> Dataset:
+def from_huggingface(dataset: datasets.Dataset) -> Dataset:
     """A dataset over a Hugging Face ``datasets.Dataset``, reading its Arrow table.
 
     The table backing the dataset (memory-mapped from the ``datasets`` cache) is used
@@ -462,7 +472,7 @@ def from_huggingface(dataset: Any) -> Dataset:
     return Dataset.from_source(ArrowSource(table, name=name))
 
 
-def from_pandas(df: Any) -> Dataset:
+def from_pandas(df: pandas.DataFrame) -> Dataset:
     """A dataset over a pandas DataFrame (converted once to Arrow; a default index is dropped).
 
     Examples
@@ -500,7 +510,7 @@ def _unconvertible_column(df: Any) -> Any:
     return None
 
 
-def from_polars(df: Any) -> Dataset:
+def from_polars(df: polars.DataFrame) -> Dataset:
     """A dataset over a Polars DataFrame or LazyFrame (collected) via Arrow.
 
     Examples
@@ -519,7 +529,9 @@ def from_polars(df: Any) -> Dataset:
     return Dataset.from_source(ArrowSource(df.to_arrow(), name="polars DataFrame"))
 
 
-def from_spark(df: Any, *, cache: bool = True, cache_dir: str | None = None) -> Dataset:
+def from_spark(
+    df: pyspark.sql.DataFrame, *, cache: bool = True, cache_dir: str | None = None
+) -> Dataset:
     """A dataset over a Spark DataFrame.
 
     With ``cache=True`` the DataFrame is computed once (by Spark, into ``cache_dir``) and
@@ -537,7 +549,7 @@ def from_spark(df: Any, *, cache: bool = True, cache_dir: str | None = None) -> 
     return Dataset.from_source(SparkFrameSource(df, cache=cache, cache_dir=cache_dir))
 
 
-def from_ray(dataset: Any, name: str = "ray dataset") -> Dataset:
+def from_ray(dataset: ray.data.Dataset, name: str = "ray dataset") -> Dataset:
     """A dataset reading a ``ray.data.Dataset``.
 
     Examples

@@ -175,7 +175,7 @@ def test_get_engine_registry():
     with pytest.raises(fl.ConfigurationError, match="Unknown engine 'nope'"):
         fl.get_engine("nope")
     with pytest.raises(fl.ConfigurationError, match="Fix:"):
-        fl.get_engine(engine, parallelism=3)
+        fl.get_engine(engine, {"parallelism": 3})
 
 
 def test_engine_by_name_in_terminal_calls():

@@ -8,6 +8,8 @@ the held-out split, so nothing leaks from the evaluation data.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +27,25 @@ from feedline.demo import catalog as cat
 from feedline.demo import diamonds as dia
 from feedline.demo.report import PipelineResult, Tracker, loader_chart
 from feedline.demo.train import fit
+from feedline.progress import scope
 
 __all__ = ["run_catalog", "run_diamonds", "write_catalog"]
 
 CANDIDATES = 50  # held-out texts each image is ranked against
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
+@contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    """The demo's own bars; feedline's automatic ones are off meanwhile (one live display)."""
+    with scope(False), Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
         transient=False,
-    )
+    ) as progress:
+        yield progress
 
 
 def _write(ds: fl.Dataset, path: Path, engine: str, progress: Progress, label: str) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -69,6 +69,29 @@ class WriteInfo:
     @property
     def rows_per_second(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+    def __repr__(self) -> str:
+        return (
+            f"WriteInfo(path={self.path!r}, rows={self.rows:,}, shards={self.shards:,}, "
+            f"bytes={self.bytes:,}, seconds={self.seconds:.3f}, engine={self.engine!r})"
+        )
+
+    def _repr_html_(self) -> str:
+        """The notebook view: where, how much, how fast, and the non-zero report counters."""
+        from feedline.notebook import size, table, view
+
+        rate = self.rows_per_second
+        rows = [
+            ["path", self.path],
+            ["rows", f"{self.rows:,}"],
+            ["shards", f"{self.shards:,}"],
+            ["size", size(self.bytes)],
+            ["time", f"{self.seconds:,.3f} s ({rate:,.0f} rows/s)" if rate != float("inf")
+             else f"{self.seconds:,.3f} s"],
+            ["engine", self.engine],
+        ]  # fmt: skip
+        rows += [[k, f"{v:,}" if isinstance(v, int) else v] for k, v in self.report.items() if v]
+        return view("feedline WriteInfo", [], table([], rows))
 
     @classmethod
     def from_manifest(
@@ -148,18 +171,27 @@ _REGISTRY: dict[str, tuple[str, str | None, str | None]] = {
 }
 
 
-def register_engine(name: str, target: str, package: str | None = None, extra: str | None = None):
+def register_engine(
+    name: str, target: str, package: str | None = None, extra: str | None = None
+) -> None:
     """Register an engine class by import path (``"module:Class"``)."""
     _REGISTRY[name] = (target, package, extra)
 
 
-def get_engine(engine: str | Engine | None = None, **options: Any) -> Engine:
+def get_engine(
+    engine: str | Engine | None = None, options: Mapping[str, Any] | None = None
+) -> Engine:
     """Resolve an engine name (or pass an engine instance through).
+
+    ``options`` are the engine class's constructor arguments (see :class:`LocalEngine`,
+    :class:`SparkEngine`, :class:`RayEngine`), for a name only.
 
     Examples
     --------
     >>> get_engine("local").name
     'local'
+    >>> get_engine("local", {"parallelism": 3}).parallelism
+    3
     >>> get_engine("nope")
     Traceback (most recent call last):
     ...
@@ -191,4 +223,4 @@ def get_engine(engine: str | Engine | None = None, **options: Any) -> Engine:
             "Fix: use engine='local'."
         ) from exc
     factory: Callable[..., Engine] = getattr(module, attribute)
-    return factory(**options)
+    return factory(**(options or {}))

@@ -12,6 +12,7 @@ rows re-cut across read tasks, while the read tasks keep running (see
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,8 @@ from feedline.plan import MapBatches, Operator, Plan, Pushdown, callable_name, p
 from feedline.relational.ops import RelationalSource
 
 __all__ = ["LocalEngine", "parse_bytes"]
+
+logger = logging.getLogger(__name__)
 
 class LocalEngine:
     """Runs plans in this process with a bounded thread pool.
@@ -100,6 +103,11 @@ class LocalEngine:
         head, *models = split_at_models(first_ops)
         pipeline = BatchPipeline(head, report, instances)
         read_tasks = self._read_tasks(plan, pushed)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "Local engine: %d read task(s) on %d thread(s) for %s",
+                len(read_tasks), self.parallelism, plan.source.describe()[:200],
+            )  # fmt: skip
         # the read tasks' queues and every model stage's queue share the memory budget
         stages = 1 + sum(len(split_at_models(ops)) - 1 for ops, _ in segments)
         budget = max(1, self.memory_budget // stages)
@@ -279,6 +287,7 @@ def lineage_of(plan: Plan, engine: str) -> dict[str, Any]:
 
 
 def _counted(stream: Iterator[pa.RecordBatch], report: ExecutionReport) -> Iterator[pa.RecordBatch]:
+    started = time.perf_counter()
     try:
         for batch in stream:
             if batch.num_rows:
@@ -288,3 +297,8 @@ def _counted(stream: Iterator[pa.RecordBatch], report: ExecutionReport) -> Itera
         close = getattr(stream, "close", None)
         if close is not None:
             close()
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "Plan executed on the local engine in %.2f s: %s",
+                time.perf_counter() - started, report.as_dict(),
+            )  # fmt: skip

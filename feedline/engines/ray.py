@@ -56,6 +56,7 @@ of Ray's ``RayTaskError`` wrapping.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -83,6 +84,8 @@ from feedline.io.storage import Location
 from feedline.plan import Operator, Plan, Pushdown, pushdown
 
 __all__ = ["RayEngine", "RemoteTraceback", "surface_errors"]
+
+logger = logging.getLogger(__name__)
 
 _COLLECTOR_NAME = "feedline-report-collector"
 #: ((job id, node id), collector actor handle) of the current Ray job
@@ -160,6 +163,7 @@ class RayEngine:
             owned = ray.get_runtime_context().get_job_id() == _OWNED_JOB
             check_workers(self._reconnect if owned else None)
             return
+        logger.info("Starting Ray (address=%s)", self.address or "a local cluster")
         ray.init(**self._init_args())
         _OWNED_JOB = ray.get_runtime_context().get_job_id()
         check_workers(self._reconnect)
@@ -185,6 +189,7 @@ class RayEngine:
 
         kwargs = self._init_args()
         kwargs["runtime_env"] = feedline_runtime_env(kwargs.get("runtime_env"))
+        logger.info("Restarting Ray with feedline shipped to the workers (runtime_env)")
         ray.shutdown()
         ray.init(**kwargs)
         _OWNED_JOB = ray.get_runtime_context().get_job_id()

@@ -55,10 +55,11 @@ the driver's report and a failing user function raises
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -88,10 +89,18 @@ __all__ = [
     "to_spark",
 ]
 
+if TYPE_CHECKING:
+    import pyspark.sql
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
 _WRITERS = ("feedline", "spark")
 
 
-def spark_session(master: str = "local[*]", app_name: str = "feedline", **conf: Any) -> Any:
+def spark_session(
+    master: str = "local[*]", app_name: str = "feedline", **conf: str | int | float | bool
+) -> SparkSession:
     """Get or create a ``SparkSession`` set up for feedline.
 
     Arrow is enabled and the web UI is off. For a ``local`` master or a ``spark://`` master
@@ -139,6 +148,7 @@ def _session(master: str, app_name: str, conf: dict[str, Any]) -> Any:
     )
     for name, value in settings.items():
         builder = builder.config(name, str(value))
+    logger.info("Getting or creating the Spark session (master=%s, app=%s)", master, app_name)
     return builder.getOrCreate()
 
 
@@ -183,7 +193,7 @@ class SparkEngine:
 
     def __init__(
         self,
-        spark: Any = None,
+        spark: SparkSession | None = None,
         master: str = "local[*]",
         *,
         partitions: int | None = None,
@@ -213,7 +223,7 @@ class SparkEngine:
             self._spark = spark_session(self.master)
         return self._spark
 
-    def ready(self, plan: Plan) -> Any:
+    def ready(self, plan: Plan) -> SparkSession:
         """The session, its executors checked and the user modules of ``plan`` shipped
         (cluster masters only; see :mod:`feedline.engines.spark_cluster`)."""
         spark = self.spark
@@ -225,7 +235,7 @@ class SparkEngine:
     def spark_master(self) -> str:
         return self._spark.sparkContext.master if self._spark is not None else self.master
 
-    def dataframe(self, plan: Plan, *, preserve_order: bool = True) -> Any:
+    def dataframe(self, plan: Plan, *, preserve_order: bool = True) -> pyspark.sql.DataFrame:
         """The plan as a lazy Spark DataFrame (tensor columns as arrays; nothing runs yet)."""
         spark = self.ready(plan)
         plan = prepare(spark, plan, self.partitions, persist=False).plan

@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -82,6 +83,8 @@ __all__ = [
     "replace_manifest",
     "writing",
 ]
+
+logger = logging.getLogger(__name__)
 
 STAGING_PREFIX = ".feedline-staging-"
 _TEMP_MANIFEST = MANIFEST_NAME + ".tmp-"
@@ -306,6 +309,10 @@ def commit(write: PendingWrite, manifest: Manifest) -> None:
             list(pool.map(move_in, staged))
     _publish(write, manifest.to_json().encode())
     _reached("committed")
+    logger.info(
+        "Committed %s: %d shard(s), %d rows, %d bytes (write %s)",
+        target.url, len(manifest.shards), manifest.rows, manifest.bytes, write.write_id,
+    )  # fmt: skip
     with contextlib.suppress(Exception):  # the commit stands; the next write cleans up
         _collect_garbage(target, {s.path for s in manifest.shards})
     write.release()

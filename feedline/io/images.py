@@ -15,7 +15,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.io.source import (
+    ExecutionReport,
+    ReadTask,
+    Source,
+    check_columns,
+    describe_files,
+    fingerprint_of,
+)
 from feedline.io.storage import Location, expand_paths
 
 __all__ = ["IMAGE_SUFFIXES", "ImageFolderSource"]
@@ -92,8 +99,7 @@ class ImageFolderSource(Source):
         return pa.schema(fields)
 
     def describe(self) -> str:
-        first = self._files[0][0].url if self._files else "?"
-        return f"images: {len(self._files)} files under {first}"
+        return describe_files("images", [loc.url for loc, _ in self._files] or ["?"])
 
     def fingerprint(self) -> str:
         return fingerprint_of(*[(loc.url, loc.fs.size(loc.path)) for loc, _ in self._files])

@@ -36,6 +36,11 @@ class ArrowSource(Source):
         self._name = name
         self._rows_per_task = rows_per_task or _ROWS_PER_TASK
 
+    @property
+    def table(self) -> pa.Table:
+        """The table read (engines with a query engine of their own may scan it directly)."""
+        return self._table
+
     def schema(self) -> pa.Schema:
         return self._table.schema
 

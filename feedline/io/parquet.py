@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from feedline.errors import DataError, SchemaError
 from feedline.io.parquet_types import restore_types, same_stored_schema
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns
+from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, describe_files
 from feedline.io.storage import Location, expand_paths
 from feedline.io.tensor_codec import logical_schema
 
@@ -90,9 +90,7 @@ class ParquetSource(Source):
         return self._schema
 
     def describe(self) -> str:
-        first = self._files[0].url
-        more = f" (+{len(self._files) - 1} more)" if len(self._files) > 1 else ""
-        return f"parquet: {first}{more}"
+        return describe_files("parquet", [f.url for f in self._files])
 
     def fingerprint(self) -> str:
         from feedline.io.source import fingerprint_of

@@ -17,6 +17,7 @@ only where nothing below retries; never both around one request.
 from __future__ import annotations
 
 import errno
+import logging
 import random
 import threading
 import time
@@ -35,6 +36,8 @@ __all__ = [
     "precondition_failed",
     "storage_error",
 ]
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -231,8 +234,12 @@ class RetryPolicy:
                     raise
                 if attempt == self.attempts:
                     raise storage_error(what, url, exc, attempts=attempt) from exc
-                wait = self.delay(attempt)
-                sleep(wait * (1 - self.jitter * random.random()))
+                wait = self.delay(attempt) * (1 - self.jitter * random.random())
+                logger.warning(
+                    "Storage call %s on %r failed (attempt %d of %d: %s: %s); retrying in "
+                    "%.1f s", what, url, attempt, self.attempts, type(exc).__name__, exc, wait,
+                )  # fmt: skip
+                sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "ReadTask",
     "Source",
     "check_columns",
+    "describe_files",
     "fingerprint_of",
 ]
 
@@ -131,11 +132,38 @@ class FileSource(Source):
     _files: list[Any]
 
     def describe(self) -> str:
-        more = f" (+{len(self._files) - 1} more)" if len(self._files) > 1 else ""
-        return f"{self.kind}: {self._files[0].url}{more}"
+        return describe_files(self.kind, [f.url for f in self._files])
 
     def fingerprint(self) -> str:
         return fingerprint_of(self.kind, *[(f.url, f.fs.size(f.path)) for f in self._files])
+
+
+def describe_files(kind: str, urls: Sequence[str]) -> str:
+    """``kind: where`` for ``explain()`` and a manifest's lineage: the one file, else the
+    folder holding all of them (what the user named), with the number of files.
+
+    Examples
+    --------
+    >>> describe_files("csv", ["/data/in/a.csv"])
+    'csv: /data/in/a.csv'
+    >>> describe_files("csv", ["/data/in/a.csv", "/data/in/sub/b.csv"])
+    'csv: /data/in (2 files)'
+    >>> describe_files("parquet", ["s3://bucket/t/p0.parquet", "s3://bucket/t/p1.parquet"])
+    'parquet: s3://bucket/t (2 files)'
+    >>> describe_files("csv", ["a.csv", "b/c.csv"])
+    'csv: a.csv (+1 more)'
+    """
+    if len(urls) == 1:
+        return f"{kind}: {urls[0]}"
+    common: list[str] = []
+    for pieces in zip(*(url.split("/")[:-1] for url in urls), strict=False):
+        if len(set(pieces)) > 1:
+            break
+        common.append(pieces[0])
+    folder = "/".join(common)
+    if not folder.strip("/") or folder.endswith(":/"):  # nothing shared but the root
+        return f"{kind}: {urls[0]} (+{len(urls) - 1:,} more)"
+    return f"{kind}: {folder} ({len(urls):,} files)"
 
 
 def fingerprint_of(*parts: object) -> str:

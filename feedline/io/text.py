@@ -10,7 +10,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.io.source import (
+    ExecutionReport,
+    ReadTask,
+    Source,
+    check_columns,
+    describe_files,
+    fingerprint_of,
+)
 from feedline.io.storage import Location, expand_paths
 
 __all__ = ["TextSource"]
@@ -54,8 +61,7 @@ class TextSource(Source):
         return pa.schema(fields)
 
     def describe(self) -> str:
-        more = f" (+{len(self._files) - 1} more)" if len(self._files) > 1 else ""
-        return f"text (one row per {self._per}): {self._files[0].url}{more}"
+        return describe_files(f"text (one row per {self._per})", [f.url for f in self._files])
 
     def fingerprint(self) -> str:
         return fingerprint_of(self._per, *[(f.url, f.fs.size(f.path)) for f in self._files])

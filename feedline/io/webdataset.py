@@ -21,7 +21,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError, MissingDependencyError, SchemaError
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.io.source import (
+    ExecutionReport,
+    ReadTask,
+    Source,
+    check_columns,
+    describe_files,
+    fingerprint_of,
+)
 from feedline.io.storage import Location, expand_paths
 from feedline.io.webdataset_fields import converter, resolve_fields
 from feedline.io.webdataset_tar import (
@@ -146,8 +153,8 @@ class WebDatasetSource(Source):
         return self._schema
 
     def describe(self) -> str:
-        more = f" (+{len(self._files) - 1} more)" if len(self._files) > 1 else ""
-        return f"webdataset: {self._files[0].url}{more} fields {list(self._fields)}"
+        where = describe_files("webdataset", [f.url for f in self._files])
+        return f"{where} fields {list(self._fields)}"
 
     def fingerprint(self) -> str:
         return fingerprint_of(

@@ -21,7 +21,9 @@ The contract with the loader's pipeline:
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,6 +43,8 @@ from feedline.loader.stream import PoolReader, StreamStats, sequential_pools
 from feedline.loader.windows import Windows, WindowSampler
 
 __all__ = ["Backend", "as_source", "open_backend"]
+
+logger = logging.getLogger(__name__)
 
 #: bytes a shard cache folder may hold unless ``cache_limit`` says otherwise
 DEFAULT_CACHE_LIMIT = 20 * 10**9
@@ -213,7 +217,9 @@ def open_backend(
             )
         if shards is not None:
             shards.schedule(range(len(layout.files)))
-        sampler = WindowSampler(source, windows, layout=layout, widen_unsigned=widen_unsigned)
+        sampler = WindowSampler(
+            source, windows, layout=layout, widen_unsigned=widen_unsigned, dtype=dtype
+        )
         return Backend("memory", sampler, [sampler.num_rows], window, shards=shards)
     lists = {"shapes": shapes, "ragged": ragged, "pad_value": pad_value}
     packing = _packing(source, columns, strings, widen_unsigned, stack, dtype, lists)
@@ -243,10 +249,20 @@ def open_backend(
             if cache == "node":
                 raise
         else:  # a node cache: served like a memory cache
+            logger.info(
+                "Loader cache: node file %s (%s), %d rows, %d bytes, %.2f s", loaded.path,
+                "filled" if loaded.built else "reused", loaded.num_rows, loaded.nbytes,
+                loaded.open_seconds,
+            )  # fmt: skip
             sizes = layout.row_group_sizes
             return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing)
     limit = budget if cache == "auto" and rows is None else None
+    started = time.perf_counter()
     loaded = load_cache(source, packing, layout=layout, budget=limit)
+    logger.info(
+        "Loader cache: memory, %d rows, %d bytes, filled in %.2f s",
+        loaded.num_rows, loaded.nbytes, time.perf_counter() - started,
+    )  # fmt: skip
     sizes = layout.row_group_sizes if layout is not None else [loaded.num_rows]
     return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing)
 

@@ -28,6 +28,7 @@ def bench_loader(
     step_ms: float = 0.0,
     epochs: int = 1,
     chart: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
     **loader_kwargs: Any,
 ) -> dict[str, Any]:
     """Iterate a loader over ``path`` with a simulated training step and time it.
@@ -47,6 +48,8 @@ def bench_loader(
     chart:
         Also write a PNG of throughput and data wait over time here
         (:func:`feedline.charts.plot_loader_timeline`; needs ``feedline[plots]``).
+    storage_options:
+        fsspec options for a ``path`` that is a URL (opening it is timed with the first batch).
     **loader_kwargs:
         Passed to :class:`~feedline.loader.Loader` (``shuffle``, ``cache``, ``prefetch``...).
 
@@ -77,6 +80,10 @@ def bench_loader(
 
         import_tensorflow()
     start = time.perf_counter()
+    if storage_options is not None and isinstance(path, str | os.PathLike):
+        from feedline.io.shard_source import open_shard_source
+
+        path = open_shard_source(path, storage_options)
     loader = Loader(path, batch_size=batch_size, **loader_kwargs)  # a path is opened here
     step_s = max(0.0, float(step_ms)) / 1000
     samples = batches = 0

@@ -184,6 +184,8 @@ class Loader(LoaderViews):
         filled with ``pad_value``), ``"truncate"`` (long rows cut) or ``"pad_or_truncate"``
         (both; these need the shape in ``shapes``). See :mod:`feedline.io.list_tensors`.
 
+    Notes
+    -----
     Evaluation: ``loader(batch_size=..., shuffle=False)`` (``drop_last`` then defaults to
     ``False``): every sample once, in stored order, a short last batch.
 

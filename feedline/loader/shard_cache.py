@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from feedline.errors import ConfigurationError, FeedlineError, IntegrityError, StorageError
 from feedline.io.commit import fsync_dir
+from feedline.progress import bar as progress_bar
 
 if TYPE_CHECKING:
     from feedline.io.format import ShardInfo
@@ -348,7 +349,8 @@ class ShardCache:
                 raise
             except Exception as exc:  # any fsspec backend: report the object, keep the cause
                 raise self._remote_error(src, exc) from exc
-            with handle:
+            bar = progress_bar(f"download {src.url}", total=key.size, unit="bytes", transient=True)
+            with handle, bar as advance:
                 while True:
                     try:
                         chunk = handle.read(CHUNK)
@@ -361,6 +363,7 @@ class ShardCache:
                     digest.update(chunk)
                     write_chunk(fd, chunk)
                     size += len(chunk)
+                    advance(len(chunk))
             os.fsync(fd)
         except OSError as exc:
             if exc.errno in _FULL:

@@ -4,11 +4,15 @@ loader's own module holds its iteration and checkpoints)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from feedline.loader.nodes import Gather, Map, Order
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+    import torch.utils.data
 
 __all__ = ["LoaderViews"]
 
@@ -16,7 +20,7 @@ __all__ = ["LoaderViews"]
 class LoaderViews:
     """Views of a :class:`~feedline.loader.Loader`'s batches, and what it measured."""
 
-    def to_tf_dataset(self, label: str | None = None) -> Any:
+    def to_tf_dataset(self, label: str | None = None) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` of this loader's batches (each pass iterates the loader).
 
         Elements are dicts of tensors with a fixed batch dimension, or ``(features, label)``
@@ -57,7 +61,7 @@ class LoaderViews:
             shapes["_padded"] = ((), np.dtype(bool))
         return shapes
 
-    def as_torch_dataset(self) -> Any:
+    def as_torch_dataset(self) -> torch.utils.data.IterableDataset:
         """This loader as a ``torch.utils.data.IterableDataset`` (DataLoader, Lightning).
 
         Use ``DataLoader(ds, batch_size=None)`` (batches are made here) with

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, SchemaError
-from feedline.loader.columns import ColumnSpec, column_specs
+from feedline.loader.columns import ColumnSpec, column_specs, with_dtypes
 from feedline.loader.series import load_series
 
 if TYPE_CHECKING:
@@ -260,6 +260,7 @@ class WindowSampler:
         *,
         layout: FileLayout | None,
         widen_unsigned: bool,
+        dtype: Any = None,
     ) -> None:
         schema = dataset.schema()
         keys = [c for c in (windows.by, windows.order_by) if c is not None]
@@ -281,8 +282,12 @@ class WindowSampler:
             )
         targets = _names(windows.targets) or features
         self.windows = windows
-        self.feature_specs = self._specs(schema, features, widen_unsigned)
-        self.target_specs = self._specs(schema, targets, widen_unsigned) if windows.horizon else []
+        self.feature_specs = self._specs(schema, features, widen_unsigned, dtype)
+        self.target_specs = (
+            self._specs(schema, targets, widen_unsigned, dtype) if windows.horizon else []
+        )
+        if isinstance(dtype, Mapping):  # every named column is a feature or a target
+            with_dtypes(column_specs(schema, [*features, *targets]), dtype)
         blocks = {"inputs": self.feature_specs}
         if self.target_specs:
             blocks["targets"] = self.target_specs
@@ -309,7 +314,9 @@ class WindowSampler:
         self.first_ids = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
     @staticmethod
-    def _specs(schema: pa.Schema, names: Sequence[str], widen: bool) -> list[ColumnSpec]:
+    def _specs(
+        schema: pa.Schema, names: Sequence[str], widen: bool, dtype: Any = None
+    ) -> list[ColumnSpec]:
         specs = column_specs(schema, names, widen_unsigned=widen)
         bad = [s.name for s in specs if s.kind not in ("numeric", "tensor")]
         if bad:
@@ -318,7 +325,9 @@ class WindowSampler:
                 "features (scalars or fixed-shape tensors) over time. Fix: pass numeric columns "
                 "as features= / targets=."
             )
-        return specs
+        if isinstance(dtype, Mapping):  # the names of this block only (all checked above)
+            dtype = {k: v for k, v in dtype.items() if k in names} or None
+        return with_dtypes(specs, dtype, torch=widen)[0]
 
     @staticmethod
     def _step_view(packed: np.ndarray, specs: list[ColumnSpec], single: bool) -> np.ndarray:

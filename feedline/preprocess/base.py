@@ -26,6 +26,8 @@ import pyarrow as pa
 from feedline.errors import ConfigurationError, DataError, FeedlineError, FormatError
 from feedline.preprocess.fit_sample import fit_data
 from feedline.preprocess.state_checks import check_fitted, invalid_state, non_finite
+from feedline.progress import bar as progress_bar
+from feedline.progress import counting
 
 if TYPE_CHECKING:
     from feedline.dataset import Dataset
@@ -79,6 +81,8 @@ class Preprocessor(ABC):
     output:
         Output column name(s); by default the results replace the input columns.
 
+    Notes
+    -----
     Subclasses set ``needs_fit = False`` when they have nothing to learn (hashing,
     tokenizing, decoding), and implement ``partial``/``merge``/``finish`` otherwise.
     """
@@ -86,7 +90,9 @@ class Preprocessor(ABC):
     #: False for stateless preprocessors (nothing to fit)
     needs_fit: ClassVar[bool] = True
 
-    def __init__(self, columns: str | Sequence[str], output: str | Sequence[str] | None = None):
+    def __init__(
+        self, columns: str | Sequence[str], output: str | Sequence[str] | None = None
+    ) -> None:
         self.columns: tuple[str, ...] = (columns,) if isinstance(columns, str) else tuple(columns)
         if not self.columns or not all(isinstance(c, str) for c in self.columns):
             raise ConfigurationError(
@@ -125,6 +131,7 @@ class Preprocessor(ABC):
         fraction: float | None = None,
         seed: int = 0,
         engine: str | Engine | None = None,
+        progress: bool | None = None,
     ) -> Preprocessor:
         """Return a fitted copy, computed on ``ds`` (or a ``fraction`` sample of it).
 
@@ -148,6 +155,9 @@ class Preprocessor(ABC):
         fitted state (``from_state(saved)``, or ``fl.open(path).preprocessor``); a fitted
         ``p`` inside ``ds.transform`` costs no extra pass.
 
+        ``progress`` shows a bar of the rows fitted on (``None``: ``fl.config.progress``; on
+        Spark and Ray the bar cannot count inside the workers).
+
         Examples
         --------
         >>> import feedline as fl, tempfile
@@ -162,7 +172,9 @@ class Preprocessor(ABC):
             return fitted
         data = fit_data(ds, fraction, seed, engine)
         data = data.select(list(self.fit_columns()))
-        merged = data.aggregate(self.partial, self.merge, engine=engine)
+        with progress_bar(f"fit {self!r}", progress=progress) as advance:
+            partial = counting(self.partial, advance, engine)
+            merged = data.aggregate(partial, self.merge, engine=engine)
         if merged is None:
             raise ConfigurationError(
                 f"{type(self).__name__}({', '.join(self.columns)}) cannot be fitted: the data "

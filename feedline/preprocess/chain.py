@@ -15,6 +15,8 @@ from feedline.preprocess.base import Preprocessor, from_state, register
 from feedline.preprocess.fit_sample import fit_data
 from feedline.preprocess.scalers import float_values, is_numeric, tensor_array
 from feedline.preprocess.state_checks import invalid_state
+from feedline.progress import bar as progress_bar
+from feedline.progress import counting, scope
 
 if TYPE_CHECKING:
     from feedline.dataset import Dataset
@@ -52,7 +54,7 @@ class Chain(Preprocessor):
     {'x': 1.224744871391589}
     """
 
-    def __init__(self, steps: Sequence[Preprocessor]):
+    def __init__(self, steps: Sequence[Preprocessor]) -> None:
         steps = tuple(steps)
         bad = [s for s in steps if not isinstance(s, Preprocessor)]
         if not steps or bad:
@@ -99,8 +101,16 @@ class Chain(Preprocessor):
         fraction: float | None = None,
         seed: int = 0,
         engine: str | Engine | None = None,
+        progress: bool | None = None,
     ) -> Preprocessor:
-        """Return a fitted copy: each step fitted on the previous steps' output."""
+        """Return a fitted copy: each step fitted on the previous steps' output (``progress``:
+        as in :meth:`Preprocessor.fit`, for every step)."""
+        with scope(progress):
+            return self._fit(ds, fraction, seed, engine)
+
+    def _fit(
+        self, ds: Dataset, fraction: float | None, seed: int, engine: str | Engine | None
+    ) -> Preprocessor:
         data = fit_data(ds, fraction, seed, engine)  # a row-group sample where possible
         fitted: list[Preprocessor] = []
         i = 0
@@ -154,11 +164,12 @@ def _fit_together(
     group: list[Preprocessor], data: Dataset, engine: str | Engine | None
 ) -> list[Preprocessor]:
     columns = list(dict.fromkeys(c for step in group for c in step.fit_columns()))
-    merged = data.select(columns).aggregate(
-        lambda batch: tuple(step.partial(batch) for step in group),
-        lambda a, b: tuple(step.merge(x, y) for step, x, y in zip(group, a, b, strict=True)),
-        engine=engine,
-    )
+    with progress_bar(f"fit {', '.join(map(repr, group))}") as advance:
+        merged = data.select(columns).aggregate(
+            counting(lambda batch: tuple(step.partial(batch) for step in group), advance, engine),
+            lambda a, b: tuple(step.merge(x, y) for step, x, y in zip(group, a, b, strict=True)),
+            engine=engine,
+        )
     if merged is None:
         raise ConfigurationError(
             f"{group[0]!r} cannot be fitted: the data (or the sample) has no rows. Fix: fit on "
@@ -219,7 +230,7 @@ class Concat(Preprocessor):
         dtype: str = "float32",
         handle_invalid: str = "error",
         drop_inputs: bool = True,
-    ):
+    ) -> None:
         super().__init__(columns, output)
         if len(self.output) != 1:
             raise ConfigurationError(
@@ -282,8 +293,9 @@ class Concat(Preprocessor):
         fraction: float | None = None,
         seed: int = 0,
         engine: str | Engine | None = None,
+        progress: bool | None = None,
     ) -> Preprocessor:
-        """Record the layout from ``ds``'s schema (no pass over the data)."""
+        """Record the layout from ``ds``'s schema (no pass over the data, no progress bar)."""
         fitted = copy.copy(self)
         fitted.fitted = {"layout": self._layout(ds.schema(), "the dataset")}
         return fitted

@@ -139,7 +139,7 @@ class Bucketizer(_Discretizer):
         splits: Sequence[float | str] | Mapping[str, Sequence[float | str]],
         output: str | Sequence[str] | None = None,
         handle_invalid: str = "error",
-    ):
+    ) -> None:
         super().__init__(columns, output)
         if isinstance(splits, Mapping):
             missing = [c for c in self.columns if c not in splits]
@@ -199,7 +199,7 @@ class QuantileDiscretizer(_Discretizer):
         num_buckets: int,
         output: str | Sequence[str] | None = None,
         handle_invalid: str = "error",
-    ):
+    ) -> None:
         super().__init__(columns, output)
         if not isinstance(num_buckets, int) or num_buckets < 2:
             raise ConfigurationError(

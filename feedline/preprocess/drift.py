@@ -3,9 +3,10 @@
 :func:`compare` checks a new dataset against a reference (datasets, :class:`Stats`, or
 their ``to_dict()`` as stored in a manifest), column by column:
 
-- numeric columns (and image width/height): each side is summarized by its quantile function
-  at ``CDF_POINTS`` = 201 probabilities (the ``cdf`` list kept with the statistics); the CDF
-  between those points is interpolated linearly.
+- numeric columns (and image width/height, and the pooled elements of tensor columns): each
+  side is summarized by its quantile function at ``CDF_POINTS`` = 201 probabilities (the
+  ``cdf`` list kept with the statistics); the CDF between those points is interpolated
+  linearly.
 
   * **KS statistic** ``sup |F_new - F_ref|`` of those CDFs: within ``1/200`` plus both sides'
     ``rank_error`` of the exact two-sample statistic. Its p-value uses the asymptotic
@@ -123,11 +124,13 @@ def _column(
     pairs = (
         [(new["width"], ref["width"]), (new["height"], ref["height"])]
         if (out["kind"] == "image")
+        else [(new["elements"], ref["elements"])]
+        if out["kind"] == "tensor"
         else [(new, ref)]
     )
     if (new["count"] == 0) != (ref["count"] == 0):
         reasons.append(f"no values in {'new' if new['count'] == 0 else 'ref'}")
-    elif new["count"] and out["kind"] in ("numeric", "image"):
+    elif new["count"] and out["kind"] in ("numeric", "image", "tensor"):
         found = [_numeric(a, e) for a, e in pairs if a["count"] and e["count"]]
         if found:
             out |= max(found, key=lambda f: f["psi"])
@@ -166,7 +169,48 @@ class DriftReport:
         return [name for name, c in self.columns.items() if c["drift"]]
 
     def __repr__(self) -> str:
-        return f"DriftReport(drifted={self.drifted}, columns={len(self.columns)})"
+        from feedline.notebook import names
+
+        drifted = self.drifted
+        return (
+            f"DriftReport({len(drifted):,} of {len(self.columns):,} columns drifted"
+            + (f": {names(drifted)}" if drifted else "")
+            + f"; {self.rows_new:,} new rows vs {self.rows_ref:,} reference)"
+        )
+
+    def _rows(self, drifted_first: bool = False) -> list[list[Any]]:
+        """One row per column for the tables (flagged ones first if ``drifted_first``)."""
+        from feedline.preprocess.numfmt import fixed
+
+        def fmt(v: float | None, spec: str = ".3f") -> str:
+            return "" if v is None else fixed(v) if spec == ".3f" else format(v, spec)
+
+        rows = []
+        items = list(self.columns.items())
+        if drifted_first:
+            items.sort(key=lambda kv: not kv[1]["drift"])  # stable: columns in order otherwise
+        for name, c in items:
+            nulls = "" if c["nulls_ref"] is None else f"{c['nulls_ref']:.0%}→{c['nulls_new']:.0%}"
+            rows.append([
+                name, fmt(c["ks"]), fmt(c["ks_pvalue"], ".2g"), fmt(c["psi"]), nulls,
+                c["drift"], c["reason"] or c.get("note", ""),
+            ])  # fmt: skip
+        return rows
+
+    def _repr_html_(self) -> str:
+        """The notebook view: flagged columns first, at most 20 rows."""
+        from feedline.notebook import Markup, table, view
+
+        rows = [
+            [*row[:5], Markup("<b style='color:#cf222e'>DRIFT</b>" if row[5] else "ok"), row[6]]
+            for row in self._rows(drifted_first=True)
+        ]
+        lines = [
+            f"{len(self.drifted):,} of {len(self.columns):,} columns drifted; "
+            f"{self.rows_new:,} new rows vs {self.rows_ref:,} reference rows",
+        ]
+        head = ["column", "KS", "KS p", "PSI", "nulls (ref→new)", "status", "reason"]
+        return view("feedline DriftReport", lines, table(head, rows))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict."""
@@ -184,9 +228,6 @@ class DriftReport:
 
         from feedline.preprocess.stats import _table
 
-        def fmt(v: float | None, spec: str = ".3f") -> str:
-            return "" if v is None else format(v, spec)
-
         table = _table(
             f"drift: {self.rows_new:,} new rows vs {self.rows_ref:,} reference",
             "column",
@@ -197,17 +238,9 @@ class DriftReport:
         )
         table.add_column("status", no_wrap=True)
         table.add_column("reason")
-        for name, c in self.columns.items():
-            nulls = "" if c["nulls_ref"] is None else f"{c['nulls_ref']:.0%}→{c['nulls_new']:.0%}"
-            table.add_row(
-                name,
-                fmt(c["ks"]),
-                fmt(c["ks_pvalue"], ".2g"),
-                fmt(c["psi"]),
-                nulls,
-                Text("DRIFT", "bold red") if c["drift"] else Text("ok", "green"),
-                c["reason"] or c.get("note", ""),
-            )
+        for name, ks, p, psi, nulls, drift, reason in self._rows():
+            status = Text("DRIFT", "bold red") if drift else Text("ok", "green")
+            table.add_row(name, ks, p, psi, nulls, status, reason)
         return table
 
 

@@ -150,7 +150,7 @@ class StringIndexer(_CategoryEncoder):
         order: str = "frequency",
         handle_unknown: str = "error",
         max_categories: int | None = None,
-    ):
+    ) -> None:
         super().__init__(columns, output)
         self.order = _choice("StringIndexer", "order", order, ("frequency", "alphabetical"))
         self.handle_unknown = _choice(
@@ -264,7 +264,7 @@ class OneHotEncoder(_CategoryEncoder):
         output: str | Sequence[str] | None = None,
         handle_unknown: str = "ignore",
         drop: str | None = None,
-    ):
+    ) -> None:
         super().__init__(columns, output)
         self.handle_unknown = _choice(
             "OneHotEncoder", "handle_unknown", handle_unknown, ("ignore", "error")

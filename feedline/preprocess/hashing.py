@@ -45,7 +45,7 @@ class HashingEncoder(Preprocessor):
         num_features: int,
         output: str | Sequence[str] | None = None,
         seed: int = 0,
-    ):
+    ) -> None:
         super().__init__(columns, output)
         check_outputs(self)
         if not isinstance(num_features, int) or not 1 <= num_features <= 2**32:

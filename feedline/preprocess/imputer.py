@@ -77,7 +77,7 @@ class Imputer(ColumnwisePreprocessor):
         output: str | Sequence[str] | None = None,
         strategy: str = "mean",
         fill_value: Any = None,
-    ):
+    ) -> None:
         super().__init__(columns, output)
         if strategy not in _STRATEGIES:
             raise ConfigurationError(

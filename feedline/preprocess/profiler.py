@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.preprocess.profile import Categorical, CoMoments, Images, Numeric, Other
+from feedline.preprocess.profile_tensor import Tensor, is_tensor
 
 if TYPE_CHECKING:
     from feedline.preprocess.stats import Stats
@@ -28,12 +29,15 @@ _KINDS: dict[str, Any] = {
     "numeric": Numeric,
     "categorical": Categorical,
     "image": Images,
+    "tensor": Tensor,
     "other": Other,
 }
 
 
-def _kind(field: pa.Field, image_columns: Sequence[str]) -> str:
+def _kind(field: pa.Field, image_columns: Sequence[str], categorical: Sequence[str] = ()) -> str:
     t = field.type
+    if field.name in categorical and (pa.types.is_integer(t) or pa.types.is_boolean(t)):
+        return "categorical"  # integer codes (an indexed label column): counted, not binned
     categorical = (
         pa.types.is_dictionary,
         pa.types.is_boolean,
@@ -51,7 +55,18 @@ def _kind(field: pa.Field, image_columns: Sequence[str]) -> str:
         and importlib.util.find_spec("PIL") is not None
     ):
         return "image"
+    if is_tensor(t):
+        return "tensor"
     return "other"
+
+
+def _type_name(t: pa.DataType) -> str:
+    """The type as statistics record it: Arrow's name, tensors short (``tensor<float, 4×3>``)."""
+    if isinstance(t, pa.FixedShapeTensorType):
+        from feedline.display import short_type
+
+        return short_type(t)
+    return str(t)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +80,8 @@ class Profiler:
     """The mergeable core of :func:`stats` for one schema: ``partial``, ``merge``, ``finish``.
 
     Engines run ``partial`` per batch and ``merge`` the results in any order; ``rank_partial``
-    is the second (Spearman) pass, given the merged first-pass partial.
+    is the second (Spearman) pass, given the merged first-pass partial. Integer columns named
+    in ``categorical`` (label ids) are profiled as categories, not numbers.
 
     Examples
     --------
@@ -82,9 +98,10 @@ class Profiler:
         *,
         top_k: int = 20,
         image_columns: Sequence[str] = ("bytes", "image"),
+        categorical: Sequence[str] = (),
     ) -> None:
         self.schema, self.top_k = schema, top_k
-        self.kinds = {f.name: _kind(f, image_columns) for f in schema}
+        self.kinds = {f.name: _kind(f, image_columns, categorical) for f in schema}
         self.numeric = [name for name, kind in self.kinds.items() if kind == "numeric"]
 
     def _matrix(self, batch: pa.RecordBatch) -> np.ndarray:
@@ -124,7 +141,7 @@ class Profiler:
         from feedline.preprocess.stats import Stats
 
         columns = {
-            name: {"type": str(self.schema.field(name).type)}
+            name: {"type": _type_name(self.schema.field(name).type)}
             | (acc.summary() if isinstance(acc, Numeric) else acc.summary(self.top_k))
             for name, acc in merged.columns.items()
         }

@@ -136,7 +136,9 @@ def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class ColumnwisePreprocessor(Preprocessor):
     """Base of per-column preprocessors: one output per input column."""
 
-    def __init__(self, columns: str | Sequence[str], output: str | Sequence[str] | None = None):
+    def __init__(
+        self, columns: str | Sequence[str], output: str | Sequence[str] | None = None
+    ) -> None:
         super().__init__(columns, output)
         check_outputs(self)
 
@@ -217,7 +219,7 @@ class StandardScaler(ColumnwisePreprocessor):
         output: str | Sequence[str] | None = None,
         with_mean: bool = True,
         with_std: bool = True,
-    ):
+    ) -> None:
         super().__init__(columns, output)
         self.with_mean = bool(with_mean)
         self.with_std = bool(with_std)
@@ -274,7 +276,7 @@ class MinMaxScaler(ColumnwisePreprocessor):
         columns: str | Sequence[str],
         output: str | Sequence[str] | None = None,
         feature_range: Sequence[float] = (0.0, 1.0),
-    ):
+    ) -> None:
         super().__init__(columns, output)
         lo, hi = (float(v) for v in feature_range)
         if not lo < hi:
@@ -346,7 +348,7 @@ class RobustScaler(ColumnwisePreprocessor):
         quantile_range: Sequence[float] = (25.0, 75.0),
         with_centering: bool = True,
         with_scaling: bool = True,
-    ):
+    ) -> None:
         super().__init__(columns, output)
         q_min, q_max = (float(v) for v in quantile_range)
         if not 0 <= q_min <= q_max <= 100:

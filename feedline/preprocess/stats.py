@@ -40,8 +40,9 @@ An empty dataset gives ``rows == 0`` and ``None`` for every statistic that needs
 from __future__ import annotations
 
 import dataclasses
-import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from feedline.errors import FormatError
@@ -66,6 +67,7 @@ def stats(
     engine: str | Engine | None = None,
     top_k: int = 20,
     spearman: bool = True,
+    categorical: Sequence[str] | None = None,
 ) -> Stats:
     """Descriptive statistics of ``ds`` (see the module docstring for every estimator).
 
@@ -96,16 +98,29 @@ def stats(
     >>> result["x"]["mean"], result["x"]["nulls"], result["c"]["top"][0]
     (2.0, 1, ['a', 2])
     """
+    from feedline.preprocess.indexed import indexed_labels, indexed_outputs
+
     if columns is not None:
         ds = ds.select(list(columns))
-    profiler = Profiler(ds.schema(), top_k=top_k)
+    indexed = indexed_outputs(ds) if categorical is None else list(categorical)
+    profiler = Profiler(ds.schema(), top_k=top_k, categorical=indexed)
     merged = ds.aggregate(profiler.partial, profiler.merge, engine=engine) or profiler.empty()
     ranks = None
     if spearman and len(profiler.numeric) > 1 and merged.rows:
         ranks = ds.select(list(profiler.numeric)).aggregate(
             lambda b: profiler.rank_partial(b, merged), CoMoments.merge, engine=engine
         )
-    return profiler.finish(merged, ranks)
+    result = profiler.finish(merged, ranks)
+    found = indexed_labels(ds, engine) if categorical is None and indexed else {}
+    for name, labels in found.items():
+        column = result.columns.get(name)
+        if column is not None and column["kind"] == "categorical":
+            column["labels"] = {
+                str(k): labels[k] if 0 <= k < len(labels) else "(unknown)"
+                for k, _ in column["top"]
+                if isinstance(k, int)
+            }
+    return result
 
 
 def stored_stats(ds: Dataset, columns: Sequence[str] | None = None) -> Stats | None:
@@ -144,13 +159,10 @@ def store_stats(ds: Dataset, *, engine: str | Engine | None = None) -> Stats:
 
 
 def _fmt(value: Any) -> str:
-    """Numbers for tables: thousands separators, about four significant digits."""
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-        return "" if value is None else str(value)
-    if isinstance(value, int) or value == 0:
-        return f"{value:,.0f}"
-    digits = math.floor(math.log10(abs(value)))
-    return f"{value:,.{max(0, 3 - digits)}f}" if -3 <= digits < 7 else f"{value:.3e}"
+    """Numbers for tables: thousands separators, about four significant digits, no ``-0``."""
+    from feedline.preprocess.numfmt import number
+
+    return number(value)
 
 
 class Stats:
@@ -178,7 +190,37 @@ class Stats:
         return self.columns[name]
 
     def __repr__(self) -> str:
-        return f"Stats(rows={self.rows}, columns={list(self.columns)})"
+        from feedline.notebook import MAX_NAMES
+
+        shown = [f"{k} ({c.get('kind')})" for k, c in list(self.columns.items())[:MAX_NAMES]]
+        more = len(self.columns) - len(shown)
+        listed = ", ".join(shown) + (f", … +{more:,} more" if more > 0 else "")
+        noun = "column" if len(self.columns) == 1 else "columns"
+        return f"Stats(rows={self.rows:,}, {len(self.columns):,} {noun}: {listed})"
+
+    def _repr_html_(self) -> str:
+        """The notebook view: one row per column (at most 20), kind, counts and a summary."""
+        from feedline.notebook import Markup, table, view
+        from feedline.preprocess.stats_html import summary_line
+
+        rows = [
+            [name, c.get("kind"), c.get("type", ""), _fmt(c.get("count")),
+             _fmt(c.get("nulls")), Markup(summary_line(c))]
+            for name, c in self.columns.items()
+        ]  # fmt: skip
+        head = ["column", "kind", "type", "count", "nulls", "summary"]
+        lines = [
+            f"{self.rows:,} rows · {len(self.columns):,} columns",
+            "The page with charts: stats.write_html(path) or `feedline stats PATH --html FILE`.",
+        ]
+        return view("feedline Stats", lines, table(head, rows))
+
+    def write_html(self, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+        """Write the statistics page (histograms, top values, correlations) to ``path``; see
+        :func:`feedline.preprocess.stats_html.write_html`."""
+        from feedline.preprocess.stats_html import write_html
+
+        return write_html(self, path, title=title)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (the form stored in the manifest)."""
@@ -227,6 +269,8 @@ class Stats:
             if v["kind"] == "image"
             for d in ("width", "height")
         }
+        numeric |= {f"{k}[elements]": v["elements"] for k, v in self.columns.items()
+                    if v["kind"] == "tensor"}  # fmt: skip
         heads = {
             "moments": ("mean", "std", "min", "max", "skewness", "kurtosis"),
             "quantiles": tuple(QUANTILES),
@@ -237,12 +281,14 @@ class Stats:
             for name, c in numeric.items():
                 table.add_row(name, *(_fmt(c.get(k, c["quantiles"].get(k))) for k in keys))
             out.append(table)
+        from feedline.preprocess.numfmt import fixed
+
         names = self.correlation["columns"]
         for method in ("pearson", "spearman"):
             if self.correlation.get(method) and len(names) > 1:
                 table = _table(f"{method} correlation", "", *names)
                 for name, row in zip(names, self.correlation[method], strict=True):
-                    table.add_row(name, *("" if v is None else f"{v:.3f}" for v in row))
+                    table.add_row(name, *("" if v is None else fixed(v) for v in row))
                 out.append(table)
         return out
 
@@ -261,8 +307,17 @@ def _table(title: str, *headers: str) -> Table:
 
 def _describe(c: dict[str, Any]) -> str:
     """One line about a column's distribution."""
+    if c["kind"] == "tensor":
+        shapes = ", ".join(k for k, _ in c["shapes"][:2])
+        return f"shape {shapes or '-'}; elements: " + _describe(c["elements"])
     if c["kind"] == "categorical":
-        top = ", ".join(f"{k} ({v:,})" for k, v in c["top"][:3])
+        from feedline.preprocess.stats_svg import shown_value
+
+        labels = c.get("labels") or {}
+        top = ", ".join(
+            shown_value(k)[0] + (f" · {labels[str(k)]}" if str(k) in labels else "") + f" ({v:,})"
+            for k, v in c["top"][:3]
+        )
         return f"{c['distinct']:,}{'' if c['distinct_exact'] else ' (approx.)'} distinct; {top}"
     if c["kind"] == "image":
         w, h = c["width"]["quantiles"]["p50"], c["height"]["quantiles"]["p50"]
@@ -274,4 +329,4 @@ def _describe(c: dict[str, Any]) -> str:
             f"mean {_fmt(c['mean'])} ± {_fmt(c['std'])}; min {_fmt(c['min'])}, "
             f"median {_fmt(c['quantiles']['p50'])}, max {_fmt(c['max'])}"
         )
-    return c["type"]
+    return c.get("type", "")

@@ -32,14 +32,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.preprocess.numfmt import fixed, number
+from feedline.preprocess.stats_svg import histogram_svg, shown_value, top_svg
 
 if TYPE_CHECKING:
     from feedline.preprocess.stats import Stats
 
-__all__ = ["histogram", "render_html", "write_html"]
+__all__ = ["histogram", "log_scale", "render_html", "write_html"]
 
 BINS = 30
-_W, _H, _PAD = 520, 200, 36  # SVG chart size and left/bottom padding (pixels)
+#: a histogram uses a log axis when its values are all positive and span more than this ratio
+LOG_RATIO = 1e3
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1100px;
@@ -49,8 +52,9 @@ table{border-collapse:collapse;margin:6px 0 10px}th,td{padding:3px 9px;border-bo
 text-align:right}th:first-child,td:first-child{text-align:left}th{background:#f4f6f8}
 section{border:1px solid #d8dee4;border-radius:6px;padding:12px 16px;margin:14px 0}
 .kind{color:#57606a;font-size:12px;margin-left:8px}.row{display:flex;gap:28px;flex-wrap:wrap;
-align-items:flex-start}.note{color:#57606a;font-size:12px}svg text{font:11px sans-serif;fill:#333}
-a{color:#0969da}code{background:#f4f6f8;padding:0 3px}
+align-items:flex-start}.note{color:#57606a;font-size:12px;max-width:520px}svg text{fill:#333}
+a{color:#0969da}code{background:#f4f6f8;padding:0 3px}.summary td:nth-child(-n+3),
+.summary th:nth-child(-n+3),.summary td:last-child,.summary th:last-child{text-align:left}
 """
 
 
@@ -59,15 +63,32 @@ def _e(value: Any) -> str:
 
 
 def _num(value: Any) -> str:
-    """A number for a table cell: thousands separators, about four significant digits."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return _e(value)
-    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
-        return f"{value:,.0f}"
-    digits = int(np.floor(np.log10(abs(value)))) if value else 0
-    return f"{value:,.{max(0, 3 - digits)}f}" if -3 <= digits < 7 else f"{value:.3e}"
+    """A number for a table cell (:func:`~feedline.preprocess.numfmt.number`), HTML-escaped."""
+    return _e(number(value, "–"))
+
+
+def _category(value: Any) -> str:
+    """A category value as HTML: the empty string as an italic ``(empty string)``."""
+    text, described = shown_value(value)
+    return f"<i>{_e(text)}</i>" if described else f'<span style="white-space:pre">{_e(text)}</span>'
+
+
+def log_scale(column: dict[str, Any], bins: int = BINS) -> bool:
+    """Whether a numeric column's histogram uses a log axis: all values positive, spanning
+    more than ``LOG_RATIO`` (three orders of magnitude), and not one bin per integer.
+
+    Examples
+    --------
+    >>> log_scale({"min": 1.0, "max": 5e4, "type": "double"})
+    True
+    >>> log_scale({"min": 0.0, "max": 5e4, "type": "double"}), log_scale({"min": 1, "max": 9})
+    (False, False)
+    """
+    low, high = column.get("min"), column.get("max")
+    if low is None or high is None or low <= 0:
+        return False
+    integral = str(column.get("type", "")).startswith(("int", "uint"))
+    return high / low > LOG_RATIO and not (integral and high - low + 1 <= bins)
 
 
 def histogram(
@@ -76,6 +97,7 @@ def histogram(
     *,
     integral: bool | None = None,
     clip_tails: bool = False,
+    log: bool = False,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Approximate bin ``edges`` and value ``counts`` of a numeric column's statistics.
 
@@ -84,7 +106,8 @@ def histogram(
     integer. ``clip_tails=True`` bins only the central 99% (the 0.5% and 99.5% quantiles)
     when the extremes lie far outside it (the range is over 5 times wider), so outliers do
     not squash the rest into one bar; the counts then add up to about 99% of the values.
-    ``None`` without values.
+    ``log=True`` (for positive values, see :func:`log_scale`) spaces the edges evenly in
+    ``log10`` (and tests the tails there). ``None`` without values.
 
     Examples
     --------
@@ -104,13 +127,18 @@ def histogram(
     low, high = float(column["min"]), float(column["max"])
     if integral is None:
         integral = str(column.get("type", "")).startswith(("int", "uint"))
-    tails = len(values) > 4 and (values[-2] - values[1]) * 5 < high - low
-    if integral and high - low + 1 <= bins:
+    log = log and low > 0
+    scaled = np.log10 if log else (lambda v: v)
+    spaced = np.geomspace if log else np.linspace
+    tails = len(values) > 4 and (scaled(values[-2]) - scaled(values[1])) * 5 < (
+        scaled(high) - scaled(low)
+    )
+    if integral and high - low + 1 <= bins and not log:
         edges = np.arange(low - 0.5, high + 1.0, 1.0)
     elif clip_tails and tails:
-        edges, clipped = np.linspace(values[1], values[-2], bins + 1), True
+        edges, clipped = spaced(values[1], values[-2], bins + 1), True
     elif high > low:
-        edges = np.linspace(low, high, bins + 1)
+        edges = spaced(low, high, bins + 1)
     else:
         edges = np.array([low - 0.5, low + 0.5])
     # the CDF at each edge: linear between the grid's points (as the quantiles are),
@@ -127,71 +155,10 @@ def histogram(
     return edges, np.diff(cumulative) * count
 
 
-def _bars_svg(edges: np.ndarray, counts: np.ndarray, label: str) -> str:
-    """A vertical-bar histogram as inline SVG (integer bins are labelled by their centre)."""
-    width, height = _W - _PAD - 34, _H - _PAD - 10
-    top = float(counts.max()) or 1.0
-    step = width / len(counts)
-    bars = []
-    for i, c in enumerate(counts):
-        h = height * float(c) / top
-        bars.append(
-            f'<rect x="{_PAD + i * step + 0.5:.1f}" y="{10 + height - h:.1f}" '
-            f'width="{max(step - 1, 0.5):.1f}" height="{h:.1f}" fill="#4c8bd6">'
-            f"<title>{_e(_num(edges[i]))} – {_e(_num(edges[i + 1]))}: {c:,.0f}</title></rect>"
-        )
-    axis = (
-        f'<line x1="{_PAD}" y1="{10 + height}" x2="{_PAD + width}" y2="{10 + height}" '
-        f'stroke="#555"/><line x1="{_PAD}" y1="10" x2="{_PAD}" y2="{10 + height}" stroke="#555"/>'
-    )
-    if np.allclose(np.diff(edges), 1.0) and edges[0] % 1 == 0.5:  # one bin per integer
-        every = max(1, len(counts) // 10)
-        at = [((i + 0.5) / len(counts), edges[i] + 0.5) for i in range(0, len(counts), every)]
-    else:
-        at = [(f, edges[0] + (edges[-1] - edges[0]) * f) for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
-    ticks = "".join(
-        f'<text x="{_PAD + width * f:.1f}" y="{_H - 18}" text-anchor="middle">{_e(_num(v))}</text>'
-        for f, v in at
-    )
-    yticks = (
-        f'<text x="{_PAD - 4}" y="14" text-anchor="end">{_e(_num(round(top)))}</text>'
-        f'<text x="{_PAD - 4}" y="{10 + height}" text-anchor="end">0</text>'
-    )
-    caption = (
-        f'<text x="{_PAD + width / 2:.1f}" y="{_H - 3}" text-anchor="middle">{_e(label)}</text>'
-    )
-    return (
-        f'<svg width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" role="img" '
-        f'aria-label="{_e(label)}">{"".join(bars)}{axis}{ticks}{yticks}{caption}</svg>'
-    )
-
-
-def _top_svg(top: Sequence[Sequence[Any]], label: str) -> str:
-    """Horizontal bars of (value, count) pairs as inline SVG."""
-    rows = list(top)[:20]
-    line, left = 18, 170
-    height = line * len(rows) + 26
-    most = max((int(c) for _, c in rows), default=1) or 1
-    parts = []
-    for i, (value, count) in enumerate(rows):
-        y, w = 4 + i * line, (_W - left - 70) * int(count) / most
-        text = str(value)
-        short = text if len(text) <= 26 else text[:25] + "…"
-        parts.append(
-            f'<text x="{left - 6}" y="{y + 12}" text-anchor="end">{_e(short)}</text>'
-            f'<rect x="{left}" y="{y + 2}" width="{max(w, 1):.1f}" height="{line - 5}" '
-            f'fill="#2da44e"><title>{_e(text)}: {int(count):,}</title></rect>'
-            f'<text x="{left + w + 4:.1f}" y="{y + 12}">{int(count):,}</text>'
-        )
-    parts.append(f'<text x="{left}" y="{height - 6}">{_e(label)}</text>')
-    return (
-        f'<svg width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" role="img" '
-        f'aria-label="{_e(label)}">{"".join(parts)}</svg>'
-    )
-
-
-def _table(rows: Sequence[Sequence[Any]], head: Sequence[str] | None = None) -> str:
-    out = ["<table>"]
+def _table(
+    rows: Sequence[Sequence[Any]], head: Sequence[str] | None = None, css: str = ""
+) -> str:
+    out = [f'<table class="{css}">' if css else "<table>"]
     if head:
         out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>")
     for row in rows:
@@ -199,19 +166,30 @@ def _table(rows: Sequence[Sequence[Any]], head: Sequence[str] | None = None) -> 
     return "".join(out) + "</table>"
 
 
-def _numeric_html(c: dict[str, Any], what: str) -> str:
+def _histogram_html(c: dict[str, Any], what: str, *, integral: bool | None = None) -> str:
+    """A column's histogram (log axis by :func:`log_scale`) and a note on how it was made."""
+    log = log_scale(c) and not integral
+    found = histogram(c, clip_tails=True, integral=integral, log=log)
+    if found is None:
+        return '<p class="note">no values</p>'
+    exact = "exact" if c.get("quantiles_exact") else f"rank error ≤ {c.get('rank_error', 0):.2%}"
+    note = f"Approximate histogram from 201 quantiles ({exact})"
+    if found[0][0] > c["min"] or found[0][-1] < c["max"]:  # clipped
+        note = f"The central 99% (min {_num(c['min'])}, max {_num(c['max'])}); approximate"
+    if log:
+        note += f"; log axis: all values are positive and max/min > {LOG_RATIO:,.0f}"
+    integer = bool(np.allclose(np.diff(found[0]), 1.0) and found[0][0] % 1 == 0.5)
+    chart = histogram_svg(*found, what, log=log, integer=integer)
+    return f'{chart}<p class="note">{note}.</p>'
+
+
+def _moments_html(c: dict[str, Any]) -> str:
     moments = [(k, _num(c.get(k))) for k in ("mean", "std", "min", "max", "skewness", "kurtosis")]
     moments.append(("infinite", _num(c.get("infinite"))))
     quantiles = [(k, _num(v)) for k, v in (c.get("quantiles") or {}).items()]
-    exact = "exact" if c.get("quantiles_exact") else f"rank error ≤ {c.get('rank_error', 0):.2%}"
-    found = histogram(c, clip_tails=True)
-    label = f"{what} (approximate histogram from 201 quantiles; {exact})"
-    if found is not None and (found[0][0] > c["min"] or found[0][-1] < c["max"]):  # clipped
-        label = f"{what}: central 99% (min {_num(c['min'])}, max {_num(c['max'])}; approximate)"
-    chart = _bars_svg(*found, label) if found is not None else '<p class="note">no values</p>'
     return (
-        f'<div class="row"><div>{chart}</div><div><h3>moments</h3>{_table(moments)}</div>'
-        f"<div><h3>quantiles</h3>{_table(quantiles)}</div></div>"
+        f"<div><h3>moments</h3>{_table(moments)}</div>"
+        f"<div><h3>quantiles</h3>{_table(quantiles)}</div>"
     )
 
 
@@ -219,22 +197,33 @@ def _column_html(index: int, name: str, c: dict[str, Any], rows: int) -> str:
     kind = c.get("kind", "other")
     body = ""
     if kind == "numeric":
-        body = _numeric_html(c, name)
+        body = f'<div class="row"><div>{_histogram_html(c, name)}</div>{_moments_html(c)}</div>'
     elif kind == "categorical":
         distinct = f"{c['distinct']:,}" + ("" if c.get("distinct_exact") else " (estimated)")
         note = f"; counts low by at most {c['top_error']:,}" if c.get("top_error") else ""
+        if c.get("labels") is not None:
+            note += "; integer codes of an indexed column (StringIndexer), shown with their labels"
+        caption = f"top {len(c['top'][:20])} values by count"
         body = f"<p>{distinct} distinct values{_e(note)}</p>" + (
-            _top_svg(c["top"], f"top {len(c['top'][:20])} values by count") if c["top"] else ""
+            top_svg(c["top"], caption, c.get("labels")) if c["top"] else ""
+        )
+    elif kind == "tensor":
+        shapes = ", ".join(f"{_e(k)} ({v:,})" for k, v in c.get("shapes", [])[:5])
+        elements = c["elements"]
+        body = (
+            f"<p>shape: {shapes or '–'}; {_num(elements.get('count'))} elements in all; "
+            "the statistics below are over every element of every row</p>"
+            f'<div class="row"><div>{_histogram_html(elements, f"{name} (elements)")}</div>'
+            f"{_moments_html(elements)}</div>"
         )
     elif kind == "image":
         body = f"<p>{c.get('unreadable', 0):,} unreadable image(s)</p><div class='row'>"
         for axis in ("width", "height"):
-            found = histogram(c[axis], integral=True)
-            if found is not None:
-                body += f"<div>{_bars_svg(*found, f'{axis} (pixels)')}</div>"
+            if c[axis].get("count"):
+                body += f"<div>{_histogram_html(c[axis], f'{axis} (pixels)', integral=True)}</div>"
         for key, label in (("top_sizes", "top sizes (width x height)"), ("modes", "modes")):
             if c.get(key):
-                body += f"<div>{_top_svg(c[key], label)}</div>"
+                body += f"<div>{top_svg(c[key], label)}</div>"
         body += "</div>"
     nulls = c.get("nulls") or 0
     share = f" ({nulls / rows:.1%})" if rows else ""
@@ -245,15 +234,26 @@ def _column_html(index: int, name: str, c: dict[str, Any], rows: int) -> str:
     )
 
 
-def _summary_line(c: dict[str, Any]) -> str:
+def summary_line(c: dict[str, Any]) -> str:
+    """One line of HTML (escaped) about a column's distribution."""
     kind = c.get("kind")
+    if kind == "tensor":
+        c, shapes = c["elements"], ", ".join(_e(k) for k, _ in c.get("shapes", [])[:2])
+        if not c.get("count"):
+            return f"shape {shapes}" if shapes else ""
+        return f"shape {shapes}; elements: " + summary_line(c)
     if kind == "numeric" and c.get("count"):
         return (
             f"mean {_num(c['mean'])} ± {_num(c['std'])}; min {_num(c['min'])}, "
             f"median {_num((c.get('quantiles') or {}).get('p50'))}, max {_num(c['max'])}"
         )
     if kind == "categorical":
-        top = ", ".join(f"{_e(k)} ({v:,})" for k, v in c["top"][:3])
+        labels = c.get("labels") or {}
+        top = ", ".join(
+            _category(k) + (f" · {_category(labels[str(k)])}" if str(k) in labels else "")
+            + f" ({v:,})"
+            for k, v in c["top"][:3]
+        )
         return f"{c['distinct']:,} distinct; {top}"
     if kind == "image":
         return f"{c.get('unreadable', 0):,} unreadable; " + ", ".join(
@@ -276,7 +276,7 @@ def _correlation_html(correlation: dict[str, Any]) -> str:
                     cells.append("–")
                     continue
                 tint = f"rgba({'9,105,218' if v >= 0 else '207,34,46'},{abs(v) * 0.6:.2f})"
-                cells.append(f'<span style="background:{tint};padding:0 4px">{v:.3f}</span>')
+                cells.append(f'<span style="background:{tint};padding:0 4px">{fixed(v)}</span>')
             rows.append(cells)
         out.append(f"<h3>{method} correlation</h3>" + _table(rows, ["", *names]))
     return f"<section><h2>correlations</h2>{''.join(out)}</section>" if out else ""
@@ -292,7 +292,7 @@ def render_html(stats: Stats, *, title: str | None = None) -> str:
             _e(c.get("type", "")),
             _num(c.get("count")),
             _num(c.get("nulls")),
-            _summary_line(c),
+            summary_line(c),
         ]
         for i, (name, c) in enumerate(stats.columns.items())
     ]
@@ -303,7 +303,8 @@ def render_html(stats: Stats, *, title: str | None = None) -> str:
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>"
-        f"<p>{stats.rows:,} rows · {len(stats.columns):,} columns</p>{_table(summary, head)}"
+        f"<p>{stats.rows:,} rows · {len(stats.columns):,} columns</p>"
+        f"{_table(summary, head, 'summary')}"
         f"{sections}{_correlation_html(stats.correlation)}"
         '<p class="note">Written by <code>feedline stats --html</code>.</p></body></html>\n'
     )

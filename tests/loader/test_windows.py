@@ -353,3 +353,19 @@ def test_gather_windows_copies_only_the_windows_asked_for() -> None:
     first_ids = np.concatenate([[0], np.cumsum(counts)])
     starts = window_starts(np.arange(first_ids[-1]), bounds, first_ids, stride=2)
     assert counts.tolist() == [3, 0, 4] and starts.tolist() == [0, 2, 4, 9, 11, 13, 15]
+
+
+def test_dtype_converts_window_features_and_targets() -> None:
+    """``dtype=`` applies to windows too (it was silently ignored: float64 came out)."""
+    series = np.repeat(np.arange(3), 50)
+    values = np.arange(150, dtype=np.float64)
+    ds = fl.from_arrow(pa.table({"s": series, "v": values, "w": values * 2}))
+    windows = fl.Windows(8, 2, by="s", features=["v", "w"], targets="v")
+    loader = ds.loader(batch_size=4, windows=windows, dtype=np.float32, format="numpy",
+                       shuffle=False)  # fmt: skip
+    batch = next(iter(loader))
+    assert batch["inputs"].dtype == np.float32 and batch["targets"].dtype == np.float32
+    np.testing.assert_array_equal(batch["inputs"][0, :, 0], np.arange(8, dtype=np.float32))
+    np.testing.assert_array_equal(batch["targets"][0], np.array([8, 9], dtype=np.float32))
+    with pytest.raises(fl.ConfigurationError, match="zz"):
+        next(iter(ds.loader(batch_size=4, windows=windows, dtype={"zz": np.float32})))
