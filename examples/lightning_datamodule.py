@@ -4,16 +4,15 @@ The data module writes a training and a validation dataset in ``prepare_data`` (
 machine; the write is crash-safe and skipped when the dataset is already there), opens one
 loader per split in ``setup`` (after Lightning has initialized ``torch.distributed``, so
 each loader picks up its rank and world size by itself) and hands Lightning
-``DataLoader(loader.as_torch_dataset(), batch_size=None)``: the feedline loader batches,
-shuffles, shards by rank and prefetches; the ``DataLoader`` only passes its batches on.
+``loader.as_torch_dataloader()``: the feedline loader batches, shuffles, shards by rank and
+prefetches; the ``DataLoader`` only passes its batches on.
 
 * Training: shuffled, a new order each epoch, ``drop_last=True`` (the loader's default when
   shuffling).
-* Validation: ``shuffle=False, drop_last=False``: every row once, the last batch short. A
-  feedline loader resumes an abandoned iteration where it stopped, which is what training
-  wants but not evaluation (Lightning's sanity check reads two batches and stops), so the
-  validation dataset restarts its pass at every iteration (:class:`EvaluationPasses`).
-* Resume: :class:`ResumableDataLoader` exposes the loader's ``state_dict()`` /
+* Validation: ``shuffle=False, drop_last=False``: every row once, the last batch short.
+  Every ``iter()`` of the ``DataLoader`` is a whole pass, so the two batches Lightning's
+  sanity check reads and abandons do not shorten the first real validation.
+* Resume: the ``DataLoader`` exposes the loader's ``state_dict()`` /
   ``load_state_dict()``; Lightning stores it in every checkpoint (``"loops" →
   "fit_loop" → "state_dict" → "combined_loader"``) and restores it on
   ``trainer.fit(..., ckpt_path=...)``, so a run resumed mid-epoch sees exactly the batches
@@ -32,20 +31,17 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, IterableDataset
 
 import feedline as fl
 from feedline.errors import FormatError
 from feedline.loader import Loader
-from feedline.loader.torch_dataset import LoaderDataset
+from feedline.loader.torch_dataset import LoaderDataLoader
 
 FEATURES, CLASSES = 8, 3
 
@@ -63,53 +59,6 @@ def make_table(rows: int, seed: int, first_id: int = 0) -> dict[str, np.ndarray]
         "x": x,
         "label": (x @ weights).argmax(axis=1).astype(np.int64),
     }
-
-
-class EvaluationPasses(IterableDataset):
-    """Every iteration is a complete pass over the loader's epoch 0 (for evaluation).
-
-    Parameters
-    ----------
-    loader:
-        An evaluation loader (``shuffle=False, drop_last=False``).
-    """
-
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        self.loader.set_epoch(0)  # from the first batch, even after an abandoned pass
-        return iter(self.loader)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-
-class ResumableDataLoader(DataLoader):
-    """A pass-through ``DataLoader`` over a feedline loader that Lightning checkpoints.
-
-    Lightning saves ``state_dict()`` of every training dataloader that has one and calls
-    ``load_state_dict()`` when a fit resumes from a checkpoint. Under DDP the checkpoint
-    holds rank 0's state; one state stands for every rank (they step in lock-step), so each
-    rank resumes its own share.
-
-    Parameters
-    ----------
-    dataset:
-        ``loader.as_torch_dataset()``.
-    """
-
-    def __init__(self, dataset: LoaderDataset) -> None:
-        super().__init__(dataset, batch_size=None, num_workers=0)
-        self.feedline_dataset = dataset
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's position (JSON-safe: a few integers and strings)."""
-        return self.feedline_dataset.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``: the next batch is the first one not yet yielded."""
-        self.feedline_dataset.load_state_dict(state)
 
 
 class FeedlineDataModule(pl.LightningDataModule):
@@ -159,15 +108,15 @@ class FeedlineDataModule(pl.LightningDataModule):
             batch_size=self.batch_size, shuffle=False, drop_last=False
         )
 
-    def train_dataloader(self) -> ResumableDataLoader:
+    def train_dataloader(self) -> LoaderDataLoader:
         """The training batches; their position goes into Lightning's checkpoints."""
         assert self.train_loader is not None, "setup() builds the loaders"
-        return ResumableDataLoader(self.train_loader.as_torch_dataset())
+        return self.train_loader.as_torch_dataloader()
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> LoaderDataLoader:
         """The validation batches: every row once per validation, from the first batch."""
         assert self.val_loader is not None, "setup() builds the loaders"
-        return DataLoader(EvaluationPasses(self.val_loader), batch_size=None, num_workers=0)
+        return self.val_loader.as_torch_dataloader()
 
 
 class Classifier(pl.LightningModule):

@@ -8,8 +8,18 @@ in ``DataLoader(ds, batch_size=None)`` with ``num_workers=0``: the loader has it
 call; without it each complete pass moves on to the next epoch by itself), and
 ``state_dict()`` / ``load_state_dict()`` are the loader's exact mid-epoch resume.
 
-PyTorch Lightning: return ``DataLoader(loader.as_torch_dataset(), batch_size=None)`` from
-``train_dataloader()``; the loader takes rank and world size from ``torch.distributed``
+Passes follow PyTorch's convention: every ``iter()`` is a whole pass. A pass abandoned
+part-way (Lightning's sanity check reads two validation batches, a ``break``) is dropped, so
+the next ``iter()`` starts the same epoch again from its first batch — unless
+``load_state_dict()`` came in between, in which case it continues from the restored
+position. (A bare :class:`~feedline.loader.Loader` instead continues an abandoned
+iteration where it stopped.)
+
+``loader.as_torch_dataloader()`` gives the ready ``DataLoader``: a :class:`LoaderDataLoader`
+that also forwards ``state_dict()`` / ``load_state_dict()``, so Lightning stores the
+loader's position in its checkpoints and ``Trainer.fit(ckpt_path=...)`` resumes exactly.
+
+PyTorch Lightning: return ``loader.as_torch_dataloader()`` from ``train_dataloader()``; the loader takes rank and world size from ``torch.distributed``
 when Lightning has initialized it (build the loader in ``setup()`` or later). Accelerate:
 the loader already shards by rank, so leave its DataLoader out of ``accelerator.prepare``
 (which would shard it again) and pass ``device=accelerator.device`` to the loader.
@@ -27,7 +37,7 @@ from feedline.errors import ConfigurationError
 if TYPE_CHECKING:
     from feedline.loader.loader import Loader
 
-__all__ = ["LoaderDataset"]
+__all__ = ["LoaderDataLoader", "LoaderDataset"]
 
 
 class LoaderDataset(torch.utils.data.IterableDataset):
@@ -53,6 +63,10 @@ class LoaderDataset(torch.utils.data.IterableDataset):
                 "num_workers=0); parallel work goes in the loader itself (transform=, "
                 "num_workers=, worker_type=) and prefetch= keeps batches ready."
             )
+        if 0 < self.loader.state_dict()["batches"] < len(self.loader):
+            # the last pass stopped part-way: this one starts its epoch again (set_epoch
+            # keeps a position that load_state_dict just restored)
+            self.loader.set_epoch(self.loader.epoch)
         return iter(self.loader)
 
     def __len__(self) -> int:
@@ -66,4 +80,42 @@ class LoaderDataset(torch.utils.data.IterableDataset):
         return self.loader.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+class LoaderDataLoader(torch.utils.data.DataLoader):
+    """A ``DataLoader`` over a feedline loader that frameworks can checkpoint.
+
+    The batches are the loader's own (``batch_size=None``, ``num_workers=0``: the loader
+    batches, shuffles, shards and runs its workers). ``state_dict()`` / ``load_state_dict()``
+    are the loader's exact mid-epoch position, which Lightning saves in its checkpoints for
+    every training dataloader that has them and restores on ``fit(ckpt_path=...)``; under
+    DDP one state stands for every rank (they step in lock-step), so each rank resumes its
+    own share. Made by :meth:`Loader.as_torch_dataloader`.
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> dl = fl.range(10).loader(batch_size=4, shuffle=False).as_torch_dataloader()
+    >>> first = next(iter(dl))["id"].tolist()
+    >>> [b["id"].tolist() for b in dl]  # a new pass: the abandoned one is dropped
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    >>> dl.state_dict()["batches"]
+    3
+    """
+
+    def __init__(self, loader: Loader) -> None:
+        super().__init__(LoaderDataset(loader), batch_size=None, num_workers=0)
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` at the next pass (see ``Loader.set_epoch``)."""
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position (JSON-safe: a few integers and strings)."""
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: the next pass yields the first batch not yet yielded."""
         self.loader.load_state_dict(state)

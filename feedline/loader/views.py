@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     import tensorflow as tf
     import torch.utils.data
 
+    from feedline.loader.torch_dataset import LoaderDataLoader
+
 __all__ = ["LoaderViews"]
 
 
@@ -82,6 +84,29 @@ class LoaderViews:
         from feedline.loader.torch_dataset import LoaderDataset
 
         return LoaderDataset(self)
+
+    def as_torch_dataloader(self) -> LoaderDataLoader:
+        """This loader as a ready ``torch.utils.data.DataLoader`` that frameworks checkpoint.
+
+        Its ``state_dict()`` / ``load_state_dict()`` are this loader's exact position, so
+        PyTorch Lightning keeps it in checkpoints and ``fit(ckpt_path=...)`` resumes mid-epoch;
+        every ``iter()`` is a whole pass (an abandoned pass is dropped). Return it from
+        ``train_dataloader()`` / ``val_dataloader()``. See
+        :class:`~feedline.loader.torch_dataset.LoaderDataLoader`.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> dl = fl.range(6).loader(batch_size=3, shuffle=False).as_torch_dataloader()
+        >>> [b["id"].tolist() for b in dl], len(dl)
+        ([[0, 1, 2], [3, 4, 5]], 2)
+        """
+        from feedline.loader.torch import import_torch
+
+        import_torch()
+        from feedline.loader.torch_dataset import LoaderDataLoader
+
+        return LoaderDataLoader(self)
 
     def timeline(self) -> list[dict[str, Any]]:
         """Per batch delivered so far (the last 100,000): when, and where the time went.

@@ -153,3 +153,30 @@ def test_a_transform_pipeline_feeds_tf_with_short_batches(write) -> None:
                                        transform=lambda s, rng: {"y": s["x"] * 2})  # fmt: skip
     batches = [b["y"].numpy().tolist() for b in loader.to_tf_dataset()]
     assert batches == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
+
+
+def test_the_torch_dataloader_drops_an_abandoned_pass_and_resumes_a_restored_one(write) -> None:
+    """Every ``iter()`` is a whole pass (Lightning's sanity check reads 2 batches and
+    abandons them); only ``load_state_dict`` makes the next pass continue mid-epoch."""
+    ds = write(100)
+    dl = ds.loader(batch_size=10, shuffle=False, format="numpy").as_torch_dataloader()
+    assert isinstance(dl, DataLoader) and len(dl) == 10
+    abandoned = iter(dl)
+    next(abandoned), next(abandoned)
+    whole = [b["id"].tolist() for b in dl]
+    assert sum(whole, []) == list(range(100))
+
+    train = ds.loader(batch_size=10, seed=3, format="numpy").as_torch_dataloader()
+    full = [b["id"].tolist() for b in train]  # epoch 0
+    resumed_from = None
+    for index, batch in enumerate(train):  # epoch 1, stopped after 4 batches
+        if index == 3:
+            resumed_from = train.state_dict()
+            break
+    assert resumed_from is not None and resumed_from["epoch"] == 1
+    fresh = ds.loader(batch_size=10, seed=3, format="numpy").as_torch_dataloader()
+    fresh.load_state_dict(resumed_from)
+    rest = [b["id"].tolist() for b in fresh]
+    fresh.set_epoch(1)  # the whole epoch 1, to compare
+    epoch1 = [b["id"].tolist() for b in fresh]
+    assert rest == epoch1[4:] and epoch1 != full
