@@ -61,7 +61,13 @@ def _probe_source() -> Any:
             found["version"] = version.__version__
         except ImportError as exc:
             found["problem"] = f"{type(exc).__name__}: {exc}"
-        found["missing"] = [name for name in names if _util.find_spec(name) is None]
+        def importable(name: str) -> bool:
+            # a plain folder of that name on sys.path (a namespace package, no origin file)
+            # is not the user's module: the driver only ships modules loaded from a file
+            spec = _util.find_spec(name)
+            return spec is not None and spec.origin not in (None, "namespace")
+
+        found["missing"] = [name for name in names if not importable(name)]
         return found
 
     return probe
