@@ -55,6 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, MissingDependencyError, UserFunctionError
+from feedline.io.python_columns import is_torch_tensor as is_torch_tensor  # re-exported
 
 __all__ = [
     "Predictor",
@@ -218,18 +219,6 @@ def check_device(device: str | None, where: str) -> None:
             f"device='mps' was asked for {where}, but torch reports no MPS device here. "
             "Fix: run on Apple silicon with an MPS build of torch, or pass device='cpu'."
         )
-
-
-def is_torch_tensor(value: Any) -> bool:
-    """True for a torch tensor, checked without importing torch.
-
-    Examples
-    --------
-    >>> is_torch_tensor(np.zeros(2))
-    False
-    """
-    kind = type(value)
-    return kind.__module__.split(".")[0] == "torch" and hasattr(value, "detach")
 
 
 def add_passthrough(

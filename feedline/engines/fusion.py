@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import FeedlineError, SchemaError, UserFunctionError
+from feedline.io.python_columns import arrays_from_columns
+from feedline.io.python_columns import to_arrow_array as to_arrow_array  # re-exported
 from feedline.io.source import ExecutionReport
 from feedline.plan import (
     Cast,
@@ -160,23 +162,22 @@ def as_record_batches(result: Any, where: str) -> list[pa.RecordBatch]:
 
 def _batch_from_dict(result: dict[Any, Any], where: str) -> pa.RecordBatch:
     """A batch from a dict of columns; ``UserFunctionError`` naming the column at fault."""
-    arrays = {}
-    for name, values in result.items():
-        try:
-            arrays[name] = to_arrow_array(values)
-        except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise UserFunctionError(
-                f"{where} returned a column {name!r} that Arrow cannot hold "
-                f"({type(exc).__name__}: {exc}). Fix: return one value per row, all of one "
-                "type (a 1-D list or NumPy array; an n-d NumPy array for tensors)."
-            ) from exc
-    lengths = {name: len(array) for name, array in arrays.items()}
-    if len(set(lengths.values())) > 1:
-        raise UserFunctionError(
+
+    def bad_column(name: Any, exc: Exception) -> UserFunctionError:
+        return UserFunctionError(
+            f"{where} returned a column {name!r} that Arrow cannot hold "
+            f"({type(exc).__name__}: {exc}). Fix: return one value per row, all of one "
+            "type (a 1-D list or NumPy array; an n-d NumPy array for tensors)."
+        )
+
+    def uneven(lengths: dict[Any, int]) -> UserFunctionError:
+        return UserFunctionError(
             f"{where} returned columns of different lengths {lengths}; every column of a batch "
             "needs the same number of rows. Fix: return equal-length columns (one value per "
             "row), e.g. pad the short ones or wrap per-row lists in one list column."
         )
+
+    arrays = arrays_from_columns(result, bad_column=bad_column, uneven=uneven)
     try:
         return pa.RecordBatch.from_pydict(arrays)
     except (pa.ArrowException, TypeError, ValueError) as exc:
@@ -184,19 +185,6 @@ def _batch_from_dict(result: dict[Any, Any], where: str) -> pa.RecordBatch:
             f"{where} returned a dict that cannot become a batch ({type(exc).__name__}: "
             f"{exc}). Fix: use str column names and equal-length 1-D columns."
         ) from exc
-
-
-def to_arrow_array(values: Any) -> pa.Array:
-    """An Arrow array from a NumPy array (n-d → fixed-shape tensor), list or Arrow array."""
-    if isinstance(values, pa.Array | pa.ChunkedArray):
-        return values
-    from feedline.inference import is_torch_tensor
-
-    if is_torch_tensor(values):
-        values = values.detach().cpu().numpy()
-    if isinstance(values, np.ndarray) and values.ndim > 1:
-        return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
-    return pa.array(values)
 
 
 def _mask_from(result: Any, rows: int, where: str) -> pa.Array:

@@ -21,8 +21,8 @@ operator, else autoscaling from 1 to the cluster's CPUs), where the class is con
 once per actor, when the actor starts (see :mod:`feedline.engines.ray_stages`); a model
 with ``device="cuda..."`` asks for one GPU per actor when the cluster has GPUs. Ray's
 optimizer may fuse the read stage into the first actor stage (the reads then run in the
-actors too). Operators after a ``limit`` run on the driver over the limited stream, as on
-the local engine.
+actors too); :mod:`feedline.engines.ray_dataset` builds these stages. Operators after a
+``limit`` run on the driver over the limited stream, as on the local engine.
 ``preserve_order`` is set on the dataset's own copy of Ray's ``DataContext`` (with
 ``raise_original_map_exception``); the process-wide context is never changed.
 
@@ -65,23 +65,17 @@ import pyarrow as pa
 
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.fusion import BatchPipeline, InstancePool, apply_limit, split_at_limits
+from feedline.engines.ray_dataset import build_dataset
 from feedline.engines.ray_errors import (
     RemoteTraceback,
     release_failed_executions,
     surface_errors,
 )
-from feedline.engines.ray_stages import (
-    ActorStage,
-    ReportCollector,
-    StageRunner,
-    StageSpec,
-    merge_report,
-    split_stages,
-)
+from feedline.engines.ray_stages import ReportCollector, merge_report
 from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage import Location
-from feedline.plan import Operator, Plan, Pushdown, pushdown
+from feedline.plan import Plan, pushdown
 
 __all__ = ["RayEngine", "RemoteTraceback", "surface_errors"]
 
@@ -218,110 +212,9 @@ class RayEngine:
         if report is not None:
             merge_report(report, delta)
 
-    def _pool_size(self, op: Operator) -> int | tuple[int, int]:
-        concurrency = getattr(op, "concurrency", None)
-        if concurrency:
-            return concurrency
-        import ray
-
-        return (1, max(1, int(ray.cluster_resources().get("CPU", 1))))
-
-    def _gpus(self, op: Operator) -> dict[str, Any]:
-        """``num_gpus=1`` per actor for a model asking for ``device="cuda..."`` when the
-        cluster has GPUs; without any, the actor starts and reports the missing device
-        (:func:`feedline.inference.check_device`) instead of waiting for one forever."""
-        device = getattr(op, "device", None)
-        if not device or not device.startswith("cuda"):
-            return {}
-        import ray
-
-        return {"num_gpus": 1} if ray.cluster_resources().get("GPU", 0) >= 1 else {}
-
-    def dataset(
-        self,
-        plan: Plan,
-        pushed: Pushdown,
-        ops: tuple[Operator, ...],
-        *,
-        preserve_order: bool,
-        collector: Any = None,
-        run_id: str = "",
-        conform: pa.Schema | None = None,
-        partial: Callable[[pa.RecordBatch], Any] | None = None,
-        merge: Callable[[Any, Any], Any] | None = None,
-        count_output: bool = False,
-    ) -> Any:
-        """The lazy ``ray.data.Dataset`` reading ``plan``'s source and running ``ops``
-        (operators without a ``Limit``); ``None`` when the source has no read tasks."""
-        import ray.data
-
-        from feedline.engines.ray_bridge import RaySource
-        from feedline.engines.ray_runtime import ship_user_modules
-        from feedline.relational.ops import RelationalSource
-
-        self.ensure_ray()
-        ship_user_modules(ops)
-        source = plan.source
-        if isinstance(source, RelationalSource):  # Ray Data's own operators
-            from feedline.engines.ray_relational import relational_dataset
-
-            return relational_dataset(
-                self,
-                plan,
-                pushed,
-                ops,
-                preserve_order=preserve_order,
-                collector=collector,
-                run_id=run_id,
-                conform=conform,
-                partial=partial,
-                merge=merge,
-                count_output=count_output,
-            )
-        if isinstance(source, RaySource):
-            rds = source.private_copy()
-            labels: tuple[str, ...] = (source.describe(),)
-            first: dict[str, Any] = {"source_blocks": (pushed.columns, pushed.predicate)}
-        else:
-            tasks = source.read_tasks(pushed.columns, pushed.predicate)
-            if not tasks:
-                return None
-            labels = tuple(task.label for task in tasks)
-            rds = ray.data.from_items(
-                [{"task": i} for i in range(len(tasks))], override_num_blocks=len(tasks)
-            )
-            first = {"read_tasks": tuple(tasks)}
-        context = rds.context  # the dataset's own copy: the global context is left alone
-        context.execution_options.preserve_order = preserve_order
-        context.raise_original_map_exception = True
-        stages = split_stages(ops)
-        for number, (offset, stage_ops) in enumerate(stages):
-            last = number == len(stages) - 1
-            spec = StageSpec(
-                ops=stage_ops,
-                offset=offset,
-                labels=labels,
-                tag_output=not last,
-                conform=conform if last else None,
-                partial=partial if last else None,
-                merge=merge if last else None,
-                collector=collector,
-                run_id=run_id,
-                count_output=count_output and last,
-                **(first if number == 0 else {}),
-            )
-            common = {"batch_format": "pyarrow", "batch_size": None, "zero_copy_batch": True}
-            if number == 0:
-                rds = rds.map_batches(StageRunner(spec), **common)
-            else:
-                rds = rds.map_batches(
-                    ActorStage,
-                    fn_constructor_args=(spec,),
-                    concurrency=self._pool_size(stage_ops[0]),
-                    **self._gpus(stage_ops[0]),
-                    **common,
-                )
-        return rds
+    #: the lazy ``ray.data.Dataset`` of a plan's first segment: ``engine.dataset(plan, ...)``
+    #: is :func:`feedline.engines.ray_dataset.build_dataset` (``engine`` being this engine)
+    dataset = build_dataset
 
     # ------------------------------------------------------------------ the Engine protocol
 

@@ -132,7 +132,7 @@ def to_canonical(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Replace Ray's fixed-shape tensor columns by ``arrow.fixed_shape_tensor`` columns."""
     if not any(_is_ray_tensor(f.type) for f in batch.schema):
         return batch
-    from feedline.engines.fusion import to_arrow_array
+    from feedline.io.python_columns import to_arrow_array
 
     arrays = []
     for field, column in zip(batch.schema, batch.columns, strict=True):

@@ -1,10 +1,11 @@
-"""Retrying transient storage faults: a policy, an error classifier and the retry loop.
+"""Retrying transient storage faults: a policy and the retry loop.
 
 Object stores fail now and then in ways that go away when asked again: timeouts, connection
 resets, HTTP 5xx, throttling (``SlowDown``). :class:`RetryPolicy` bounds how often such a
 request is sent, then :class:`~feedline.errors.StorageError` names the object, the attempts
 and the last error. Permanent errors (not found, permission denied, disk full) are never
-retried.
+retried; :mod:`feedline.io.storage_faults` tells them apart (its functions are re-exported
+here).
 
 :func:`feedline.io.storage.resolve` applies the policy to every remote filesystem through
 :class:`~feedline.io.retrying.RetryingFileSystem`; choose it with the reserved
@@ -26,7 +27,13 @@ from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any, TypeVar
 
-from feedline.errors import ConfigurationError, FeedlineError, StorageError
+from feedline.errors import ConfigurationError, FeedlineError
+from feedline.io.storage_faults import (
+    backend_attempts,
+    is_transient,
+    precondition_failed,
+    storage_error,
+)
 
 __all__ = [
     "RetryPolicy",
@@ -35,76 +42,11 @@ __all__ = [
     "is_transient",
     "precondition_failed",
     "storage_error",
-]
+]  # the classifiers are re-exported from feedline.io.storage_faults
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: errno values of faults that may go away on a second try
-TRANSIENT_ERRNOS = frozenset(
-    getattr(errno, name)
-    for name in (
-        "ETIMEDOUT",
-        "ECONNRESET",
-        "ECONNABORTED",
-        "ECONNREFUSED",
-        "EAGAIN",
-        "EWOULDBLOCK",
-        "EPIPE",
-        "EBUSY",  # s3fs: 503 SlowDown / ServiceUnavailable
-        "EREMOTEIO",  # s3fs: 500 InternalError
-        "ENETDOWN",
-        "ENETUNREACH",
-        "ENETRESET",
-        "EHOSTDOWN",
-        "EHOSTUNREACH",
-        "EINTR",
-    )
-    if hasattr(errno, name)
-)
-#: errno values of faults that never go away by themselves
-PERMANENT_ERRNOS = frozenset(
-    getattr(errno, name)
-    for name in ("ENOENT", "EACCES", "EPERM", "ENOSPC", "EDQUOT", "EROFS", "EISDIR", "ENOTDIR")
-    if hasattr(errno, name)
-)
-#: error codes (S3 and friends) that mean "try again later"
-TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "TooManyRequests",
-        "RequestLimitExceeded",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "InternalError",
-        "ServiceUnavailable",
-        "ServerBusy",
-        "OperationTimedOut",
-        "ConditionalRequestConflict",  # S3 409: a concurrent conditional write; ask again
-    }
-)
-#: exception class names (any module) of transport-level faults
-TRANSIENT_NAMES = frozenset(
-    {
-        "ConnectTimeoutError",
-        "ReadTimeoutError",
-        "EndpointConnectionError",
-        "ConnectionClosedError",
-        "IncompleteReadError",
-        "ResponseStreamingError",
-        "ServerDisconnectedError",
-        "ClientPayloadError",
-        "ClientConnectionError",
-        "ClientOSError",
-        "FSTimeoutError",
-        "IncompleteRead",
-        "RemoteDisconnected",
-    }
-)
-
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -270,153 +212,3 @@ def call_with_timeout(call: Callable[[], T], timeout: float, what: str, url: str
     if "error" in box:
         raise box["error"]
     return box["value"]
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True when ``exc`` is a storage fault worth retrying.
-
-    Timeouts, connection errors, HTTP 5xx/429, throttling codes and ``OSError`` with a
-    transient errno are; not found, permission, disk full and every other error are not.
-    The chain of causes is searched (s3fs wraps botocore errors in ``OSError``).
-
-    Examples
-    --------
-    >>> import errno
-    >>> is_transient(TimeoutError()), is_transient(ConnectionResetError())
-    (True, True)
-    >>> is_transient(OSError(errno.EBUSY, "SlowDown")), is_transient(OSError(errno.ENOSPC, "full"))
-    (True, False)
-    >>> is_transient(FileNotFoundError("s3://b/k")), is_transient(PermissionError("403"))
-    (False, False)
-    """
-    for current in _chain(exc):
-        verdict = _verdict(current)
-        if verdict is not None:
-            return verdict
-    return False
-
-
-def _verdict(exc: BaseException) -> bool | None:
-    """True/False when ``exc`` alone decides, ``None`` to look at its cause."""
-    if isinstance(exc, FeedlineError):
-        return False
-    if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
-        return False
-    if isinstance(exc, NotADirectoryError | FileExistsError):
-        return False
-    if _error_code(exc) in TRANSIENT_CODES:
-        return True
-    status = _http_status(exc)
-    if status is not None:
-        return status >= 500 or status in (408, 429)
-    if isinstance(exc, TimeoutError | ConnectionError):
-        return True
-    if type(exc).__name__ in TRANSIENT_NAMES:
-        return True
-    if isinstance(exc, OSError) and exc.errno is not None:
-        if exc.errno in TRANSIENT_ERRNOS:
-            return True
-        if exc.errno in PERMANENT_ERRNOS:
-            return False
-    return None
-
-
-def _http_status(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(status, int):
-            return status
-    for name in ("status", "status_code"):
-        status = getattr(exc, name, None)
-        if isinstance(status, int) and 100 <= status < 600:
-            return status
-    return None
-
-
-def _error_code(exc: BaseException) -> str | None:
-    response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):
-        code = response.get("Error", {}).get("Code")
-        return str(code) if code is not None else None
-    return None
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and its causes (``__cause__``, else ``__context__``), without cycles."""
-    found: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not seen for seen in found):
-        found.append(current)
-        current = current.__cause__ or current.__context__
-    return found
-
-
-def backend_attempts(exc: BaseException) -> int | None:
-    """How many times the storage client sent the request that failed with ``exc``.
-
-    botocore reports its retries in the error's response metadata; ``None`` when no client
-    in the chain of causes says.
-
-    Examples
-    --------
-    >>> class ClientError(Exception):
-    ...     response = {"ResponseMetadata": {"HTTPStatusCode": 503, "RetryAttempts": 2}}
-    >>> backend_attempts(OSError("wrapped")), backend_attempts(ClientError())
-    (None, 3)
-    """
-    for current in _chain(exc):
-        response = getattr(current, "response", None)
-        if isinstance(response, Mapping):
-            retries = response.get("ResponseMetadata", {}).get("RetryAttempts")
-            if isinstance(retries, int) and not isinstance(retries, bool):
-                return retries + 1
-    return None
-
-
-def precondition_failed(exc: BaseException) -> bool:
-    """True when ``exc`` says a conditional request's condition did not hold (HTTP 412).
-
-    Examples
-    --------
-    >>> class ClientError(Exception):
-    ...     response = {"Error": {"Code": "PreconditionFailed"}, "ResponseMetadata": {}}
-    >>> precondition_failed(ClientError()), precondition_failed(OSError("other"))
-    (True, False)
-    """
-    return any(
-        _http_status(current) == 412 or _error_code(current) == "PreconditionFailed"
-        for current in _chain(exc)
-    )
-
-
-def storage_error(what: str, url: str, exc: BaseException, attempts: int = 1) -> StorageError:
-    """A :class:`~feedline.errors.StorageError` for a failed storage call, with a fix.
-
-    Examples
-    --------
-    >>> import errno
-    >>> print(storage_error("write", "s3://b/k", OSError(errno.ENOSPC, "No space left")))
-    Storage call write failed on 's3://b/k': [Errno 28] No space left. Fix: free space ...
-    """
-    tries = f" after {attempts} attempts" if attempts > 1 else ""
-    last = f"{type(exc).__name__}: {exc}" if attempts > 1 else str(exc)
-    if attempts > 1:
-        fix = (
-            "the storage kept failing transiently; check the service's health and your "
-            "network, or allow more time with storage_options={'retry': "
-            "fl.RetryPolicy(attempts=..., max_delay=...)}."
-        )
-        message = f"Storage call {what} failed on {url!r}{tries}; the last error was {last}."
-    elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-        fix = "free space (or raise the quota) where it is written, then run again."
-        message = f"Storage call {what} failed on {url!r}: {last}."
-    elif isinstance(exc, PermissionError):
-        fix = "check the credentials and the permissions on this bucket or folder."
-        message = f"Storage call {what} was refused on {url!r}: {last}."
-    else:
-        fix = "check the path, the credentials and the storage service."
-        message = f"Storage call {what} failed on {url!r}: {last}."
-    error = StorageError(f"{message} Fix: {fix}")
-    error.url, error.attempts, error.last_error = url, attempts, exc
-    return error

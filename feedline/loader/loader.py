@@ -14,7 +14,6 @@ device. :meth:`Loader.source_node` starts a pipeline of your own.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 import weakref
@@ -25,16 +24,16 @@ import numpy as np
 
 from feedline.errors import ConfigurationError
 from feedline.loader.backend import Backend, as_source, open_backend
+from feedline.loader.checkpoints import LoaderCheckpoints
 from feedline.loader.columns import parse_budget
+from feedline.loader.epochs import LoaderEpochs, int_option
 from feedline.loader.formats import FORMATS, can_pin
 from feedline.loader.nodes import Gather, Node, Order
 from feedline.loader.nodes.workers import make_workers
 from feedline.loader.order import EpochPlan
 from feedline.loader.order_ahead import OrderAhead
 from feedline.loader.pipeline import default_pipeline, group_size
-from feedline.loader.resume import epoch_plan, restore
 from feedline.loader.skips import Skips
-from feedline.loader.state import State, parse_states
 from feedline.loader.timing import Timing
 from feedline.loader.torch import distributed_defaults
 from feedline.loader.views import LoaderViews
@@ -49,16 +48,7 @@ __all__ = ["Loader"]
 CACHES = ("auto", "memory", "node", "none")
 
 
-def _int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ConfigurationError(
-            f"Loader: {name} must be an int >= {low}, got {value!r}. "
-            f"Fix: pass {name}={low} or more."
-        )
-    return int(value)
-
-
-class Loader(LoaderViews):
+class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
     """Batches of a dataset for a training loop (see ``Dataset.loader``).
 
     Parameters
@@ -237,12 +227,12 @@ class Loader(LoaderViews):
     ) -> None:
         if isinstance(dataset, str | os.PathLike):  # opened now: a wrong path fails here
             dataset = as_source(dataset)
-        self.batch_size = _int("batch_size", batch_size, 1)
+        self.batch_size = int_option("batch_size", batch_size, 1)
         self._seed_given = seed is not None
-        self.seed = 0 if seed is None else _int("seed", seed, 0)
+        self.seed = 0 if seed is None else int_option("seed", seed, 0)
         rank, world_size = distributed_defaults(rank, world_size)
-        self.world_size = _int("world_size", world_size, 1)
-        self.rank, self.prefetch = _int("rank", rank, 0), _int("prefetch", prefetch, 0)
+        self.world_size = int_option("world_size", world_size, 1)
+        self.rank, self.prefetch = int_option("rank", rank, 0), int_option("prefetch", prefetch, 0)
         if self.rank >= self.world_size:
             raise ConfigurationError(
                 f"Loader: rank={rank} is out of range for world_size={world_size}. Fix: pass "
@@ -254,7 +244,7 @@ class Loader(LoaderViews):
                 f"one of {CACHES}. Fix: pass one of those values."
             )
         if shuffle_window is not None:
-            shuffle_window = _int("shuffle_window", shuffle_window, 1)
+            shuffle_window = int_option("shuffle_window", shuffle_window, 1)
         if windows is not None and (columns is not None or not isinstance(windows, Windows)):
             raise ConfigurationError(
                 "Loader: windows= takes a fl.Windows(...) and picks its own columns "
@@ -332,77 +322,6 @@ class Loader(LoaderViews):
             shapes["_padded"] = ((), np.dtype(bool))
         return shapes
 
-    # ------------------------------------------------------------------ order
-
-    @property
-    def epoch(self) -> int:
-        """The current epoch."""
-        return self._epoch
-
-    @property
-    def num_samples(self) -> int:
-        """Rows (or windows) in one epoch, before sharding."""
-        return self._prepare().num_samples
-
-    def _plan(self, epoch: int | None = None) -> EpochPlan:
-        """This rank's plan of ``epoch`` (default: the current one, with its segments)."""
-        backend = self._prepare()
-        epoch = self._epoch if epoch is None else epoch
-        segments = self._segments if epoch == self._epoch else ()
-        key = (epoch, segments, self.shuffle, backend.window, self.seed)
-        if self._plan_cache is None or self._plan_cache[0] != key:
-            order = self._orders().get(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                                       window=backend.window)  # fmt: skip
-            plan = epoch_plan(
-                order, segments, rank=self.rank, world_size=self.world_size,
-                batch_size=self.batch_size, drop_last=self.drop_last, pad_last=self.pad_last,
-            )  # fmt: skip
-            self._plan_cache = (key, plan)
-        return self._plan_cache[1]
-
-    def _orders(self) -> OrderAhead:
-        """The epochs' orders, the next one drawn ahead (:mod:`feedline.loader.order_ahead`)."""
-        if self._order_ahead is None:
-            backend = self._prepare()  # an order drawn ahead may take an eighth of the cache
-            self._order_ahead = OrderAhead(backend.sizes, max_bytes=backend.nbytes // 8)
-        return self._order_ahead
-
-    def _draw_ahead(self, epoch: int) -> None:
-        """Start drawing epoch ``epoch``'s order (called by the gather, mid-epoch)."""
-        self._orders().ahead(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                             window=self._prepare().window)  # fmt: skip
-
-    def __len__(self) -> int:
-        """Batches per epoch on this rank (the rest of a resumed epoch after an elastic resume)."""
-        if not self._segments:
-            n, step = self.num_samples, self.world_size * self.batch_size
-            return n // step if self.drop_last else -(-n // step)
-        return self._plan().num_batches
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its first batch at the next iteration.
-
-        Right after :meth:`load_state_dict`, setting the restored epoch keeps the restored
-        position, so ``for epoch in range(state["epoch"], E): loader.set_epoch(epoch)``
-        resumes exactly.
-
-        Examples
-        --------
-        >>> import feedline as fl
-        >>> loader = fl.range(6).loader(batch_size=3, format="numpy")
-        >>> loader.set_epoch(1)
-        >>> a = [b["id"].tolist() for b in loader]
-        >>> loader.set_epoch(1)
-        >>> a == [b["id"].tolist() for b in loader], loader.epoch
-        (True, 1)
-        """
-        epoch = _int("epoch", epoch, 0)
-        if self._restored and epoch == self._epoch:
-            return
-        self._close_active()
-        self._restored = False
-        self._epoch, self._consumed, self._segments = epoch, 0, ()
-
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -426,14 +345,6 @@ class Loader(LoaderViews):
         gen = self._consume(node, plan, self._consumed, self._epoch, token, asked)
         self._active = weakref.ref(gen)
         return gen
-
-    def _position(self) -> EpochPlan:
-        """The current epoch's plan, moving on to the next epoch when this one is complete."""
-        plan = self._plan()
-        if plan.num_batches and self._consumed >= plan.num_batches:
-            self._epoch, self._consumed, self._segments = self._epoch + 1, 0, ()
-            plan = self._plan()
-        return plan
 
     def _close_active(self) -> None:
         gen = self._active() if self._active is not None else None
@@ -539,71 +450,6 @@ class Loader(LoaderViews):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's position: tiny and JSON-safe (batches yielded to the caller so far).
-
-        Examples
-        --------
-        >>> import feedline as fl
-        >>> loader = fl.range(8).loader(batch_size=2, format="numpy")
-        >>> _ = next(iter(loader))
-        >>> loader.state_dict()["batches"]
-        1
-        """
-        return State(
-            seed=self.seed, epoch=self._epoch, batches=self._consumed, rank=self.rank,
-            world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
-            shuffle=self.shuffle, shuffle_window=self._prepare().window,
-            num_samples=self.num_samples, history=self._segments, fingerprint=self._fingerprint,
-        ).as_dict()  # fmt: skip
-
-    @functools.cached_property
-    def _fingerprint(self) -> str | None:
-        """The dataset's fingerprint (its manifest's shard checksums); ``None`` if unwritten."""
-        return self._source().fingerprint
-
-    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
-        """Resume from ``state_dict()``: the next iteration yields exactly the unseen batches.
-
-        Seed, shuffle and window come from the state (the order must be the checkpoint's); a
-        seed given explicitly to this loader must be the state's (else ConfigurationError).
-        With a different ``world_size``, ``batch_size`` or ``drop_last`` the samples no old
-        rank yielded are split over the new ranks (elastic resume). One state stands for all
-        old ranks having yielded as many batches (lock-step training); pass every old rank's
-        state otherwise.
-
-        Every field is validated first (types, ranges, keys, version), then the state must
-        have been taken on this dataset (the manifest's fingerprint and the sample count) at
-        a position its epoch holds; anything else raises :class:`ConfigurationError` naming
-        the field and leaves the loader as it was (see :mod:`feedline.loader.state`).
-
-        Examples
-        --------
-        >>> import feedline as fl
-        >>> ds = fl.range(8)
-        >>> first = ds.loader(batch_size=2, format="numpy", seed=5)
-        >>> it = iter(first)
-        >>> head = [next(it)["id"].tolist() for _ in range(2)]
-        >>> resumed = ds.loader(batch_size=2, format="numpy")
-        >>> resumed.load_state_dict(first.state_dict())
-        >>> whole = [b["id"].tolist() for b in ds.loader(batch_size=2, format="numpy", seed=5)]
-        >>> head + [b["id"].tolist() for b in resumed] == whole
-        True
-        """
-        states = parse_states(state)  # before loading any data
-        backend = self._prepare()
-        at = restore(
-            states, num_samples=backend.num_samples, streaming=backend.mode == "none",
-            world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
-            fingerprint=self._fingerprint, seed=self.seed if self._seed_given else None,
-        )  # fmt: skip
-        self._close_active()
-        self.seed, self.shuffle, backend.window = at.seed, at.shuffle, at.window
-        self._epoch, self._segments, self._consumed = at.epoch, at.segments, at.batches
-        self._restored = True
 
     def __repr__(self) -> str:
         return (

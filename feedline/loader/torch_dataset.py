@@ -19,10 +19,11 @@ iteration where it stopped.)
 that also forwards ``state_dict()`` / ``load_state_dict()``, so Lightning stores the
 loader's position in its checkpoints and ``Trainer.fit(ckpt_path=...)`` resumes exactly.
 
-PyTorch Lightning: return ``loader.as_torch_dataloader()`` from ``train_dataloader()``; the loader takes rank and world size from ``torch.distributed``
-when Lightning has initialized it (build the loader in ``setup()`` or later). Accelerate:
-the loader already shards by rank, so leave its DataLoader out of ``accelerator.prepare``
-(which would shard it again) and pass ``device=accelerator.device`` to the loader.
+PyTorch Lightning: return ``loader.as_torch_dataloader()`` from ``train_dataloader()``; the
+loader takes rank and world size from ``torch.distributed`` when Lightning has initialized
+it (build the loader in ``setup()`` or later). Accelerate: the loader already shards by
+rank, so leave its DataLoader out of ``accelerator.prepare`` (which would shard it again)
+and pass ``device=accelerator.device`` to the loader.
 """
 
 from __future__ import annotations

@@ -22,25 +22,25 @@ that differ from open_clip's only where ftfy changes the text (curly quotes, moj
 ligatures, width, control characters, a third level of HTML escaping).
 Blank lines of the merges file are ignored (the published code turns a short file's
 trailing newline into an empty vocabulary entry; it cuts the 16e6 file at merge 48 894,
-before its end). Also home of the array helpers :mod:`feedline.preprocess.text` uses.
+before its end). The id-array helpers it shares with :mod:`feedline.preprocess.text` live in
+:mod:`feedline.preprocess.token_arrays`, the file reading in
+:mod:`feedline.preprocess.token_files` (both re-exported here).
 """
 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import html
 import re as std_re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache, partial
-from itertools import chain
 from typing import Any
 
-import fsspec
 import numpy as np
-import pyarrow as pa
 
-from feedline.errors import ConfigurationError, DataError, IntegrityError, MissingDependencyError
+from feedline.errors import ConfigurationError, DataError, MissingDependencyError
+from feedline.preprocess.token_arrays import frame, pack, pack_chunks, tensor_array
+from feedline.preprocess.token_files import read_source
 
 __all__ = ["PRESETS", "WORDS_PATTERN", "ClipTokenizer", "bytes_to_unicode", "clean_text", "frame",
            "pack", "pack_chunks", "read_source", "tensor_array"]
@@ -62,120 +62,6 @@ _ASCII_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d|[a-z]+|[0-9]|[^ a-z0-9]+"
 CACHE_SIZE = 1 << 18
 #: CLIP keeps merges[1 : 49152 - 256 - 2 + 1] of the vocabulary file
 DEFAULT_NUM_MERGES = 49152 - 256 - 2
-
-
-def read_source(path: str, sha256: str | None = None, what: str = "tokenizer") -> tuple[bytes, str]:
-    """Read a file through fsspec; return its bytes and SHA-256 (checked against ``sha256``)."""
-    try:
-        with fsspec.open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError as exc:
-        raise ConfigurationError(
-            f"The {what} file {path!r} does not exist. Fix: check the path (any fsspec URL "
-            "works, e.g. s3://bucket/tokenizer.json)."
-        ) from exc
-    except (OSError, ValueError, ImportError) as exc:
-        raise ConfigurationError(
-            f"Cannot read the {what} file {path!r}: {type(exc).__name__}: {exc}. Fix: check "
-            "the path and that the filesystem's fsspec package is installed."
-        ) from exc
-    digest = hashlib.sha256(data).hexdigest()
-    if sha256 is not None and digest != sha256:
-        raise IntegrityError(
-            f"The {what} file {path!r} has changed since this preprocessor was defined: its "
-            f"SHA-256 is {digest[:16]}…, the saved state expects {sha256[:16]}…. Token ids "
-            "would no longer match training. Fix: restore the original file, or re-create the "
-            "preprocessor with the new file (and re-tokenize the data)."
-        )
-    return data, digest
-
-
-def pack(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Ragged id lists as one ``int32`` array of all ids and an ``int64`` array of lengths.
-
-    Examples
-    --------
-    >>> [a.tolist() for a in pack([[5, 6], [], [7]])]
-    [[5, 6, 7], [2, 0, 1]]
-    """
-    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-    flat = np.fromiter(chain.from_iterable(seqs), dtype=np.int32, count=int(lengths.sum()))
-    return flat, lengths
-
-
-def tensor_array(matrix: np.ndarray) -> pa.Array:
-    """An ``arrow.fixed_shape_tensor`` array of the rows of a 2-d array (empty ones too)."""
-    storage = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
-    kind = pa.fixed_shape_tensor(pa.from_numpy_dtype(matrix.dtype), [matrix.shape[1]])
-    return pa.ExtensionArray.from_storage(kind, storage)
-
-
-def pack_chunks(lists: Sequence[Sequence[int]], counts: Iterable[int],
-                rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Like :func:`pack` for rows made of ``counts[i]`` consecutive id lists each."""
-    sizes = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-    ends = np.concatenate([[0], np.cumsum(sizes)])
-    flat = np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=int(ends[-1]))
-    per_row = np.fromiter(counts, dtype=np.int64, count=rows)
-    return flat, np.diff(ends[np.concatenate([[0], np.cumsum(per_row)])])
-
-
-def frame(
-    flat: np.ndarray,
-    lengths: np.ndarray,
-    length: int,
-    pad_id: int,
-    *,
-    prefix: Sequence[int] = (),
-    suffix: Sequence[int] = (),
-    truncate: bool = True,
-    left: bool = False,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Lay out packed ids (see :func:`pack`) as a padded matrix, vectorized.
-
-    Each row is ``prefix + ids + suffix``; with ``truncate`` the ids are cut so the row fits
-    in ``length`` (the prefix and suffix are kept, as CLIP keeps its end token). Without
-    ``truncate`` the matrix widens to the longest row.
-
-    Returns
-    -------
-    ids, mask, lengths:
-        ``int32 (n, width)`` ids, boolean ``(n, width)`` mask of real tokens, row lengths.
-
-    Examples
-    --------
-    >>> ids, mask, n = frame(*pack([[5, 6, 7], [8]]), 4, 0, prefix=[1], suffix=[2])
-    >>> ids.tolist(), n.tolist()
-    ([[1, 5, 6, 2], [1, 8, 2, 0]], [4, 3])
-    >>> frame(*pack([[5, 6]]), 3, 0, left=True)[0].tolist()
-    [[0, 5, 6]]
-    """
-    n = len(lengths)
-    extra = len(prefix) + len(suffix)
-    if truncate and extra > length:
-        raise ConfigurationError(
-            f"max_length={length} leaves no room for the {extra} special tokens. Fix: use a "
-            "larger max_length."
-        )
-    keep = np.minimum(lengths, length - extra) if truncate else lengths
-    if truncate and bool((keep < lengths).any()):
-        starts = np.cumsum(lengths) - lengths
-        position = np.arange(flat.size) - np.repeat(starts, lengths)
-        flat = flat[position < np.repeat(keep, lengths)]
-    total = keep + extra
-    width = length if truncate else int(max(length, total.max(initial=0)))
-    offset = width - total if left else np.zeros(n, dtype=np.int64)
-    column = np.arange(width)[None, :] - offset[:, None]
-    mask = (column >= 0) & (column < total[:, None])
-    ids = np.full((n, width), pad_id, dtype=np.int32)
-    start = len(prefix)
-    ids[(column >= start) & (column < (start + keep)[:, None])] = flat
-    rows = np.arange(n)
-    for j, token in enumerate(prefix):
-        ids[rows, offset + j] = token
-    for j, token in enumerate(suffix):
-        ids[rows, offset + start + keep + j] = token
-    return ids, mask, total
 
 
 @lru_cache

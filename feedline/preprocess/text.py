@@ -26,14 +26,9 @@ from feedline.errors import (
     SchemaError,
 )
 from feedline.preprocess.base import Preprocessor, register
-from feedline.preprocess.clip_bpe import (
-    CACHE_SIZE,
-    ClipTokenizer,
-    frame,
-    pack,
-    read_source,
-    tensor_array,
-)
+from feedline.preprocess.clip_bpe import CACHE_SIZE, ClipTokenizer
+from feedline.preprocess.token_arrays import frame, pack, tensor_array
+from feedline.preprocess.token_files import read_source
 
 __all__ = ["Tokenize"]
 

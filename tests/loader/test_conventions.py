@@ -163,13 +163,13 @@ def test_the_torch_dataloader_drops_an_abandoned_pass_and_resumes_a_restored_one
     assert isinstance(dl, DataLoader) and len(dl) == 10
     abandoned = iter(dl)
     next(abandoned), next(abandoned)
-    whole = [b["id"].tolist() for b in dl]
-    assert sum(whole, []) == list(range(100))
+    whole = [i for b in dl for i in b["id"].tolist()]
+    assert whole == list(range(100))
 
     train = ds.loader(batch_size=10, seed=3, format="numpy").as_torch_dataloader()
     full = [b["id"].tolist() for b in train]  # epoch 0
     resumed_from = None
-    for index, batch in enumerate(train):  # epoch 1, stopped after 4 batches
+    for index, _ in enumerate(train):  # epoch 1, stopped after 4 batches
         if index == 3:
             resumed_from = train.state_dict()
             break
