@@ -27,6 +27,9 @@ from feedline.io.tensor_codec import is_tensor_type
 from feedline.loader.arrays import prefault
 from feedline.loader.columns import ColumnSpec, chunk_to_numpy, estimate_bytes
 from feedline.loader.packed import Packing, column_views, gather_packed, plan_packing
+from feedline.loader.page_fill import PageFill
+from feedline.progress import bar as progress_bar
+from feedline.progress import noop
 
 if TYPE_CHECKING:
     from feedline.io.manifest import ShardInfo
@@ -274,23 +277,31 @@ def _load_files(
     packing: Packing,
     threads: int,
     storage: dict[str, np.ndarray] | None = None,
+    advance: Callable[[int], None] = noop,
 ) -> ColumnCache:
     specs = packing.specs
-    names = [s.name for s in specs]
     file_of, local, starts = layout.locate()
     sizes = layout.row_group_sizes
     if storage is None:
         storage = packing.allocate(layout.num_rows)
     views = column_views(packing, storage)
     rows = read_rows(packing, layout.source.schema())
+    pages = PageFill(layout, specs)
 
     def read_one(g: int) -> None:
         f, i = int(file_of[g]), int(local[g])
         where = f"shard {layout.files[f].url!r}, row group {i}"
         for values in storage.values():  # this row group's pages, populated in bulk
             prefault(values, int(starts[g]), int(starts[g] + sizes[g]))
-        pieces = _checked(layout.iter_read(f, [i], names, rows), int(sizes[g]), where)
-        fill_arrays(views, pieces, specs, int(starts[g]), where)
+        with layout._local(f) as cached:  # a shard cache's copy, held from eviction
+            copied = pages.copy(f, i, int(starts[g]), views, cached)  # pages straight in place
+            rest = [s for s in specs if s.name not in copied]
+            if rest:
+                read = [s.name for s in rest]
+                parts = layout.source.iter_read(f, [i], read, rows, path=cached)
+                pieces = _checked(parts, int(sizes[g]), where)
+                fill_arrays(views, pieces, rest, int(starts[g]), where)
+        advance(int(sizes[g]))
         pa.default_memory_pool().release_unused()  # the decoded pieces: back to the system
 
     todo = [g for g in range(len(sizes)) if sizes[g]]
@@ -351,13 +362,16 @@ def _checked(batches: Iterable[pa.RecordBatch], rows: int, where: str) -> Iterat
         )
 
 
-def _load_batches(stream: BatchStream, packing: Packing, budget: int | None) -> ColumnCache:
+def _load_batches(
+    stream: BatchStream, packing: Packing, budget: int | None, advance: Callable[[int], None] = noop
+) -> ColumnCache:
     specs = packing.specs
     names = [s.name for s in specs]
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
     rows = 0
     for batch in stream.iter_batches(names):
         rows += batch.num_rows
+        advance(batch.num_rows)
         if budget is not None and estimate_bytes(specs, rows) > budget:
             raise ConfigurationError(
                 f"The loader columns {names} of this computed dataset exceed the memory budget "
@@ -407,10 +421,12 @@ def load_cache(
     packing = specs if isinstance(specs, Packing) else plan_packing(specs)
     if layout is None and isinstance(source, ShardSource):
         layout = FileLayout(source)
-    if layout is not None:
-        workers = threads or min(MAX_READ_THREADS, os.cpu_count() or 1)
-        return _load_files(layout, packing, workers, storage)
-    return _load_batches(source, packing, budget)
+    kind = "memory" if storage is None else "node"  # the caller's storage: a node cache file
+    with progress_bar(f"fill the {kind} cache", total=known_rows(source)) as advance:
+        if layout is not None:
+            workers = threads or min(MAX_READ_THREADS, os.cpu_count() or 1)
+            return _load_files(layout, packing, workers, storage, advance)
+        return _load_batches(source, packing, budget, advance)
 
 
 def read_table(source: LoaderSource, columns: Sequence[str], layout: FileLayout | None) -> pa.Table:

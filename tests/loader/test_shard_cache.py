@@ -315,3 +315,29 @@ def test_an_empty_cache_dir_is_a_clear_error(tmp_path):
     ds = fl.from_arrow(pa.table({"id": list(range(10))}))
     with pytest.raises(fl.ConfigurationError, match="cache_dir='' names no folder"):
         ds.loader(batch_size=2, cache_dir="")
+
+
+def test_uncompressed_tensors_are_copied_from_the_cached_shards(s3_bucket, tmp_path, monkeypatch):
+    """A remote dataset read through the shard cache takes the page copy from the local copies
+    (feedline/loader/page_fill.py) and gives the written values."""
+    from feedline.loader.page_fill import PageFill
+
+    copied: list[set[str]] = []
+    real = PageFill.copy
+
+    def spy(self, *args, **kwargs):
+        copied.append(real(self, *args, **kwargs))
+        return copied[-1]
+
+    monkeypatch.setattr(PageFill, "copy", spy)
+    images = np.random.default_rng(4).integers(0, 256, (400, 2, 8, 8), dtype=np.uint8)
+    table = pa.table({"image": pa.FixedShapeTensorArray.from_numpy_ndarray(images)})
+    url = f"{s3_bucket.url}/tensors"
+    fl.from_arrow(table).write(url, rows_per_shard=100, row_group_rows=50, compression=None,
+                               storage_options=s3_bucket.storage_options)  # fmt: skip
+    ds = fl.open(url, storage_options=s3_bucket.storage_options)
+    loader = ds.loader(batch_size=100, format="numpy", shuffle=False, cache="memory",
+                       cache_dir=tmp_path / "c", prefetch=0)  # fmt: skip
+    got = np.concatenate([np.asarray(b["image"]) for b in loader])
+    np.testing.assert_array_equal(got, images)
+    assert copied == [{"image"}] * 8, copied
