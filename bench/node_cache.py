@@ -47,8 +47,9 @@ OUT = HERE / "out" / "node_cache.json"
 WIDTH = 1024
 BATCH = 256
 SEED = 7
-#: ``--advice``: the readahead the node cache's mapping gets (the loader leaves the default)
-ADVICE = {"normal": mmap.MADV_NORMAL, "random": mmap.MADV_RANDOM}
+#: ``--advice``: the readahead the node cache's mapping gets; ``loader`` keeps what the loader
+#: chose (``MADV_RANDOM`` when the file is over half the memory its page cache can use)
+ADVICE = {"normal": mmap.MADV_NORMAL, "random": mmap.MADV_RANDOM, "loader": None}
 
 
 def make_data(path: Path, gb: float) -> int:
@@ -107,7 +108,8 @@ def run(loader: Any, files: list[Path], condition: str, data_bytes: int, seconds
         advice: str) -> dict:  # fmt: skip
     maps = mappings(loader)
     for memory in maps:
-        memory.madvise(ADVICE[advice])
+        if ADVICE[advice] is not None:
+            memory.madvise(ADVICE[advice])
     if condition == "warm":
         warm(files)
     else:

@@ -305,3 +305,36 @@ if __name__ == "__main__":
         _worker(folder, cache_dir, cache, int(rank), int(world), out)
     elif sys.argv[1] == "hold":
         _hold_lock_and_die(Path(sys.argv[2]), sys.argv[3])
+
+
+def _mapping_flags(file: Path) -> list[str]:
+    """``VmFlags`` of this process's mappings of ``file`` (``rr``: ``MADV_RANDOM``)."""
+    flags, inside = [], False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split()[0] and not line.split()[0].endswith(":"):  # a mapping's header
+            inside = line.rstrip().endswith(str(file))
+        elif inside and line.startswith("VmFlags:"):
+            flags.append(line.split(":", 1)[1])
+    return flags
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux /proc smaps")
+@pytest.mark.parametrize("room", [10**6, 10**12])
+def test_a_file_larger_than_the_page_cache_is_mapped_for_random_reads(tmp_path, monkeypatch,
+                                                                      room):  # fmt: skip
+    """Over half the memory the page cache may use, the mapping gets ``MADV_RANDOM``: the
+    kernel's readahead around each fault of a shuffled gather evicted the pages the next
+    batches needed (~57x slower with the page cache capped at half the file)."""
+    path = _write(tmp_path / "ds", 4_000)
+    kw = {"batch_size": 500, "seed": 1, "format": "numpy", "cache": "node",
+          "cache_dir": tmp_path / "c"}  # fmt: skip
+    first = fl.open(path).loader(**kw)
+    expected = _ids(first)
+    monkeypatch.setattr(node_cache, "memory_room", lambda: room)
+    loader = fl.open(path).loader(**kw)
+    batch = next(iter(loader))
+    file = Path(loader.stats()["node_cache_file"])
+    flags = _mapping_flags(file)
+    assert flags, f"no mapping of {file} in /proc/self/smaps"
+    assert any("rr" in f.split() for f in flags) == (room < 10**9)
+    assert np.array_equal(np.asarray(batch["id"]), expected[:500])

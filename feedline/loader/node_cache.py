@@ -240,11 +240,53 @@ def _try_open(
         memory = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
     finally:
         os.close(fd)
+    if size > memory_room() // 2 and hasattr(memory, "madvise"):
+        # larger than the page cache can hold: a shuffled gather touches rows at random, and
+        # the kernel's readahead around each fault would evict the pages the next batches
+        # need (measured ~70x slower with the page cache capped at half the file)
+        with contextlib.suppress(OSError):
+            memory.madvise(mmap.MADV_RANDOM)
     if header.get("boot") != _boot_id():  # written before a reboot and never fsynced
         if not _data_ok(memory, header):
             return None  # not all of it reached the disk
         _restamp(path, header, locked)
     return header, _views(memory, header, header["data_offset"])
+
+
+def memory_room() -> int:
+    """Bytes of memory this process's page cache can use: the machine's physical memory,
+    or its memory cgroup's limit when that is lower (cgroup v2 or v1).
+
+    Examples
+    --------
+    >>> 0 < memory_room() <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    True
+    """
+    room = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit in _cgroup_limits():
+        room = min(room, limit)
+    return room
+
+
+def _cgroup_limits() -> Iterator[int]:
+    """The memory limits of this process's cgroup (its own line of ``/proc/self/cgroup``)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            files = [Path("/sys/fs/cgroup", group.lstrip("/"), "memory.max")]
+        elif "memory" in controllers.split(","):  # cgroup v1
+            files = [Path("/sys/fs/cgroup/memory", group.lstrip("/"), "memory.limit_in_bytes")]
+        else:
+            continue
+        for file in files:
+            with contextlib.suppress(OSError, ValueError):
+                text = file.read_text().strip()
+                if text != "max":
+                    yield int(text)
 
 
 def _restamp(path: Path, header: dict[str, Any], locked: bool) -> None:
