@@ -4,7 +4,8 @@ with Polars, DuckDB and pandas, in one run.
 Usage::
 
     flock /tmp/feedline-bench.lock .venv/bin/python bench/ops.py [--rows 10000000]
-        [--repeat 2] [--only ops|numpy] [--files 100] [--cols 1000]
+        [--repeat 2] [--only ops|numpy|spark|ray] [--files 100] [--cols 1000]
+        [--engine-rows 2000000]
 
 * ``ops``: groupby-agg (sum, mean, count over 1 000 000 keys), sort (by a float column,
   all columns carried) and an inner join with a 1 000 000-row dimension table, on
@@ -12,6 +13,13 @@ Usage::
   Polars frame, a pandas frame), each result collected in memory (Arrow table / frame).
   feedline delegates these to its embedded engine; the goal is within 1.2x of the best peer.
   When this feedline has no relational operators yet, its rows say ``n/a``.
+* ``spark`` / ``ray``: the same three operations on ``--engine-rows`` rows read from Parquet
+  (8 files of facts, 1 of dimensions, in ``/tmp/feedline-bench-ops``), the result collected
+  on the driver as one Arrow table: feedline's ``SparkEngine`` vs plain Spark DataFrame code
+  (``groupBy().agg``, ``orderBy``, ``join``, ``toArrow()``) on the same ``local[2]``
+  session, and feedline's ``RayEngine`` vs plain Ray Data code (``groupby().aggregate``,
+  ``sort``, ``join``, ``to_arrow_refs``) on the same local ``ray.init(num_cpus=2)``, each
+  with its defaults. Goal: feedline >= 0.9x the native engine (ratio = native / feedline).
 * ``numpy``: the "speed cubing" read: ``--files`` Parquet files of 1000 rows x ``--cols``
   float64 columns (written by pandas, snappy, cached in ``/tmp/feedline-bench-cubes``)
   read into one ``(rows, cols)`` array: ``fl.read_parquet(folder).to_numpy(stack=True)``
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -46,6 +55,7 @@ from rich.table import Table
 import feedline as fl
 
 CUBES = Path("/tmp/feedline-bench-cubes")
+ENGINE_DATA = Path("/tmp/feedline-bench-ops")
 OUT = Path(__file__).parent / "out" / "ops.json"
 
 
@@ -130,24 +140,164 @@ def rows_of(result: Any) -> int:
     return result.num_rows if isinstance(result, pa.Table) else len(result)
 
 
+def interleaved(
+    runners: dict[str, Callable[[], Any]], repeat: int
+) -> dict[str, tuple[float, int]]:
+    """Each runner's best wall time of ``repeat`` calls and its result's row count; the
+    runners take turns (round-robin) so that load swings on this shared machine hit them
+    alike."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    counts: dict[str, int] = {}
+    for _ in range(repeat):
+        for name, fn in runners.items():
+            start = time.perf_counter()
+            result = fn()
+            times[name].append(time.perf_counter() - start)
+            counts[name] = rows_of(result)
+            del result
+    return {name: (min(times[name]), counts[name]) for name in runners}
+
+
+def checked(op: str, measured: dict[str, tuple[float, int]]) -> int:
+    """The row count every library returned (exits when they differ)."""
+    counts = {name: rows for name, (_, rows) in measured.items()}
+    if len(set(counts.values())) > 1:
+        raise SystemExit(f"{op}: the libraries returned different row counts {counts}")
+    return next(iter(counts.values()))
+
+
 def bench_ops(rows: int, repeat: int) -> list[dict[str, Any]]:
     facts, dims = make_tables(rows, keys=1_000_000)
     results = []
     for op, runners in op_runners(facts, dims).items():
         row: dict[str, Any] = {"case": f"{op} ({rows:,} rows)"}
-        counts = {}
+        names = [n for n in ("feedline", "polars", "duckdb", "pandas") if n in runners]
+        measured = interleaved({n: runners[n] for n in names}, repeat)
         for name in ("feedline", "polars", "duckdb", "pandas"):
-            if name not in runners:
-                row[name] = None
-                continue
-            seconds, result = best(runners[name], repeat)
-            row[name] = seconds
-            counts[name] = rows_of(result)
-            del result
-        if len(set(counts.values())) > 1:
-            raise SystemExit(f"{op}: the libraries returned different row counts {counts}")
-        row["rows_out"] = next(iter(counts.values()))
+            row[name] = measured[name][0] if name in measured else None
+        row["rows_out"] = checked(op, measured)
         results.append(row)
+    return results
+
+
+def write_engine_data(rows: int) -> tuple[Path, Path]:
+    """``rows`` facts as 8 Parquet files and the dimension table as one (cached)."""
+    folder = ENGINE_DATA / str(rows)
+    facts_dir, dims_dir = folder / "facts", folder / "dims"
+    if not (folder / "_done").exists():
+        import pyarrow.parquet as pq
+
+        facts, dims = make_tables(rows, keys=min(1_000_000, rows // 10))
+        facts_dir.mkdir(parents=True, exist_ok=True)
+        dims_dir.mkdir(parents=True, exist_ok=True)
+        step = -(-rows // 8)
+        for part, start in enumerate(range(0, rows, step)):
+            pq.write_table(facts.slice(start, step), facts_dir / f"part-{part}.parquet")
+        pq.write_table(dims, dims_dir / "part-0.parquet")
+        (folder / "_done").write_text("ok")
+    return facts_dir, dims_dir
+
+
+def spark_runners(facts_dir: Path, dims_dir: Path) -> dict[str, dict[str, Callable[[], Any]]]:
+    """feedline's SparkEngine and plain Spark DataFrame code on one local[2] session."""
+    from pyspark.sql import functions as F
+
+    from feedline.engines.spark import spark_session
+
+    # 3 GB of driver heap (local mode: the executor too) for both; Spark's default 1 GB
+    # runs out collecting 2M joined rows into feedline's per-partition stream
+    spark = spark_session("local[2]", **{"spark.driver.memory": "3g"})
+    engine = fl.SparkEngine(spark)
+    facts, dims = spark.read.parquet(str(facts_dir)), spark.read.parquet(str(dims_dir))
+    fdf, fdims = fl.read_parquet(facts_dir), fl.read_parquet(dims_dir)
+    # warm-up (JVM, Python workers): not timed
+    fl.range(1000).sort("id").to_arrow(engine=engine)
+    spark.range(1000).orderBy("id").toArrow()
+    return {
+        "groupby-agg": {
+            "feedline": lambda: fdf.groupby("k")
+            .agg(s=("v", "sum"), m=("v", "mean"), n=("*", "count"))
+            .to_arrow(engine=engine),
+            "native": lambda: facts.groupBy("k")
+            .agg(F.sum("v").alias("s"), F.avg("v").alias("m"), F.count(F.lit(1)).alias("n"))
+            .toArrow(),
+        },
+        "sort": {
+            "feedline": lambda: fdf.sort("v").to_arrow(engine=engine),
+            "native": lambda: facts.orderBy(F.col("v").asc_nulls_last()).toArrow(),
+        },
+        "join": {
+            "feedline": lambda: fdf.join(fdims, on="k").to_arrow(engine=engine),
+            "native": lambda: facts.join(dims, on="k", how="inner").toArrow(),
+        },
+    }
+
+
+def ray_runners(facts_dir: Path, dims_dir: Path) -> dict[str, dict[str, Callable[[], Any]]]:
+    """feedline's RayEngine and plain Ray Data code on one local ray.init(num_cpus=2)."""
+    import ray
+    from ray.data.aggregate import Count, Mean, Sum
+
+    engine = fl.RayEngine(num_cpus=2)
+    engine.ensure_ray()
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    fdf, fdims = fl.read_parquet(facts_dir), fl.read_parquet(dims_dir)
+
+    def collect(rds: Any) -> pa.Table:
+        return pa.concat_tables(ray.get(rds.to_arrow_refs()))
+
+    def facts() -> Any:
+        return ray.data.read_parquet(str(facts_dir))
+
+    # warm-up (worker processes, imports): not timed
+    fl.range(1000).sort("id").to_arrow(engine=engine)
+    collect(ray.data.range(1000).sort("id"))
+
+    return {
+        "groupby-agg": {
+            "feedline": lambda: fdf.groupby("k")
+            .agg(s=("v", "sum"), m=("v", "mean"), n=("*", "count"))
+            .to_arrow(engine=engine),
+            "native": lambda: collect(
+                facts().groupby("k").aggregate(
+                    Sum("v", alias_name="s"), Mean("v", alias_name="m"), Count(alias_name="n")
+                )
+            ),
+        },
+        "sort": {
+            "feedline": lambda: fdf.sort("v").to_arrow(engine=engine),
+            "native": lambda: collect(facts().sort("v")),
+        },
+        "join": {
+            "feedline": lambda: fdf.join(fdims, on="k").to_arrow(engine=engine),
+            "native": lambda: collect(
+                facts().join(
+                    ray.data.read_parquet(str(dims_dir)), join_type="inner", on=("k",),
+                    num_partitions=2,
+                )
+            ),
+        },
+    }
+
+
+def bench_engine(kind: str, rows: int, repeat: int) -> list[dict[str, Any]]:
+    """feedline on Spark or Ray vs the same engine's own API doing the same job."""
+    facts_dir, dims_dir = write_engine_data(rows)
+    make = spark_runners if kind == "spark" else ray_runners
+    label = "Spark local[2]" if kind == "spark" else "Ray, 2 CPUs"
+    results = []
+    for op, runners in make(facts_dir, dims_dir).items():
+        measured = interleaved(runners, repeat)
+        results.append(
+            {
+                "case": f"{op} ({rows:,} rows, {label})",
+                "engine": kind,
+                "feedline": measured["feedline"][0],
+                "native": measured["native"][0],
+                "rows_out": checked(op, measured),
+            }
+        )
     return results
 
 
@@ -194,6 +344,8 @@ def report(rows: list[dict[str, Any]], before: str, after: str) -> None:
     for column in ["case", *names, "best peer / feedline", "pandas / feedline"]:
         table.add_column(column, justify="left" if column == "case" else "right")
     for row in rows:
+        if "engine" in row:
+            continue
         peers = [row.get(n) for n in names[1:] if row.get(n) is not None]
         if "polars" in row and "duckdb" not in row:  # the to_numpy row
             peers = [row[n] for n in ("pandas", "polars")]
@@ -208,7 +360,19 @@ def report(rows: list[dict[str, Any]], before: str, after: str) -> None:
                 "  same, order='F'", f"{f_order:.3f}", "", "", "",
                 f"{min(peers) / f_order:.2f}x", f"{row['pandas'] / f_order:.2f}x",
             )  # fmt: skip
-    console.print(table)
+    if table.rows:
+        console.print(table)
+    engines = Table(title="feedline on an engine vs the engine's own API (seconds, best of runs)")
+    for column in ("case", "feedline", "native", "native / feedline (goal >= 0.9)"):
+        engines.add_column(column, justify="left" if column == "case" else "right")
+    for row in rows:
+        if "engine" in row:
+            engines.add_row(
+                row["case"], f"{row['feedline']:.3f}", f"{row['native']:.3f}",
+                f"{row['native'] / row['feedline']:.2f}x",
+            )  # fmt: skip
+    if engines.rows:
+        console.print(engines)
     console.print(f"load averages (1/5/15 min): before {before}, after {after}; the machine is "
                   f"shared with other work, {os.cpu_count()} CPUs")
 
@@ -216,10 +380,11 @@ def report(rows: list[dict[str, Any]], before: str, after: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--engine-rows", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--cols", type=int, default=1000)
-    parser.add_argument("--only", choices=["ops", "numpy"])
+    parser.add_argument("--only", choices=["ops", "numpy", "spark", "ray"])
     args = parser.parse_args()
     before = load()
     rows: list[dict[str, Any]] = []
@@ -227,6 +392,9 @@ def main() -> None:
         rows += bench_ops(args.rows, args.repeat)
     if args.only in (None, "numpy"):
         rows += bench_numpy(args.files, args.cols, args.repeat)
+    for kind in ("spark", "ray"):
+        if args.only in (None, kind):
+            rows += bench_engine(kind, args.engine_rows, args.repeat)
     after = load()
     report(rows, before, after)
     OUT.parent.mkdir(parents=True, exist_ok=True)

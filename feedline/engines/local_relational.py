@@ -17,6 +17,7 @@ wins the join only).
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -26,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.engines.duckdb_sql import relational_sql
-from feedline.errors import ConfigurationError, MissingDependencyError, SchemaError
+from feedline.engines.duckdb_inputs import register_direct
+from feedline.engines.duckdb_sql import quote, relational_sql
+from feedline.errors import ConfigurationError, DataError, MissingDependencyError, SchemaError
 from feedline.io.source import ExecutionReport, ReadTask, check_columns
-from feedline.plan import Limit
+from feedline.plan import Limit, Select
 
 if TYPE_CHECKING:
     from feedline.engines.local import LocalEngine
@@ -41,6 +43,8 @@ __all__ = ["conform", "relational_tasks"]
 #: counters of the inputs' reports carried into the relational plan's report
 _CARRIED = ("files_read", "row_groups_total", "row_groups_read", "row_groups_skipped",
             "rows_read", "bytes_read", "records_skipped", "function_calls")  # fmt: skip
+#: the attribute of an engine copy holding the DuckDB database nested operators share
+_SHARED = "_feedline_duckdb"
 
 
 def relational_tasks(
@@ -64,8 +68,11 @@ def relational_tasks(
     if columns is not None:
         check_columns(source.schema(), columns, source.describe())
 
+    # DuckDB computes only the columns asked for (a predicate may need others)
+    wanted = list(columns) if columns is not None and predicate is None else None
+
     def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
-        for batch in _run(engine, source, report):
+        for batch in _run(engine, source, report, wanted):
             if predicate is not None:
                 batch = batch.filter(predicate)
             yield batch.select(list(columns)) if columns is not None else batch
@@ -74,7 +81,10 @@ def relational_tasks(
 
 
 def _run(
-    engine: LocalEngine, source: RelationalSource, report: ExecutionReport
+    engine: LocalEngine,
+    source: RelationalSource,
+    report: ExecutionReport,
+    columns: list[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     try:
         import duckdb
@@ -85,36 +95,78 @@ def _run(
     target = source.schema()
     inner = ExecutionReport()
     with ExitStack() as stack:
-        spill = engine.spill_directory or stack.enter_context(_temporary_directory())
-        con = duckdb.connect(
-            config={
-                "memory_limit": f"{max(engine.relational_memory >> 20, 16)}MB",
-                "temp_directory": str(spill),
-                "threads": engine.parallelism,
-                "preserve_insertion_order": False,
-            }
-        )
+        shared = getattr(engine, _SHARED, None)  # a nested operator: the outer one's database
+        if shared is not None:
+            con = shared.cursor()
+        else:
+            spill = engine.spill_directory or stack.enter_context(_temporary_directory())
+            con = duckdb.connect(
+                config={
+                    "memory_limit": f"{max(engine.relational_memory >> 20, 16)}MB",
+                    "temp_directory": str(spill),
+                    "threads": engine.parallelism,
+                    "preserve_insertion_order": False,
+                }
+            )
         stack.callback(con.close)
         stack.callback(_carry, inner, report)
+        child = copy.copy(engine)  # runs the inputs; nested operators share this database
+        setattr(child, _SHARED, shared if shared is not None else con)
         schemas = []
+        files: list[str] = []
         failures: list[BaseException] = []
-        for number, plan in enumerate(source.engine_inputs()):
-            reader = _input_reader(engine, plan, inner, stack, failures)
+        for number, plan in enumerate(_inputs(source)):
+            direct = register_direct(con, f"input_{number}", plan, inner)
+            if direct is not None:
+                schemas.append(direct.schema)
+                files += direct.files
+                continue
+            reader = _input_reader(child, plan, inner, stack, failures)
             schemas.append(reader.schema)
             con.register(f"input_{number}", reader)
         try:
-            yield from _query(con, source, schemas, target)
+            yield from _query(con, source, schemas, target, columns)
         except duckdb.Error as exc:
             if failures:  # an input failed (a user function, a bad file): raise that
                 raise failures[0] from None
+            bad = next((path for path in files if path in str(exc)), None)
+            if bad is not None or (files and "parquet" in str(exc).lower()):
+                where = repr(bad) if bad else f"one of {files[:3]}{'...' if len(files) > 3 else ''}"
+                raise DataError(
+                    f"Cannot decode the Parquet file {where} (input of {source.describe()}): "
+                    f"{exc}. The file is corrupt or truncated. Fix: re-create it or exclude "
+                    "it from the input."
+                ) from exc
             raise _engine_error(engine, source, exc) from exc
 
 
+def _inputs(source: RelationalSource) -> list[Plan]:
+    """The input plans, reading only the columns the operator uses where that is fewer
+    (an aggregate's keys and arguments, the right side of a semi or anti join)."""
+    plans = list(source.engine_inputs())
+    relational = source.relational
+    if relational.op == "aggregate":
+        used = [*relational.param("keys"), *(c for _, c, _ in relational.param("aggs") if c)]
+        if used:
+            plans[0] = plans[0].then(Select(tuple(dict.fromkeys(used))))
+    elif relational.op == "join" and relational.param("how") in ("semi", "anti"):
+        plans[1] = plans[1].then(Select(tuple(relational.param("on"))))
+    return plans
+
+
 def _query(
-    con: Any, source: RelationalSource, schemas: list[pa.Schema], target: pa.Schema
+    con: Any,
+    source: RelationalSource,
+    schemas: list[pa.Schema],
+    target: pa.Schema,
+    columns: list[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Run the operator's SQL on ``con`` and stream the result cast to ``target``."""
+    """Run the operator's SQL on ``con`` and stream the result (only ``columns`` when given)
+    cast to ``target``."""
     sql = relational_sql(source.relational, schemas)
+    if columns is not None and columns != target.names:
+        sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM ({sql})"
+        target = pa.schema([target.field(c) for c in columns])
     if source.relational.op == "repartition":
         # held by DuckDB (spilling when over its limit) to count the rows first
         con.execute(f"CREATE TEMP TABLE feedline_result AS {sql}").fetchall()

@@ -78,7 +78,7 @@ def infer_schema(plan: Plan) -> pa.Schema:
 def _schema_by_sampling(plan: Plan, position: int, schema: pa.Schema) -> pa.Schema:
     from feedline.engines.local import LocalEngine
 
-    head = Plan(plan.source, tuple(plan.ops[:position]))
+    head = _on_samples(Plan(plan.source, tuple(plan.ops[:position])))
     sample = None
     # one read task at a time: a Spark/Ray driver should not read a row group per core here
     engine = LocalEngine(parallelism=1, memory_budget="64MB")
@@ -98,3 +98,16 @@ def _schema_by_sampling(plan: Plan, position: int, schema: pa.Schema) -> pa.Sche
             "sample. Fix: pass output_schema= to map_batches."
         )
     return out.schema
+
+
+def _on_samples(plan: Plan) -> Plan:
+    """``plan`` with every relational operator in it (sort, join, groupby...) run over the
+    first ``SCHEMA_SAMPLE_ROWS`` rows of each of its inputs: rows of the same schema, without
+    running the operator on all the data just to learn a user function's output types."""
+    from feedline.relational.ops import RelationalSource
+
+    source = plan.source
+    if not isinstance(source, RelationalSource):
+        return plan
+    inputs = [_on_samples(child).then(Limit(SCHEMA_SAMPLE_ROWS)) for child in source.inputs]
+    return Plan(source.with_inputs(inputs), plan.ops)

@@ -134,7 +134,8 @@ class Job:
         """
         from pyspark import StorageLevel
 
-        frame = self.frame.persist(StorageLevel.MEMORY_AND_DISK)
+        with _coalescable_cache(self.frame.sparkSession):
+            frame = self.frame.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             with spark_errors(), quiet_pandas_warning():
                 frame.count()  # computes every partition in parallel
@@ -156,6 +157,26 @@ class Job:
             with contextlib.suppress(Exception):
                 broadcast.unpersist()
         self.broadcasts.clear()
+
+
+#: lets adaptive execution coalesce the shuffle partitions of a plan being cached (Spark
+#: keeps a cached plan's 200 ``spark.sql.shuffle.partitions`` otherwise: 200 fetch jobs)
+_CACHED_COALESCE = "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"
+
+
+@contextlib.contextmanager
+def _coalescable_cache(spark: Any) -> Iterator[None]:
+    """Within: a DataFrame persisted (planned) keeps adaptive partition coalescing, so a
+    sort, aggregate or join streamed to the driver has few partitions, in order."""
+    before = spark.conf.get(_CACHED_COALESCE, None)
+    spark.conf.set(_CACHED_COALESCE, "true")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_CACHED_COALESCE)
+        else:
+            spark.conf.set(_CACHED_COALESCE, before)
 
 
 def build_job(

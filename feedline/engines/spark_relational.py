@@ -7,7 +7,10 @@ runs it with Spark's own operators, never with a shuffle of its own:
 1. every input plan becomes a DataFrame through the engine's usual path
    (:func:`~feedline.engines.spark_plan.build_job`: feedline's read tasks and batch
    operators run in the executors through ``mapInArrow``); an input whose source is itself
-   relational recurses;
+   relational recurses; an input that is a plain read of local Parquet files with flat
+   types (:func:`feedline.relational.direct.plain_parquet`) is Spark's own Parquet scan
+   instead (column pruning, and the size statistics that let Spark broadcast a small
+   join side);
 2. the operator becomes DataFrame operations: ``orderBy`` (``asc``/``desc``, nulls first or
    last), ``groupBy().agg``, ``join`` (``USING`` the keys, so an outer join coalesces
    them), ``unionByName``, ``dropDuplicates``, ``repartition``; ``random_shuffle`` and
@@ -187,9 +190,16 @@ def relational_frame(
             "with engine='local', or use one of " + ", ".join(sorted(_OPS)) + "."
         )
     inputs = source.engine_inputs()
-    frames = [_input_frame(spark, plan, partitions, jobs, persist) for plan in inputs]
-    if persist and op in _TWO_PASS:
-        frames = [_persisted(frame, jobs) for frame in frames]
+    from feedline.engines.spark_inputs import native_parquet
+
+    frames = []
+    for plan in inputs:
+        native = native_parquet(spark, plan, jobs)
+        if native is not None:  # Spark reads it again cheaply: no need to persist it
+            frames.append(native)
+            continue
+        frame = _input_frame(spark, plan, partitions, jobs, persist)
+        frames.append(_persisted(frame, jobs) if persist and op in _TWO_PASS else frame)
     frame = builder(frames, relational, source)
     return frame.select(*[_col(name) for name in source.schema().names])
 

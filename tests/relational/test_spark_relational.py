@@ -345,5 +345,11 @@ def test_repartition_and_write_reopen(data, engine, tmp_path):
     assert info.engine == "spark"
     reopened = fl.open(str(tmp_path / "out")).to_arrow()
     assert _identical(reopened, ordered.to_arrow(engine="local"))
-    batches = list(ordered.iter_batches(engine=engine))
+    # several sorted partitions stream in order (small data: adaptive coalescing off)
+    conf = engine.spark.conf
+    conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+    try:
+        batches = list(ordered.iter_batches(engine=engine))
+    finally:
+        conf.unset("spark.sql.adaptive.coalescePartitions.enabled")
     assert len(batches) > 1 and _identical(pa.Table.from_batches(batches), reopened)
