@@ -88,7 +88,7 @@ def test_bench_loader_columns_load_only_those(wide_dataset: Path, capsys) -> Non
     assert _value(text, "samples") == "12,000"
     assert re.fullmatch(r"\d{1,3}(,\d{3})* samples/s", _value(text, "throughput over the run"))
     assert re.fullmatch(r"\d+\.\d%", _value(text, "data wait share of step time"))
-    assert re.fullmatch(r"\d+\.\d (KB|MB|GB)", _value(text, "peak memory (RSS)"))
+    assert re.fullmatch(r"\d+\.\d{1,2} (KB|MB|GB)", _value(text, "peak memory (RSS)"))
     assert re.fullmatch(r"\d+\.\d+ (ms|s)", _value(text, "time to first batch"))
     assert main([*argv, "--columns", "a,nope"]) == 2
     assert "nope" in capsys.readouterr().err

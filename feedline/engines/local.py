@@ -58,7 +58,8 @@ class LocalEngine:
     relational_memory:
         Memory limit of the embedded query engine (DuckDB) running sort, groupby, join,
         union, unique, random_shuffle, repartition and split; over it, they spill to
-        ``spill_directory``. Default: ``memory_budget``.
+        ``spill_directory``. Default: ``memory_budget``. DuckDB gets one thread per 64 MB
+        of it, up to ``parallelism`` (with less per thread a sort can fail to spill).
     spill_directory:
         Where they spill. Default: a fresh temporary directory, removed afterwards.
 

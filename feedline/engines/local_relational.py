@@ -80,6 +80,26 @@ def relational_tasks(
     return [ReadTask(label=source.describe(), read=read)]
 
 
+#: DuckDB threads get at least this much of ``relational_memory`` each: with less, a sort's
+#: merge pins blocks of many runs per thread at once and can fail with "failed to pin block"
+#: instead of spilling (seen at 61 MB with 2 threads)
+MEMORY_PER_THREAD = 64 << 20
+
+
+def _duckdb_threads(engine: LocalEngine) -> int:
+    """The engine's parallelism, fewer when ``relational_memory`` is small (at least one).
+
+    Examples
+    --------
+    >>> from feedline.engines.local import LocalEngine
+    >>> _duckdb_threads(LocalEngine(parallelism=4, relational_memory="1GB"))
+    4
+    >>> _duckdb_threads(LocalEngine(parallelism=4, relational_memory="64MB"))
+    1
+    """
+    return max(1, min(engine.parallelism, engine.relational_memory // MEMORY_PER_THREAD))
+
+
 def _run(
     engine: LocalEngine,
     source: RelationalSource,
@@ -104,7 +124,7 @@ def _run(
                 config={
                     "memory_limit": f"{max(engine.relational_memory >> 20, 16)}MB",
                     "temp_directory": str(spill),
-                    "threads": engine.parallelism,
+                    "threads": _duckdb_threads(engine),
                     "preserve_insertion_order": False,
                 }
             )
