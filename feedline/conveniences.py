@@ -173,7 +173,7 @@ class ConvenienceMethods:
             names,
             stack=stack,
             order=order,
-            rows=st.known_rows(ds._plan),
+            rows=ds._plan.known_rows(),
         )
 
     def _repr_html_(self) -> str:

@@ -309,17 +309,13 @@ class Dataset(RelationalMethods, ConvenienceMethods):
 
     def count(self, engine: str | Engine | None = None) -> int:
         """The number of rows (from metadata alone when the plan allows it)."""
-        ops = self._plan.ops
-        if all(isinstance(op, Select | Limit) for op in ops):
+        if all(isinstance(op, Select | Limit) for op in self._plan.ops):
             # a relational source types itself from its inputs: fit their preprocessors first
             relational = isinstance(self._plan.source, RelationalSource)
             plan = self._resolved_plan(engine) if relational else self._plan
             infer_schema(plan)  # validates selected columns without reading data
-            total = plan.source.count_rows()
+            total = plan.known_rows()
             if total is not None:
-                for op in ops:
-                    if isinstance(op, Limit):
-                        total = min(total, op.n)
                 return total
         return sum(b.num_rows for b in self._execute(engine, preserve_order=False))
 

@@ -51,10 +51,8 @@ def _runs_user_code(plan: Plan) -> bool:
 
 
 def _rows(plan: Plan) -> int | None:
-    from feedline.io.stack import known_rows
-
     try:
-        return known_rows(plan)
+        return plan.known_rows()
     except (FeedlineError, OSError, pa.ArrowException):
         return None
 

@@ -201,6 +201,25 @@ class Plan:
         """Identifies the input and the chain of operators (for caching and lineage)."""
         return fingerprint_of(self.source.fingerprint(), *self.describe())
 
+    def known_rows(self) -> int | None:
+        """The row count when metadata gives it without running anything, else ``None``.
+
+        Examples
+        --------
+        >>> from feedline.io.memory import RangeSource
+        >>> Plan(RangeSource(10)).then(Limit(4)).known_rows()
+        4
+        >>> Plan(RangeSource(10)).then(Filter(pc.field("id") > 3)).known_rows() is None
+        True
+        """
+        if not all(isinstance(op, Select | Limit) for op in self.ops):
+            return None
+        rows = self.source.count_rows()
+        for op in self.ops:
+            if rows is not None and isinstance(op, Limit):
+                rows = min(rows, op.n)
+        return rows
+
     @property
     def has_user_functions(self) -> bool:
         return any(

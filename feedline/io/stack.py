@@ -25,13 +25,12 @@ import pyarrow.parquet as pq
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.io.storage import Location
-from feedline.plan import Limit, Plan, Select
+from feedline.plan import Plan, Select
 
 __all__ = [
     "ArrayFiller",
     "fill_from_batches",
     "fill_from_parquet",
-    "known_rows",
     "numeric_columns",
     "output_columns",
     "stored_files",
@@ -363,14 +362,3 @@ def stored_files(plan: Plan, schema: pa.Schema, columns: Sequence[str]) -> list[
     if not columns or not all(is_numeric(schema.field(c).type) for c in columns):
         return None
     return source.files
-
-
-def known_rows(plan: Plan) -> int | None:
-    """The plan's row count when metadata gives it without running anything, else ``None``."""
-    if not all(isinstance(op, Select | Limit) for op in plan.ops):
-        return None
-    rows = plan.source.count_rows()
-    for op in plan.ops:
-        if rows is not None and isinstance(op, Limit):
-            rows = min(rows, op.n)
-    return rows

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError
 from feedline.io.source import ReadTask, Source, fingerprint_of
-from feedline.plan import Limit, Plan, RowHash, Select
+from feedline.plan import Plan, RowHash
 from feedline.relational.rowhash import ROW_HASH_COLUMN
 from feedline.relational.schema import output_schema
 
@@ -125,7 +125,7 @@ class RelationalSource(Source):
 
     def count_rows(self) -> int | None:
         if self.relational.op in ("sort", "random_shuffle", "repartition", "union"):
-            counts = [_known_rows(plan) for plan in self.inputs]
+            counts = [plan.known_rows() for plan in self.inputs]
             return None if None in counts else sum(c for c in counts if c is not None)
         return None
 
@@ -168,6 +168,7 @@ def plan_lines(plan: Plan, indent: int = 0) -> list[str]:
     Examples
     --------
     >>> from feedline.io.memory import RangeSource
+    >>> from feedline.plan import Limit
     >>> p = Plan(RangeSource(3))
     >>> s = RelationalSource(Relational("union"), (p, p.then(Limit(2))))
     >>> print("\\n".join(plan_lines(Plan(s).then(Limit(1)))))
@@ -192,12 +193,3 @@ def plan_lines(plan: Plan, indent: int = 0) -> list[str]:
     return lines
 
 
-def _known_rows(plan: Plan) -> int | None:
-    """The plan's row count from metadata, when its operators keep it knowable."""
-    if not all(isinstance(op, Select | Limit) for op in plan.ops):
-        return None
-    rows = plan.source.count_rows()
-    for op in plan.ops:
-        if rows is not None and isinstance(op, Limit):
-            rows = min(rows, op.n)
-    return rows
