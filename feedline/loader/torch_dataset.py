@@ -41,7 +41,25 @@ if TYPE_CHECKING:
 __all__ = ["LoaderDataLoader", "LoaderDataset"]
 
 
-class LoaderDataset(torch.utils.data.IterableDataset):
+class _LoaderState:
+    """The loader's epoch and position, forwarded (what frameworks call on a data source)."""
+
+    loader: Loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` at the next pass (see ``Loader.set_epoch``)."""
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position (JSON-safe: a few integers and strings)."""
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: the next pass yields the first batch not yet yielded."""
+        self.loader.load_state_dict(state)
+
+
+class LoaderDataset(_LoaderState, torch.utils.data.IterableDataset):
     """An ``IterableDataset`` over a loader's batches (see the module docstring).
 
     Examples
@@ -73,18 +91,8 @@ class LoaderDataset(torch.utils.data.IterableDataset):
     def __len__(self) -> int:
         return len(self.loader)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` at the next iteration (see ``Loader.set_epoch``)."""
-        self.loader.set_epoch(epoch)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.loader.load_state_dict(state)
-
-
-class LoaderDataLoader(torch.utils.data.DataLoader):
+class LoaderDataLoader(_LoaderState, torch.utils.data.DataLoader):
     """A ``DataLoader`` over a feedline loader that frameworks can checkpoint.
 
     The batches are the loader's own (``batch_size=None``, ``num_workers=0``: the loader
@@ -108,15 +116,3 @@ class LoaderDataLoader(torch.utils.data.DataLoader):
     def __init__(self, loader: Loader) -> None:
         super().__init__(LoaderDataset(loader), batch_size=None, num_workers=0)
         self.loader = loader
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` at the next pass (see ``Loader.set_epoch``)."""
-        self.loader.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's position (JSON-safe: a few integers and strings)."""
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``: the next pass yields the first batch not yet yielded."""
-        self.loader.load_state_dict(state)
