@@ -8,7 +8,17 @@ from typing import Any
 import numpy as np
 
 from feedline.loader.backend import Backend
-from feedline.loader.nodes import Format, Gather, Map, Node, Pin, Prefetch, ToDevice
+from feedline.loader.nodes import (
+    AwaitDevice,
+    CopyToDevice,
+    Format,
+    Gather,
+    Map,
+    Node,
+    Pin,
+    Prefetch,
+    ToDevice,
+)
 
 __all__ = ["GROUP_BYTES", "MAX_GROUP", "default_pipeline", "group_size"]
 
@@ -52,7 +62,7 @@ def default_pipeline(
     prefetch: int,
     device: Any,
 ) -> Node:
-    """order → gather → [map] → [format] → [pin] → [prefetch] → [device].
+    """order → gather → [map] → [format] → [pin] → [copy to device] → [prefetch] → [await device].
 
     Without a transform, cached batches are gathered ``group`` at a time straight into
     reused (or page-locked) buffers, made tensors once per group (``fmt="torch"``) and
@@ -69,8 +79,13 @@ def default_pipeline(
         node = Format(node, fmt, padding_mask=padding_mask)
     if pin and mapped:
         node = Pin(node)
+    to_device = device is not None and fmt == "torch"
     if prefetch:
+        if to_device:  # copies issued in the prefetch thread; the loop only waits on events
+            node = CopyToDevice(node, device)
         node = Prefetch(node, depth=prefetch if mapped else 1, group=1 if mapped else group)
-    if device is not None and fmt == "torch":
+        if to_device:
+            node = AwaitDevice(node, device)
+    elif to_device:
         node = ToDevice(node, device)
     return node

@@ -30,7 +30,7 @@ Examples
 
 from feedline.loader.nodes.base import Batch, Node, Stage
 from feedline.loader.nodes.collate import Collate, Format
-from feedline.loader.nodes.device import Pin, ToDevice
+from feedline.loader.nodes.device import AwaitDevice, CopyToDevice, Pin, ToDevice
 from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.order import Order
@@ -38,8 +38,10 @@ from feedline.loader.nodes.prefetch import Prefetch
 from feedline.loader.nodes.samples import SampleRngs
 
 __all__ = [
+    "AwaitDevice",
     "Batch",
     "Collate",
+    "CopyToDevice",
     "Format",
     "Gather",
     "Map",

@@ -46,10 +46,11 @@ class Batch:
 
     ``skipped`` lists what a transform dropped from this batch (e.g.
     :class:`~feedline.preprocess.vision.Skipped` markers), so it is counted where the batch is
-    delivered.
+    delivered. ``pending`` is set while the batch's tensors are still being copied to an
+    accelerator (see :class:`~feedline.loader.nodes.CopyToDevice`).
     """
 
-    __slots__ = ("data", "epoch", "indices", "number", "padded", "skipped")
+    __slots__ = ("data", "epoch", "indices", "number", "padded", "pending", "skipped")
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class Batch:
         self.epoch, self.number, self.indices = epoch, number, indices
         self.padded, self.data = padded, data
         self.skipped: tuple[Any, ...] = ()
+        self.pending: Any = None
 
     def __len__(self) -> int:
         return len(self.indices)
