@@ -11,7 +11,8 @@ Usage::
   all columns carried) and an inner join with a 1 000 000-row dimension table, on
   ``--rows`` rows held in memory by each library (an Arrow table for feedline and DuckDB, a
   Polars frame, a pandas frame), each result collected in memory (Arrow table / frame).
-  feedline delegates these to its embedded engine; the goal is within 1.2x of the best peer.
+  feedline delegates these to its embedded engine (DuckDB; a join of two in-memory tables
+  to Arrow's hash join, Acero); the goal is within 1.2x of the best peer.
   When this feedline has no relational operators yet, its rows say ``n/a``.
 * ``spark`` / ``ray``: the same three operations on ``--engine-rows`` rows read from Parquet
   (8 files of facts, 1 of dimensions, in ``/tmp/feedline-bench-ops``), the result collected

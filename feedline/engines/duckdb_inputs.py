@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from feedline.io.source import ExecutionReport
     from feedline.plan import Plan
 
-__all__ = ["DirectScan", "register_direct"]
+__all__ = ["DirectScan", "arrow_table", "register_direct"]
 
 
 @dataclass
@@ -48,14 +48,31 @@ class DirectScan:
     files: list[str] = field(default_factory=list)
 
 
+def arrow_table(plan: Plan) -> pa.Table | None:
+    """The rows of ``plan`` when it is nothing but a read of an in-memory Arrow table (at
+    most a column selection): that table (selected), no copy; else ``None``.
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> arrow_table(fl.from_arrow(pa.table({"a": [1], "b": [2]})).select(["b"]).plan).num_columns
+    1
+    >>> arrow_table(fl.range(3).plan) is None
+    True
+    """
+    source = plan.source
+    if type(source) is not ArrowSource or not all(isinstance(op, Select) for op in plan.ops):
+        return None
+    return source.table if not plan.ops else source.table.select(list(plan.ops[-1].columns))
+
+
 def register_direct(
     con: Any, name: str, plan: Plan, report: ExecutionReport
 ) -> DirectScan | None:
     """Make ``plan``'s rows the table ``name`` of ``con`` scanned by DuckDB itself, when the
     plan is a plain read (see the module); ``None`` when it must stream through the engine."""
-    source = plan.source
-    if type(source) is ArrowSource and all(isinstance(op, Select) for op in plan.ops):
-        table = source.table if not plan.ops else source.table.select(list(plan.ops[-1].columns))
+    table = arrow_table(plan)
+    if table is not None:
         if any(isinstance(f.type, pa.ExtensionType) for f in table.schema):
             return None
         con.register(name, table)
