@@ -250,9 +250,12 @@ def column_views(packing: Packing, storage: Mapping[str, np.ndarray]) -> dict[st
 def _rows_view(array: np.ndarray, rows: int, width: int) -> np.ndarray | None:
     """``array`` seen as ``(rows, width)`` without a copy, or ``None`` when it cannot be."""
     try:
-        view = array.view()
-        view.shape = (rows, width)  # raises instead of copying
-    except (AttributeError, ValueError):
+        view = array.reshape(rows, width)
+    except ValueError:
+        return None
+    # reshape copies when no view can do (assigning .shape, which raised instead, is
+    # deprecated since NumPy 2.5): keep only a true view of the same memory
+    if view.size and not np.shares_memory(view, array):
         return None
     return view
 

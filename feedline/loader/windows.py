@@ -10,8 +10,9 @@ loader's samples, shuffled, sharded and resumed by the pure functions of
 :mod:`feedline.loader.order`), :meth:`WindowSampler.window_starts` maps window ids to start
 rows (:func:`window_starts`: O(series) memory, not O(windows)), and :func:`gather_windows`
 copies only the batch's windows (indexing a strided view of every window with the start
-rows, :func:`strided_windows`): memory is O(data + batch), never the ``(windows, size,
-width)`` tensor.
+rows): memory is O(data + batch), never the ``(windows, size, width)`` tensor. A batch
+indexes :func:`window_blocks`, every window as one opaque item, so each window is one
+``memcpy`` (indexing :func:`strided_windows` copies it row by row: ~15% more CPU).
 
 A batch's windows are gathered into fresh arrays, not into the loader's reused buffers: a
 strided view indexed by start rows has no ``out=``, so filling a buffer costs either a
@@ -21,6 +22,11 @@ fresh arrays 190-202 us, ``np.take`` into reused buffers 235-245 us, fresh array
 into reused buffers 256-440 us. The allocator hands the freed batches' memory straight back.
 The fancy-index copy releases the GIL, so the loader may gather a group's batches on several
 threads, whole batches each (:mod:`feedline.loader.nodes.gather_threads`).
+
+What bounds it is the random reads from memory, not per-window work: on the 2-core VM the
+same gather runs at ~2.3M windows/s over 10M rows but ~11M/s over 4,096 cache-resident rows,
+while memcpy bandwidth (13 GB/s, 3,328 bytes a window of 96 + 8 steps of 8 float32) would
+allow ~4M/s (``bench/loader.py --case W`` prints these).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import pyarrow as pa
 from feedline.errors import ConfigurationError, SchemaError
 from feedline.loader.columns import ColumnSpec, column_specs, with_dtypes
 from feedline.loader.series import load_series
+from feedline.loader.window_gather import gather_windows, strided_windows, window_blocks
 
 if TYPE_CHECKING:
     from feedline.io.shard_source import BatchStream, ShardSource
@@ -45,6 +52,7 @@ __all__ = [
     "Windows",
     "gather_windows",
     "strided_windows",
+    "window_blocks",
     "window_counts",
     "window_starts",
 ]
@@ -165,64 +173,6 @@ def window_starts(
     return bounds[series] + (ids - first_ids[series]) * stride
 
 
-def strided_windows(values: np.ndarray, length: int) -> np.ndarray:
-    """Every window of ``length`` rows of ``values`` as a read-only strided view (no copy).
-
-    ``values`` holds one time step per row, C-contiguous, so every window is one contiguous
-    block of memory; the view's first axis is the start row. Index it with start rows to
-    copy just those windows; never ``np.take`` it (that copies every window first).
-
-    Examples
-    --------
-    >>> strided_windows(np.arange(5.0), 3)[[2, 0]].tolist()
-    [[2.0, 3.0, 4.0], [0.0, 1.0, 2.0]]
-    """
-    values = np.ascontiguousarray(values)
-    count = max(len(values) - length + 1, 0)
-    step = values.strides[0]
-    return np.lib.stride_tricks.as_strided(
-        values,
-        shape=(count, length, *values.shape[1:]),
-        strides=(step, step, *values.strides[1:]),
-        writeable=False,
-    )
-
-
-def gather_windows(
-    values: np.ndarray, starts: np.ndarray, length: int, out: np.ndarray | None = None
-) -> np.ndarray:
-    """``values[s : s + length]`` for every ``s`` in ``starts``, as one array.
-
-    Without ``out``: :func:`strided_windows` indexed by ``starts``, window by window into a
-    fresh array (about 1.8x a row-by-row ``np.take`` of the same rows). With ``out`` (shape
-    ``(len(starts), length, *values.shape[1:])``): a row-by-row ``np.take`` straight into
-    it (no temporary array, one copy). ``values`` of a :class:`WindowSampler` are
-    C-contiguous; others are made so first.
-
-    Examples
-    --------
-    >>> gather_windows(np.arange(10.0), np.array([6, 0]), 3).tolist()
-    [[6.0, 7.0, 8.0], [0.0, 1.0, 2.0]]
-    >>> out = np.empty((1, 2))
-    >>> gather_windows(np.arange(10.0), np.array([4]), 2, out) is out, out.tolist()
-    (True, [[4.0, 5.0]])
-    """
-    starts = np.asarray(starts, dtype=np.int64)
-    if out is None:
-        return strided_windows(values, length)[starts]
-    values = np.ascontiguousarray(values)
-    rows = (starts[:, None] + np.arange(length, dtype=np.int64)).reshape(-1)
-    flat = out.reshape(len(rows), *values.shape[1:])  # a view: out is C-contiguous
-    if len(rows) and (rows.min() < 0 or rows.max() >= len(values)):
-        raise ConfigurationError(
-            f"gather_windows: windows of {length} rows starting at rows {int(starts.min())}.."
-            f"{int(starts.max())} leave the {len(values)} rows. Fix: pass start rows from "
-            "0 to len(values) - length."
-        )
-    values.take(rows, axis=0, out=flat, mode="clip")
-    return out
-
-
 class WindowSampler:
     """The windows of a dataset held in memory: ids to start rows, and batches gathered.
 
@@ -306,12 +256,19 @@ class WindowSampler:
         lengths = {"inputs": windows.size, "targets": windows.horizon}
         #: per key: every window as a strided view (made once: a batch only indexes it)
         self._views = {k: strided_windows(a, lengths[k]) for k, a in self.arrays.items()}
+        #: per key: every window as one opaque item (what a batch indexes; see window_blocks)
+        self._blocks = {k: window_blocks(a, lengths[k]) for k, a in self.arrays.items()}
         self.nbytes, self.resorted = series.nbytes, series.resorted
         self.num_series = len(series.bounds) - 1
         counts = window_counts(series.bounds, windows.size + windows.horizon, windows.stride)
         #: series k starts at row bounds[k]; its first window has id first_ids[k]
         self.bounds = series.bounds[:-1]
         self.first_ids = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        #: window w of series k starts at row w * stride + _offsets[k]
+        self._offsets = self.bounds - self.first_ids[:-1] * windows.stride
+        #: windows per series when every series has as many (then w's series is w // it)
+        self._per_series = int(counts[0]) if len(counts) and counts[0] and (
+            counts == counts[0]).all() else None  # fmt: skip
 
     @staticmethod
     def _specs(
@@ -351,8 +308,18 @@ class WindowSampler:
         return {"num_series": self.num_series, "rows_resorted": self.resorted}
 
     def window_starts(self, ids: np.ndarray) -> np.ndarray:
-        """The first row (in the sorted, packed arrays) of windows ``ids``."""
-        return window_starts(ids, self.bounds, self.first_ids, self.windows.stride)
+        """The first row (in the sorted, packed arrays) of windows ``ids``.
+
+        The same rows as :func:`window_starts`, in fewer NumPy calls (one per batch counts:
+        a batch's gather is ~100 us): a division instead of the binary search when every
+        series has as many windows.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        if self._per_series is not None:
+            series = ids // self._per_series
+        else:
+            series = self.first_ids.searchsorted(ids, side="right") - 1
+        return ids * self.windows.stride + self._offsets[series]
 
     def gather(
         self, indices: np.ndarray, out: Mapping[str, np.ndarray] | None = None
@@ -364,8 +331,11 @@ class WindowSampler:
         for key, view in self._views.items():
             at = first if key == "inputs" else first + self.windows.size
             buffer = out.get(key) if out else None
-            if buffer is None:
-                got[key] = view[at]
+            if buffer is None:  # one memcpy per window (see window_blocks), typed back
+                values = self.arrays[key]
+                got[key] = (
+                    self._blocks[key][at].view(values.dtype).reshape(len(at), *view.shape[1:])
+                )
             else:
                 got[key] = gather_windows(self.arrays[key], at, view.shape[1], buffer)
         return got

@@ -162,8 +162,8 @@ def test_an_error_in_a_gather_thread_reaches_the_caller_with_its_traceback() -> 
 
 
 def test_the_automatic_count_splits_only_while_a_cpu_is_idle() -> None:
-    # own_busy is taken off the load average: a huge one leaves the others nothing, a huge
-    # negative one makes them fill every CPU
-    assert gt.auto_threads(own_busy=1e9) == gt.gather_threads()
+    # own_busy is taken off the load average: a huge negative one makes the others fill
+    # every CPU; a huge one is this process filling them itself
     assert gt.auto_threads(own_busy=-1e9) == 1
+    assert gt.auto_threads(own_busy=1e9) == 1
     assert gt.batch_cuts([100] * 8, 3, row_bytes=gt.MIN_PART_BYTES) == [0, 3, 6, 8]

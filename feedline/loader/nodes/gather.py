@@ -151,7 +151,7 @@ class Gather(Stage):
                        else np.concatenate([b.indices for b in batches]))  # fmt: skip
         tensors, out = self._out(session, len(indices), len(batches[0].indices) * self.group)
         sizes = [len(b.indices) for b in batches]
-        bounds = np.cumsum([0, *sizes]).tolist()
+        bounds = list(itertools.accumulate(sizes, initial=0))  # Python ints: no NumPy call
         cuts = [0, len(batches)]
         if not out and not tensors and getattr(session, "thread_safe_gather", False):
             cuts = batch_cuts(sizes, self._threads.threads, self._row_bytes())
@@ -168,7 +168,7 @@ class Gather(Stage):
         sizes = [len(b.indices) for b in batches]
         for (a, b), arrays in zip(itertools.pairwise(cuts), got, strict=True):
             part = sizes[a:b]
-            ends = np.cumsum([0, *part]).tolist()
+            ends = itertools.accumulate(part, initial=0)
             rows = [slice(x, y) for x, y in itertools.pairwise(ends)]
             # per column: each batch's part (views of the group's arrays or tensors)
             parts = [self._split(tensors.get(name, array), part, rows) for name, array in

@@ -13,12 +13,15 @@ Each thread gathers whole batches into fresh arrays (no shared output, no second
 batches stay views of their thread's arrays, in order, bit-identical to one thread's.
 
 A split pays only where a CPU is idle: each group waits for its slowest part, and on an
-oversubscribed machine a woken thread waits for a core. On the shared 2-core machine at
-load 9-11 (W, 400-batch rounds, 10-12 interleaved rounds), two threads gave a median of
-721k samples/s against 835k for one (and 420k vs 474k in another series), at 271 vs 237
-CPU-us a batch. So the automatic count (:func:`auto_threads`, checked at most once a
-second) splits only while the other processes leave a CPU idle: the 1-minute load average
-less this process's own CPU use below ``cpus - 1``.
+oversubscribed machine a woken thread waits for a core. On this 2-core VM a split never
+measured faster, even quiet (memcpy: ~13 GB/s on one thread and on two; the random window
+reads are bound by memory access): with the loader's prefetch thread busy, a split gathered
+0.88-0.96M windows/s at 266-290 CPU-us a batch against 1.40-1.54M at 185-202 for one thread
+(W, 6,000 batches, load 2.3-2.9, 3.9 vs 0.6 context switches a batch). At load 9-11 (W,
+400-batch rounds, 10-12 interleaved rounds), two threads gave a median of 721k samples/s
+against 835k for one (and 420k vs 474k in another series), at 271 vs 237 CPU-us a batch.
+So the automatic count (:func:`auto_threads`, checked at most once a second) splits only
+while the others' load, this process's own CPU use and the extra thread fit the CPUs.
 
 :class:`GatherThreads` is the small persistent pool: started on first use, its threads
 named ``feedline-gather``, joined by :meth:`GatherThreads.close` (the :class:`~feedline.
@@ -66,16 +69,19 @@ def gather_threads() -> int:
 
 
 def auto_threads(own_busy: float = 0.0) -> int:
-    """:func:`gather_threads` while the other processes leave a CPU idle, else 1.
+    """:func:`gather_threads` while a CPU is left idle for the extra thread, else 1.
 
-    ``own_busy`` is the CPUs this process keeps busy (its CPU seconds per second), taken off
-    the 1-minute load average to leave the others' load. Where the load average is unknown
-    (not on Unix), :func:`gather_threads`.
+    ``own_busy`` is the CPUs this process keeps busy (its CPU seconds per second; at least
+    one, the training loop's thread): the split needs the others' load (the 1-minute load
+    average less ``own_busy``), this process's own CPUs and one more to fit the machine. A
+    prefetching loader already keeps ~1.3 CPUs busy, so a 2-CPU machine never splits (there
+    a split measured 0.9-1.0M windows/s against 1.4-1.5M for one thread). Where the load
+    average is unknown (not on Unix), :func:`gather_threads`.
 
     Examples
     --------
-    >>> auto_threads(own_busy=float("inf")) == gather_threads()  # nobody else: split
-    True
+    >>> auto_threads(own_busy=float("inf"))  # this process alone fills every CPU
+    1
     """
     most = gather_threads()
     try:
@@ -83,7 +89,8 @@ def auto_threads(own_busy: float = 0.0) -> int:
     except (AttributeError, OSError):
         return most
     cpus = os.cpu_count() or 1
-    return most if load - own_busy < cpus - 1 else 1
+    others = max(load - own_busy, 0.0)
+    return most if others + max(own_busy, 1.0) + 1.0 <= cpus else 1
 
 
 def batch_cuts(sizes: Sequence[int], parts: int, row_bytes: int) -> list[int]:
