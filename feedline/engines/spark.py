@@ -35,8 +35,11 @@ Parquet writer instead (see :mod:`feedline.engines.spark_write`).
 **Results and fitting.** ``execute`` (``iter_batches``, ``to_arrow``) computes every
 partition in parallel into the executors' storage and streams them to the driver one at a
 time as Arrow IPC (``toLocalIterator`` with prefetch): the driver never holds the whole
-result. ``aggregate`` (fitting, ``fl.stats``) folds each read task's batches in the
-executors and merges the tasks in the fixed tree of :mod:`feedline.engines.partials`, so
+result. A plan ending at a relational operator skips the fused stage: Spark encodes the
+rows to Arrow itself, collected at once when Spark estimates them small, else streamed
+the same way (:mod:`feedline.engines.spark_collect`). ``aggregate`` (fitting,
+``fl.stats``) folds each read task's batches in the executors and merges the tasks in
+the fixed tree of :mod:`feedline.engines.partials`, so
 fitted state is bit-identical to the local engine's and the driver receives only
 ``O(log tasks)`` blocks per partition.
 
@@ -74,6 +77,7 @@ from feedline.engines.spark_cluster import (
     python_for_executors,
     ship_user_modules,
 )
+from feedline.engines.spark_collect import DirectFrame, default_collect_bytes, direct_frame
 from feedline.engines.spark_plan import build_job, quiet_pandas_warning
 from feedline.engines.spark_relational import Prepared, prepare
 from feedline.errors import ConfigurationError
@@ -152,6 +156,13 @@ def _session(master: str, app_name: str, conf: dict[str, Any]) -> Any:
     return builder.getOrCreate()
 
 
+def _bytes(value: int | str) -> int:
+    """``collect_bytes`` as bytes (``0``: always stream)."""
+    from feedline.io.sizes import parse_bytes
+
+    return 0 if value == 0 else parse_bytes(value)
+
+
 def _loopback(master: str) -> bool:
     """A ``spark://`` master on this machine's loopback address (a one-host cluster)."""
     host = master.split("://", 1)[-1].split(",")[0].rsplit(":", 1)[0]
@@ -175,6 +186,12 @@ class SparkEngine:
     writer:
         ``"feedline"`` (default): executors write shards with feedline's writer (exact
         file format, any schema). ``"spark"``: Spark's Parquet writer (flat schemas only).
+    collect_bytes:
+        A plan ending at a relational operator (sort, groupby, join, ...) is fetched as
+        Spark's own Arrow batches: with one collect when Spark estimates the result at
+        most this size (``"256MB"``, bytes), else streamed partition by partition (see
+        :mod:`feedline.engines.spark_collect`). Default: sized from the driver's memory
+        (:func:`~feedline.engines.spark_collect.default_collect_bytes`).
 
     Examples
     --------
@@ -198,6 +215,7 @@ class SparkEngine:
         *,
         partitions: int | None = None,
         writer: str = "feedline",
+        collect_bytes: int | str | None = None,
     ) -> None:
         if writer not in _WRITERS:
             raise ConfigurationError(
@@ -212,6 +230,8 @@ class SparkEngine:
         self.master = master
         self.partitions = partitions
         self.writer = writer
+        self.collect_bytes = None if collect_bytes is None else _bytes(collect_bytes)
+        self._default_bound: tuple[Any, int] | None = None
 
     def __repr__(self) -> str:
         return f"SparkEngine(master={self.spark_master!r}, writer={self.writer!r})"
@@ -251,10 +271,15 @@ class SparkEngine:
         parallel into the executors' storage, then the driver fetches one partition at a
         time (``toLocalIterator`` with prefetch), so it never holds the whole result.
         Batches travel as Arrow IPC with feedline's exact types and come in partition order.
+        A plan ending at a relational operator is fetched as Spark's own Arrow instead,
+        collected at once when small (``collect_bytes``), and cast to the plan's schema.
         """
         report = report if report is not None else ExecutionReport()
         spark = self.ready(plan)
         prepared = prepare(spark, plan, self.partitions)
+        direct = direct_frame(prepared.plan)
+        if direct is not None:  # Spark's own Arrow, no fused stage (see spark_collect)
+            return self._direct(direct, self._collect_bound(spark), report, prepared)
         job = build_job(
             spark,
             prepared.plan,
@@ -263,6 +288,25 @@ class SparkEngine:
             partitions=self.partitions,
         )
         return self._stream(job, report, prepared)
+
+    def _collect_bound(self, spark: Any) -> int:
+        """``collect_bytes``, or its default for this session (computed once)."""
+        if self.collect_bytes is not None:
+            return self.collect_bytes
+        if self._default_bound is None or self._default_bound[0] is not spark:
+            self._default_bound = (spark, default_collect_bytes(spark))
+        return self._default_bound[1]
+
+    def _direct(
+        self, direct: DirectFrame, bound: int, report: ExecutionReport, prepared: Prepared
+    ) -> Iterator[pa.RecordBatch]:
+        try:
+            for batch in direct.batches(bound, report, lambda: prepared.finish(report)):
+                if batch.num_rows:
+                    report.add(rows_out=batch.num_rows, batches_out=1)
+                    yield batch
+        finally:
+            prepared.finish(report)
 
     def _stream(
         self, job: Any, report: ExecutionReport, prepared: Prepared

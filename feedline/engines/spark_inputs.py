@@ -3,6 +3,9 @@
 flat types becomes ``spark.read.parquet`` (column pruning, and the size statistics that let
 Spark broadcast a small join side) instead of feedline's read tasks in ``mapInArrow``.
 
+The wanted columns' schema is known (every footer was checked), so Spark is given it and
+does not infer it again.
+
 Examples
 --------
 >>> import pyarrow as pa
@@ -28,16 +31,16 @@ def native_parquet(spark: Any, plan: Plan, jobs: list[Any]) -> Any:
     """A plain read of local Parquet files (:func:`feedline.relational.direct.plain_parquet`)
     as Spark's own Parquet scan (column pruning, size statistics for broadcast joins), or
     ``None``. Only flat types Spark reads back unchanged qualify."""
-    from pyspark.sql import functions as F
-
+    from feedline.engines.spark_types import to_spark_schema
     from feedline.relational.direct import plain_parquet
 
     scan = plain_parquet(plan, spark_reads_back)
     if scan is None:
         return None
     jobs.append(_Counted(scan))
-    frame = spark.read.parquet(*("file://" + path for path in scan.paths))
-    return frame.select(*[F.col("`" + name.replace("`", "``") + "`") for name in scan.columns])
+    schema = to_spark_schema(scan.schema)
+    # Spark reads exactly the wanted columns, in that order, without inferring the schema
+    return spark.read.schema(schema).parquet(*("file://" + path for path in scan.paths))
 
 
 def spark_reads_back(kind: pa.DataType) -> bool:

@@ -25,7 +25,10 @@ runs it with Spark's own operators, never with a shuffle of its own:
    plan's remaining operators, the streaming of results to the driver and the
    executor-side writer are the engine's usual ones. Spark's types are cast back to the
    source's exact Arrow schema on the way in
-   (:func:`~feedline.engines.spark_types.from_spark_batch`).
+   (:func:`~feedline.engines.spark_types.from_spark_batch`). A plan that ends at the
+   operator (at most a selection or an expression filter after it) skips the fused stage:
+   Spark encodes the rows to Arrow itself and the driver casts them
+   (:mod:`feedline.engines.spark_collect`).
 
 Semantics that Spark leaves open are pinned down to the local engine's: a ``list``
 aggregate keeps nulls (``collect_list`` drops them, so values travel wrapped in a struct);
@@ -77,7 +80,7 @@ class RelationalFrameSource(Source):
     The Spark engine reads it as a *native frame*: its partitions feed the plan's first
     fused stage, which casts them to :meth:`schema`. Its :meth:`read_tasks` (used only when
     a plan's schema must be learnt by running a user function on a few rows) streams the
-    DataFrame's partitions to the driver one at a time.
+    DataFrame's partitions to the driver a few at a time, as Spark's own Arrow.
     """
 
     kind = "spark-relational"
@@ -103,19 +106,16 @@ class RelationalFrameSource(Source):
         self, columns: Sequence[str] | None, predicate: pc.Expression | None
     ) -> list[ReadTask]:
         def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
-            from feedline.engines.spark_plan import build_job, spark_errors
+            from feedline.engines.spark_collect import DirectFrame
 
-            job = build_job(self.frame.sparkSession, Plan(self), mode="stream")
-            try:
-                with spark_errors():
-                    for row in job.frame.toLocalIterator():
-                        for batch in pa.ipc.open_stream(pa.py_buffer(row[0])):
-                            report.add(rows_read=batch.num_rows)
-                            if predicate is not None:
-                                batch = batch.filter(predicate)
-                            yield batch.select(list(columns)) if columns is not None else batch
-            finally:
-                job.finish(None)
+            label = self.label.format(partition="streamed")
+            direct = DirectFrame(self.frame, self.schema(), None, None, label)
+            # streamed a window of partitions at a time: a reader that stops early (a
+            # schema learnt on a few rows) leaves the other partitions uncomputed
+            for batch in direct.batches(0, report):
+                if predicate is not None:
+                    batch = batch.filter(predicate)
+                yield batch.select(list(columns)) if columns is not None else batch
 
         return [ReadTask(self.source.describe(), read)]
 
@@ -201,7 +201,10 @@ def relational_frame(
         frame = _input_frame(spark, plan, partitions, jobs, persist)
         frames.append(_persisted(frame, jobs) if persist and op in _TWO_PASS else frame)
     frame = builder(frames, relational, source)
-    return frame.select(*[_col(name) for name in source.schema().names])
+    names = source.schema().names
+    if frame.columns == names:  # already in order: no projection to add
+        return frame
+    return frame.select(*[_col(name) for name in names])
 
 
 def _input_frame(
@@ -320,11 +323,12 @@ def _join(frames: list[Any], relational: Any, source: Any) -> Any:
             f"join(how={how!r}) is not a join kind. Fix: use one of inner, left, outer, semi, anti."
         )
     left_names = set(left.columns)
-    renamed = [
-        _col(c).alias(c + suffix) if c not in on and c in left_names else _col(c)
-        for c in right.columns
-    ]
-    return left.join(right.select(*renamed), on=on, how=_JOIN_HOW[how])
+    clashes = [c for c in right.columns if c not in on and c in left_names]
+    if clashes:
+        right = right.select(
+            *[_col(c).alias(c + suffix) if c in clashes else _col(c) for c in right.columns]
+        )
+    return left.join(right, on=on, how=_JOIN_HOW[how])
 
 
 def _union(frames: list[Any], relational: Any, source: Any) -> Any:
