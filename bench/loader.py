@@ -908,6 +908,8 @@ def markdown(results, figures_lines, args, meta) -> str:
 
 W_OUT = HERE / "out" / "loader_w.json"
 W_SIZE, W_HORIZON, W_FEATURES = 96, 8, 8
+#: case W: interleaved rounds of (loader batches, the same batches gathered raw) in one process
+W_ROUNDS, W_ROUND_BATCHES = 10, 300
 W_DATA: dict[str, dict[str, Any]] = {
     "W": {"series": 2000, "steps": 5000},
     "W-small": {"series": 100, "steps": 5000},
@@ -915,6 +917,8 @@ W_DATA: dict[str, dict[str, Any]] = {
 W_RUNNERS: dict[str, str] = {
     "feedline": "feedline Loader(windows=fl.Windows(96, 8, by='series', order_by='t', "
     "features=[f0..f7])), shuffle=True, format='torch', prefetch=2",
+    "feedline-p0": "the same with prefetch=0: gathered in the loop's own thread (like torch "
+    "with 0 workers; the default's prefetch thread pays thread hand-overs per group)",
     "torch-dl-w0": "torch DataLoader(shuffle=True, workers=0) over a map-style Dataset whose "
     "__getitem__ slices one window of a (series, steps, 8) NumPy array",
     "torch-dl-w2": "the same with num_workers=2",
@@ -1003,13 +1007,13 @@ def w_measure(make: Callable[[], Iterator[Any]], spec: dict[str, Any], batches: 
     }
 
 
-def w_run_feedline(spec: dict[str, Any], batches: int) -> dict[str, Any]:
+def w_run_feedline(spec: dict[str, Any], batches: int, prefetch: int = 2) -> dict[str, Any]:
     import numpy as np
     import torch
 
     import feedline as fl
     from feedline.loader.nodes.gather_threads import GatherThreads, gather_threads
-    from feedline.loader.windows import gather_windows, strided_windows
+    from feedline.loader.windows import gather_windows, strided_windows, window_blocks
 
     holder: dict[str, Any] = {}
     windows = fl.Windows(W_SIZE, W_HORIZON, by="series", order_by="t",
@@ -1017,13 +1021,16 @@ def w_run_feedline(spec: dict[str, Any], batches: int) -> dict[str, Any]:
 
     def make() -> Iterator[Any]:
         holder["loader"] = fl.open(spec["dir"]).loader(
-            windows=windows, batch_size=BATCH, shuffle=True, seed=SEED, format="torch"
+            windows=windows, batch_size=BATCH, shuffle=True, seed=SEED, format="torch",
+            prefetch=prefetch,
         )
         return iter(holder["loader"])
 
     result = w_measure(make, spec, batches, multiprocess=False)
     loader = holder["loader"]
     result["cache_bytes"] = loader.stats()["cache_bytes"]
+    if prefetch != 2:  # the ceilings, once, with the default loader
+        return result
     if loader.num_samples != spec["windows"]:
         raise AssertionError(f"{loader.num_samples} windows, expected {spec['windows']}")
     # raw-gather ceilings: the loader's own packed arrays and index arrays, one batch at a
@@ -1041,9 +1048,14 @@ def w_run_feedline(spec: dict[str, Any], batches: int) -> dict[str, Any]:
     count = min(batches, plan.num_batches)
     threads = result["gather_threads"] = gather_threads()
 
-    def fresh(k: int) -> tuple[Any, Any]:
+    blocks_x, blocks_y = window_blocks(values, W_SIZE), window_blocks(values, W_HORIZON)
+    shape_x, shape_y = (BATCH, W_SIZE, W_FEATURES), (BATCH, W_HORIZON, W_FEATURES)
+
+    def fresh(k: int) -> tuple[Any, Any]:  # one memcpy per window, as the loader gathers
         first = sampler.window_starts(plan.batch(k))
-        return torch.from_numpy(inputs[first]), torch.from_numpy(targets[first + W_SIZE])
+        x = blocks_x[first].view(np.float32).reshape(shape_x)
+        y = blocks_y[first + W_SIZE].view(np.float32).reshape(shape_y)
+        return torch.from_numpy(x), torch.from_numpy(y)
 
     if threads > 1:
         with GatherThreads(threads) as pool:
@@ -1053,18 +1065,112 @@ def w_run_feedline(spec: dict[str, Any], batches: int) -> dict[str, Any]:
                     w_check({"inputs": x, "targets": y})
             done = count - count % threads
             result["ceiling_threads_samples_per_s"] = done * BATCH / (time.perf_counter() - start)
-    for name in ("ceiling_samples_per_s", "ceiling_reused_samples_per_s"):
+    for name in ("ceiling_samples_per_s", "ceiling_blocks_samples_per_s",
+                 "ceiling_reused_samples_per_s"):  # fmt: skip
         start = time.perf_counter()
         for k in range(count):
             first = sampler.window_starts(plan.batch(k))
             if name == "ceiling_samples_per_s":
                 x, y = inputs[first], targets[first + W_SIZE]
+            elif name == "ceiling_blocks_samples_per_s":  # one memcpy per window
+                x = blocks_x[first].view(np.float32).reshape(shape_x)
+                y = blocks_y[first + W_SIZE].view(np.float32).reshape(shape_y)
             else:
                 x = gather_windows(values, first, W_SIZE, out_x)
                 y = gather_windows(values, first + W_SIZE, W_HORIZON, out_y)
             w_check({"inputs": torch.from_numpy(x), "targets": torch.from_numpy(y)})
         result[name] = count * BATCH / (time.perf_counter() - start)
+    result.update(w_interleaved(loader, batches))
+    result.update(w_memory_figures())
     return result
+
+
+def w_interleaved(loader: Any, batches: int) -> dict[str, Any]:
+    """Loader vs raw gather in one process: ``W_ROUNDS`` x (``W_ROUND_BATCHES`` loader
+    batches, then as many batches of the same epoch gathered raw, one memcpy per window,
+    into fresh tensors). Alternating cancels the load swings of a shared machine that hit
+    whichever of two separate runs is running; also each side's CPU per batch. The raw
+    rounds take their batches from the epoch's end, which the loader never reaches here (no
+    batch is gathered twice, so neither side finds the other's windows in the CPU cache).
+    """
+    import numpy as np
+    import torch
+
+    from feedline.loader.windows import window_blocks
+
+    sampler, plan = loader._prepare().source, loader._plan()
+    values = sampler.arrays["inputs"]
+    blocks_x, blocks_y = window_blocks(values, W_SIZE), window_blocks(values, W_HORIZON)
+    shape_x, shape_y = (BATCH, W_SIZE, W_FEATURES), (BATCH, W_HORIZON, W_FEATURES)
+    rounds = min(W_ROUNDS, plan.num_batches // (2 * W_ROUND_BATCHES + 8))
+    it = iter(loader)
+    w_check(next(it))  # the epoch's order drawn, the prefetch thread started
+    out: list[dict[str, float]] = []
+    for r in range(rounds):
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _, batch in zip(range(W_ROUND_BATCHES), it, strict=False):
+            w_check(batch)
+        fl = (time.perf_counter() - wall, time.process_time() - cpu)
+        end = plan.num_batches - r * W_ROUND_BATCHES
+        wall, cpu = time.perf_counter(), time.process_time()
+        for b in range(end - W_ROUND_BATCHES, end):
+            first = sampler.window_starts(plan.batch(b))
+            x = blocks_x[first].view(np.float32).reshape(shape_x)
+            y = blocks_y[first + W_SIZE].view(np.float32).reshape(shape_y)
+            w_check({"inputs": torch.from_numpy(x), "targets": torch.from_numpy(y)})
+        raw = (time.perf_counter() - wall, time.process_time() - cpu)
+        out.append({"ratio": raw[0] / fl[0], "loader_cpu_us": fl[1] / W_ROUND_BATCHES * 1e6,
+                    "raw_cpu_us": raw[1] / W_ROUND_BATCHES * 1e6,
+                    "loader_samples_per_s": W_ROUND_BATCHES * BATCH / fl[0],
+                    "raw_samples_per_s": W_ROUND_BATCHES * BATCH / raw[0]})  # fmt: skip
+    del it
+    return {"interleaved": out}
+
+
+def w_memory_figures() -> dict[str, Any]:
+    """What this machine's memory allows: memcpy bandwidth (256 MiB, 1 and 2 threads, best
+    of 5) and the bytes a window sample moves; the raw window gather over 4,096 rows (cache
+    resident) against the same over the benchmark's rows shows whether the gather is bound
+    by memory access or by per-window work."""
+    import numpy as np
+
+    from feedline.loader.windows import window_blocks
+
+    n = 256 << 20
+    src, dst = np.ones(n, np.uint8), np.zeros(n, np.uint8)
+
+    def copy(dst: Any, src: Any, threads: int) -> None:
+        parts = [(dst[i * n // threads : (i + 1) * n // threads],
+                  src[i * n // threads : (i + 1) * n // threads]) for i in range(threads)]
+        workers = [threading.Thread(target=np.copyto, args=p) for p in parts[1:]]
+        for w in workers:
+            w.start()
+        np.copyto(*parts[0])
+        for w in workers:
+            w.join()
+
+    out: dict[str, Any] = {"sample_bytes": (W_SIZE + W_HORIZON) * W_FEATURES * 4}
+    for threads in (1, 2):
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            copy(dst, src, threads)
+            times.append(time.perf_counter() - start)
+        out[f"memcpy_gb_per_s_{threads}"] = n / min(times) / 1e9
+    del src, dst
+    rng = np.random.default_rng(SEED)
+    for name, rows in (("cached", 4096), ("dram", 10_000_000)):
+        values = rng.standard_normal((rows, W_FEATURES), dtype=np.float32)
+        bx, by = window_blocks(values, W_SIZE), window_blocks(values, W_HORIZON)
+        starts = [rng.integers(0, rows - W_SIZE - W_HORIZON, BATCH) for _ in range(500)]
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for s in starts:
+                _ = bx[s], by[s + W_SIZE]  # the copies are the measurement
+            best = min(best, time.perf_counter() - start)
+        out[f"gather_{name}_samples_per_s"] = len(starts) * BATCH / best
+    return out
 
 
 def w_torch_dataset(spec: dict[str, Any]) -> Any:
@@ -1115,6 +1221,7 @@ def w_worker(args: argparse.Namespace) -> None:
     spec = json.loads(args.spec)
     fns = {
         "feedline": lambda: w_run_feedline(spec, args.w_batches),
+        "feedline-p0": lambda: w_run_feedline(spec, args.w_batches, prefetch=0),
         "torch-dl-w0": lambda: w_run_torch(spec, args.w_batches, 0),
         "torch-dl-w2": lambda: w_run_torch(spec, args.w_batches, 2),
     }
@@ -1180,6 +1287,10 @@ def w_markdown(results: dict[str, dict[str, dict]], specs: dict[str, dict], comm
         if fl_run.get("status") == "ok":
             out.append(f"| {data} | raw gather ceiling, fresh arrays (no loader, 1 thread) | "
                        f"{fl_run['ceiling_samples_per_s']:,.0f} | | | | | | | |")  # fmt: skip
+            if "ceiling_blocks_samples_per_s" in fl_run:
+                out.append(f"| {data} | raw gather ceiling, one memcpy per window (no loader, "
+                           f"1 thread; the loader's way) | "
+                           f"{fl_run['ceiling_blocks_samples_per_s']:,.0f} | | | | | | | |")
             if "ceiling_reused_samples_per_s" in fl_run:
                 out.append(f"| {data} | raw gather ceiling, into reused buffers (no loader, 1 "
                            f"thread) | {fl_run['ceiling_reused_samples_per_s']:,.0f} | | | | | "
@@ -1193,7 +1304,7 @@ def w_markdown(results: dict[str, dict[str, dict]], specs: dict[str, dict], comm
     for data, runs in results.items():
         fl_run = runs.get("feedline", {})
         peers = [r["samples_per_s"] for n, r in runs.items()
-                 if n != "feedline" and r.get("status") == "ok"]  # fmt: skip
+                 if n.startswith("torch") and r.get("status") == "ok"]  # fmt: skip
         if fl_run.get("status") != "ok" or not peers:
             continue
         speed = fl_run["samples_per_s"] / max(peers)
@@ -1203,7 +1314,44 @@ def w_markdown(results: dict[str, dict[str, dict]], specs: dict[str, dict], comm
             f"{'met' if speed >= 10 else 'missed'}); RSS over imports = {memory:.2f}x the data "
             f"(goal <= 1.5x: {'met' if memory <= 1.5 else 'missed'})."
         )
+        p0 = runs.get("feedline-p0", {})
+        if p0.get("status") == "ok":
+            out.append(f"  - feedline with prefetch=0 = {p0['samples_per_s'] / max(peers):.1f}x "
+                       "the faster torch DataLoader.")  # fmt: skip
+        out.extend(w_ceiling_lines(fl_run, max(peers)))
     return "\n".join(out)
+
+
+def w_ceiling_lines(r: dict[str, Any], peer: float) -> list[str]:
+    """What the machine allows (see w_memory_figures) and feedline's share of it."""
+    keys = ("ceiling_samples_per_s", "ceiling_blocks_samples_per_s")
+    best = max(r.get(k, 0.0) for k in keys)
+    if not best:
+        return []
+    lines = [f"  - feedline = {r['samples_per_s'] / best:.0%} of the best 1-thread raw gather "
+             f"({best:,.0f}/s; process against process); 10x the torch peer needs "
+             f"{10 * peer:,.0f}/s = {10 * peer / best:.0%} of it."]  # fmt: skip
+    rounds = r.get("interleaved") or []
+    if rounds:
+        ratios = sorted(x["ratio"] for x in rounds)
+        cpu = sorted(x["loader_cpu_us"] / x["raw_cpu_us"] for x in rounds)
+        lines.append(
+            f"  - interleaved in one process ({len(rounds)} x {W_ROUND_BATCHES} batches each): "
+            f"feedline = median {ratios[len(ratios) // 2]:.0%} of the raw gather (range "
+            f"{ratios[0]:.0%}-{ratios[-1]:.0%}); CPU per batch {cpu[len(cpu) // 2]:.2f}x the "
+            "raw gather's (median; the loader's includes its prefetch thread)."
+        )
+    if "memcpy_gb_per_s_1" in r:
+        size = r["sample_bytes"]
+        lines.append(
+            f"  - memory: memcpy {r['memcpy_gb_per_s_1']:.1f} GB/s on 1 thread, "
+            f"{r['memcpy_gb_per_s_2']:.1f} GB/s on 2; a sample moves {size:,} B (read and "
+            f"written), so bandwidth alone would allow {r['memcpy_gb_per_s_1'] * 1e9 / size:,.0f}"
+            f"/s on 1 thread. The raw gather reaches {r['gather_dram_samples_per_s']:,.0f}/s "
+            f"over 10M rows but {r['gather_cached_samples_per_s']:,.0f}/s over 4,096 "
+            "(cache-resident) rows: random window reads from DRAM, not per-window work, bound it."
+        )
+    return lines
 
 
 def w_run_child(runner: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -1882,19 +2030,28 @@ def aw_feedline(spec: dict[str, Any], args: argparse.Namespace, stack: bool) -> 
     # interleaved: one loader epoch, then the ceiling over that epoch's order, AW_ROUNDS
     # times; the median ratio holds up on a busy machine, whose swings hit whichever of the
     # two separate runs above happens to be running
-    ratios = []
+    # CPU per sample of each side too (the loader's includes its prefetch thread and the
+    # next epoch's order drawn on a background thread; the ceiling's indices are given)
+    ratios, cpu = [], []
     for r in range(AW_ROUNDS):
         epoch = result["epochs_complete"] + 1 + r
         loader.set_epoch(epoch)
-        start, rows = time.perf_counter(), 0
+        start, rows, used = time.perf_counter(), 0, time.process_time()
         for batch in loader:
             rows += len(batch["label"])
         rate = rows / (time.perf_counter() - start)
+        loader_cpu = (time.process_time() - used) / rows
         orders = [np.array(loader._plan(epoch).indices)]
-        start = time.perf_counter()
+        start, used = time.perf_counter(), time.process_time()
         ceiling_rows = sum(len(b["label"]) for b in gather_epoch(0))
         ratios.append(rate / (ceiling_rows / (time.perf_counter() - start)))
-    result["interleaved_ratios"] = ratios
+        cpu.append((loader_cpu * 1e9, (time.process_time() - used) / ceiling_rows * 1e9))
+    result["interleaved_ratios"], result["interleaved_cpu_ns"] = ratios, cpu
+    from feedline.loader.order import epoch_permutation
+
+    used = time.process_time()  # what an epoch's order costs (drawn ahead by the loader)
+    epoch_permutation(spec["n"], SEED, 10**6)
+    result["order_cpu_ms"] = (time.process_time() - used) * 1e3
     return result
 
 
@@ -2001,8 +2158,11 @@ def b_specs(work: Path, quick: bool) -> dict[str, dict[str, Any]]:
         n = d["quick_rows"] if quick else d["rows"]
         for encoding in ("binary", "lists"):
             key = f"{name}-{encoding}"
+            # "-p1m": written with pages of about 1 MiB (feedline/io/shards.py PAGE_BYTES);
+            # data written before that has 12.6 MB pages and is written again
+            folder = f"{name}-{n}-{encoding}" + ("-p1m" if encoding == "binary" else "")
             specs[key] = {**d, "name": key, "data": name, "encoding": encoding, "n": n,
-                          "dir": str(work / f"{name}-{n}-{encoding}")}  # fmt: skip
+                          "dir": str(work / folder)}  # fmt: skip
     return specs
 
 
@@ -2079,16 +2239,18 @@ def b_feedline(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     result["cache_bytes"] = holder.pop("loader").stats()["cache_bytes"]
     result["peak_rss"] = w_peak_rss()
     fills, firsts = [], []
-    for _ in range(args.b_fills):  # opened afresh each time (page cache warm): the fill alone,
-        start = time.perf_counter()  # then the rest of the way to the first batch
+    for _ in range(args.b_fills):  # opened afresh each time (page cache warm): the first
+        start = time.perf_counter()  # batch, then the rest of the fill (a memory cache of
         loader = fl.open(spec["dir"]).loader(batch_size=BATCH, shuffle=True, seed=SEED,
                                              format="torch")  # fmt: skip
-        loader._prepare()
-        fills.append(time.perf_counter() - start)
-        next(iter(loader))
+        next(iter(loader))  # >= 64 MB copies its data pages in the background: page_tasks.py)
         firsts.append(time.perf_counter() - start)
+        cache = loader._prepare().source
+        if hasattr(cache, "wait"):
+            cache.wait()
+        fills.append(time.perf_counter() - start)  # the whole fill, first batch included
         loader.close()
-        del loader
+        del loader, cache
     result["fill_s"] = sorted(fills)[len(fills) // 2]
     result["first_batch_median_s"] = sorted(firsts)[len(firsts) // 2]
     result["first_batch_runs_s"] = firsts
@@ -2229,6 +2391,15 @@ def aw_markdown(results: dict[str, dict], spec: dict[str, Any], command: str) ->
                        f"({len(rounds)} rounds): median {median:.0%} of the ceiling (range "
                        f"{rounds[0]:.0%}-{rounds[-1]:.0%}; goal >= 80%: "
                        f"{'met' if median >= 0.8 else 'missed'}).")  # fmt: skip
+        cpu = stack.get("interleaved_cpu_ns") or []
+        if cpu:
+            fl_ns = sorted(c[0] for c in cpu)[len(cpu) // 2]
+            raw_ns = sorted(c[1] for c in cpu)[len(cpu) // 2]
+            order = stack.get("order_cpu_ms", 0.0) * 1e6 / spec["n"]
+            out.append(f"- CPU per sample (median of the rounds): feedline-stack {fl_ns:.0f} ns, "
+                       f"the ceiling {raw_ns:.0f} ns ({raw_ns / fl_ns:.0%}); of feedline's, "
+                       f"{order:.0f} ns is drawing the epoch's permutation (on a background "
+                       "thread, ahead of the epoch; the ceiling is given its indices).")
     return "\n".join(out)
 
 
@@ -2263,7 +2434,9 @@ def b_markdown(results: dict[str, dict], specs: dict[str, dict], command: str) -
         "checksums verified): as `ds.write` stores tensors now (fixed-size binary, PLAIN) and "
         "as before (Parquet lists). First batch = open + cache fill + first gather (the "
         "runner's first loader; median = of `--b-fills` fresh loaders after it, page cache "
-        "warm); fill = the cache fill alone (median of those repeats). Node cold / warm: "
+        "warm); fill = open until the whole cache is filled (median of those repeats; a "
+        "memory cache of >= 64 MB serves its first batch before its data pages are all in, "
+        "so the fill includes the first batch). Node cold / warm: "
         "the first batch with `cache='node'` when the node cache file is built (the first "
         "rank on a fresh node) / already exists (the other ranks, a restarted job); load = "
         "the 1-minute load average at the end of the runner."

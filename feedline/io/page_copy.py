@@ -52,7 +52,15 @@ try:  # ISA-L's CRC-32 (the ``isal`` package): about 30 GB/s here against zlib's
 except ImportError:  # pragma: no cover - the same function, slower
     from zlib import crc32
 
-__all__ = ["ChunkCopy", "chunk_copy", "copy_chunk", "read_struct"]
+__all__ = [
+    "ChunkCopy",
+    "PageCopy",
+    "chunk_copy",
+    "chunk_pages",
+    "copy_chunk",
+    "copy_page",
+    "read_struct",
+]
 
 #: bytes of a column chunk read (and checksummed) at a time
 PIECE = 4 << 20
@@ -123,30 +131,68 @@ def copy_chunk(fd: int, chunk: ChunkCopy, dest: memoryview, where: str) -> bool:
     """
     if dest.nbytes != chunk.rows * chunk.width:
         return False
-    pos, end, row, page = chunk.offset, chunk.offset + chunk.size, 0, 0
+    pages = chunk_pages(fd, chunk)
+    if pages is None:
+        return False
+    return all(copy_page(fd, chunk, page, dest, where) for page in pages)
+
+
+@dataclass(frozen=True)
+class PageCopy:
+    """One data page of a :class:`ChunkCopy`: where its values lie, its rows, its CRC-32."""
+
+    #: the page's number in its column chunk, for error messages
+    index: int
+    #: file offset of the page's first value byte
+    offset: int
+    #: first row (of the column chunk) and rows
+    row: int
+    rows: int
+    #: the CRC-32 from the page header, and the bytes it covers before the values (levels)
+    crc: int
+    levels: bytes
+
+
+def chunk_pages(fd: int, chunk: ChunkCopy) -> list[PageCopy] | None:
+    """The pages of ``chunk`` (their headers read from ``fd``), or ``None`` unless every page
+    is one :func:`copy_page` copies and together they hold exactly the chunk's rows."""
+    pos, end, row, pages = chunk.offset, chunk.offset + chunk.size, 0, []
     while pos < end:
         parsed = _page(fd, pos, end)
         if parsed is None:
-            return False
+            return None
         body, size, crc, values, levels = parsed
         region = _levels(fd, body, size, levels, values, chunk.max_def)
         if region is None or size - len(region) != values * chunk.width:
-            return False
+            return None
         if row + values > chunk.rows:
-            return False
-        out = dest[row * chunk.width : (row + values) * chunk.width]
-        check = _read_into(fd, out, body + len(region), crc32(region))
-        if check is None:
-            return False
-        if check != crc & 0xFFFFFFFF:
-            raise DataError(
-                f"Page {page} of column {chunk.column!r} in row group {chunk.group} of shard "
-                f"{where} fails its CRC-32 check (rows {row}..{row + values - 1} of that row "
-                "group): the file is damaged. Fix: restore the shard (fl.verify(path) checks "
-                "every shard) or re-run the write."
-            )
-        pos, row, page = body + size, row + values, page + 1
-    return pos == end and row == chunk.rows
+            return None
+        pages.append(PageCopy(len(pages), body + len(region), row, values, crc & 0xFFFFFFFF,
+                              region))  # fmt: skip
+        pos, row = body + size, row + values
+    return pages if pos == end and row == chunk.rows else None
+
+
+def copy_page(fd: int, chunk: ChunkCopy, page: PageCopy, dest: memoryview, where: str) -> bool:
+    """Copy ``page`` (of ``chunk``) into its rows of ``dest`` (the chunk's ``rows * width``
+    bytes) and check its CRC-32 over the bytes where they landed.
+
+    Returns ``False`` when the file ends first; raises :class:`DataError` when the checksum
+    does not match.
+    """
+    width = chunk.width
+    out = dest[page.row * width : (page.row + page.rows) * width]
+    check = _read_into(fd, out, page.offset, crc32(page.levels))
+    if check is None:
+        return False
+    if check != page.crc:
+        raise DataError(
+            f"Page {page.index} of column {chunk.column!r} in row group {chunk.group} of shard "
+            f"{where} fails its CRC-32 check (rows {page.row}..{page.row + page.rows - 1} of "
+            "that row group): the file is damaged. Fix: restore the shard (fl.verify(path) "
+            "checks every shard) or re-run the write."
+        )
+    return True
 
 
 def _page(fd: int, pos: int, end: int) -> tuple[int, int, int, int, Any] | None:

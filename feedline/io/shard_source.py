@@ -34,7 +34,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from feedline.errors import DataError
-from feedline.io.footer import check_footer, footer_of_handle
+from feedline.io.footer import Footer, check_footer, footer_of_handle
 from feedline.io.format import open_source, plain_parquet_shards
 from feedline.io.manifest import ShardInfo
 from feedline.io.parquet import ParquetSource
@@ -169,6 +169,7 @@ class ShardSource:
         rows: int | None = None,
         *,
         path: str | None = None,
+        opened: tuple[int, Footer] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Row groups ``groups`` (indices inside file ``file``) as batches of up to ``rows``.
 
@@ -176,14 +177,20 @@ class ShardSource:
         output stays small); the footer is checked against the file's entry in
         :attr:`shards` and page checksums are verified. Tensor columns stored as fixed-size
         binary come back typed as written (no copy). ``path`` reads a local copy of the file
-        instead (a shard cache's). Raises :class:`DataError` naming the shard when the file is
+        instead (a shard cache's). ``opened`` is that file already open, as ``(descriptor,
+        footer)``, its footer checked against its entry by the caller (see
+        :class:`feedline.loader.file_footers.FileFooters`): read through the descriptor, the
+        footer is not read again. Raises :class:`DataError` naming the shard when the file is
         missing or unreadable.
         """
         loc = self.files[file]
+        reopen = _reopen_path(opened[0]) if opened is not None else None
         try:
-            with self._open(file, path) as handle:
+            with self._open(file, reopen or path) as handle:
                 metadata = None
-                if self.shards:
+                if opened is not None and reopen is not None:  # the very file checked
+                    metadata = opened[1].metadata
+                elif self.shards:
                     where = f"{loc.url!r}"
                     footer = footer_of_handle(handle, where, self.shards[file])
                     check_footer(footer, self.shards[file], where)
@@ -311,3 +318,19 @@ def open_shard_source(
     """
     source = open_source(path, verify=verify, storage_options=storage_options)
     return replace(ShardSource.from_source(source), storage_options=storage_options)
+
+
+def _reopen_path(fd: int) -> str | None:
+    """A path that opens the very file ``fd`` has open (``/dev/fd/N`` on Linux and macOS),
+    even after its name was given to another file; ``None`` where there is none.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> fd, name = tempfile.mkstemp()
+    >>> _reopen_path(fd) in (f"/dev/fd/{fd}", None)
+    True
+    >>> os.close(fd); os.remove(name)
+    """
+    path = f"/dev/fd/{fd}"
+    return path if os.path.exists(path) else None

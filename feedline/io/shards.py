@@ -29,6 +29,12 @@ __all__ = [
 ]
 
 _CHECKSUM_CHUNK = 8 << 20
+#: bytes of a data page of a wide fixed-size column (pyarrow checks its 1 MiB page size only
+#: every ``write_batch_size`` rows, 1,024 by default: 12.6 MB pages of uint8[3, 64, 64]). A
+#: page is what a reader checks (CRC-32) before any of its rows may be used, so the loader
+#: serves a batch of a filling cache once the few pages its rows lie in are read
+#: (feedline/loader/page_tasks.py).
+PAGE_BYTES = 1 << 20
 
 
 def shard_name(index: int, write_id: str = "") -> str:
@@ -218,6 +224,7 @@ class ShardWriter:
             use_dictionary=storage.dictionary(dictionary_columns(self._schema)),
             column_encoding=storage.encoding,
             write_page_checksum=True,  # CRC-32 per page, verified on every read
+            write_batch_size=_page_rows(storage.schema),
         )
         self._groups = []
 
@@ -390,3 +397,18 @@ def file_checksum(location: Location) -> tuple[int, str]:
             digest.update(chunk)
             size += len(chunk)
     return size, "sha256:" + digest.hexdigest()
+
+
+def _page_rows(schema: pa.Schema) -> int:
+    """Rows per page check of the Parquet writer: pages of about :data:`PAGE_BYTES` for the
+    widest fixed-size binary column (a stored tensor), pyarrow's 1,024 for narrow ones.
+
+    Examples
+    --------
+    >>> _page_rows(pa.schema({"x": pa.binary(12288), "y": pa.int64()}))
+    86
+    >>> _page_rows(pa.schema({"y": pa.int64()}))
+    1024
+    """
+    widths = [f.type.byte_width for f in schema if pa.types.is_fixed_size_binary(f.type)]
+    return max(1, min(1024, -(-PAGE_BYTES // max(widths, default=1))))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,12 +27,15 @@ from feedline.io.shard_source import BatchStream, ShardSource
 from feedline.io.tensor_codec import is_tensor_type
 from feedline.loader.arrays import prefault
 from feedline.loader.columns import ColumnSpec, chunk_to_numpy, estimate_bytes
+from feedline.loader.file_footers import FileFooters
 from feedline.loader.packed import Packing, column_views, gather_packed, plan_packing
-from feedline.loader.page_fill import PageFill
+from feedline.loader.page_fill import OpenFiles, PageFill
+from feedline.loader.page_tasks import PageTask, PageTasks
 from feedline.progress import bar as progress_bar
 from feedline.progress import noop
 
 if TYPE_CHECKING:
+    from feedline.io.footer import Footer
     from feedline.io.manifest import ShardInfo
     from feedline.io.storage import Location
     from feedline.loader.shard_cache import ShardCache
@@ -59,6 +63,9 @@ READ_BATCH_ROWS = 32 * 1024
 READ_BYTES = 1 << 20
 #: bytes decoded at a time for columns whose decoding is a copy (see :func:`read_rows`)
 COPY_READ_BYTES = 16 << 20
+#: memory caches of at least this many bytes copy their pages in the background by default
+#: (a gather waits only for the pages of its rows: :mod:`feedline.loader.page_tasks`)
+BACKGROUND_BYTES = 64 << 20
 
 #: what the loader reads: shards, or the batches of a computed plan
 LoaderSource = ShardSource | BatchStream
@@ -69,12 +76,18 @@ class FileLayout:
     """A :class:`ShardSource` as the loader reads it: through a shard cache when one is set.
 
     Global row group ``g`` is the ``g``-th in file order; it holds rows ``starts[g] :
-    starts[g] + sizes[g]`` of the dataset.
+    starts[g] + sizes[g]`` of the dataset. A local file's footer is checked against its
+    manifest entry once, not on every row group read (see :mod:`feedline.loader.file_footers`).
     """
 
     source: ShardSource
     #: local copies of remote files (see :mod:`feedline.loader.shard_cache`), or ``None``
     shard_cache: ShardCache | None = field(default=None, compare=False)
+    #: the checked footers of the local files read so far
+    footers: FileFooters = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "footers", FileFooters(self.source))
 
     @property
     def files(self) -> tuple[Location, ...]:
@@ -114,8 +127,23 @@ class FileLayout:
     ) -> Iterator[pa.RecordBatch]:
         """Row groups ``groups`` of file ``file`` as batches of up to ``rows`` rows (see
         :meth:`ShardSource.iter_read`: footers and page checksums checked)."""
-        with self._local(file) as path:
-            yield from self.source.iter_read(file, groups, columns, rows, path=path)
+        with self._local(file) as path, self.opened(file, path) as opened:
+            yield from self.source.iter_read(
+                file, groups, columns, rows, path=path, opened=opened
+            )  # fmt: skip
+
+    @contextlib.contextmanager
+    def opened(self, file: int, cached: str | None) -> Iterator[tuple[int, Footer] | None]:
+        """File ``file`` (its shard cache copy ``cached``, when given) open, as ``(descriptor,
+        footer)`` with the footer checked (once per file); ``None`` for a remote file or one
+        that cannot be opened (then :meth:`ShardSource.iter_read` reads and names it)."""
+        loc = self.files[file]
+        path = cached if cached is not None else (loc.path if loc.is_local else None)
+        if path is None:
+            yield None
+            return
+        with self.footers.open(file, path) as opened:
+            yield opened
 
     @contextlib.contextmanager
     def _local(self, file: int) -> Iterator[str | None]:
@@ -179,8 +207,13 @@ class ColumnCache:
         *,
         packing: Packing | None = None,
         storage: Mapping[str, np.ndarray] | None = None,
+        filling: PageTasks | None = None,
     ) -> None:
         self.packing = packing
+        #: the pages still being copied in the background (see page_tasks.py), or ``None``
+        self._filling = filling
+        if filling is not None:  # a cache dropped while it fills: its fill threads stop
+            weakref.finalize(self, filling.cancel)
         self.storage = dict(storage if packing is not None else (arrays or {}))
         self.arrays = column_views(packing, self.storage) if packing is not None else self.storage
         lengths = {len(a) for a in self.storage.values()}
@@ -193,6 +226,13 @@ class ColumnCache:
         """Bytes held by the arrays (object columns: the pointers only)."""
         return int(sum(a.nbytes for a in self.storage.values()))
 
+    def wait(self) -> ColumnCache:
+        """This cache, once every row is in place (a background fill done); raises the fill's
+        :class:`~feedline.errors.DataError`, if any."""
+        if self._filling is not None:
+            self._filling.wait()
+        return self
+
     def gather(
         self,
         indices: np.ndarray,
@@ -203,7 +243,10 @@ class ColumnCache:
 
         ``out`` buffers are keyed as :func:`~feedline.loader.packed.gather_packed` says
         (by block or by batch key); ``scratch`` is reused memory for blocks copied out.
+        Waits for the pages of these rows when the cache is still filling.
         """
+        if self._filling is not None and not self._filling.complete:
+            self._filling.ensure(indices)
         if self.packing is not None:
             return gather_packed(self.packing, self.storage, indices, out, scratch)
         return {name: take_rows(a, indices, out, name) for name, a in self.storage.items()}
@@ -278,6 +321,7 @@ def _load_files(
     threads: int,
     storage: dict[str, np.ndarray] | None = None,
     advance: Callable[[int], None] = noop,
+    background: bool = False,
 ) -> ColumnCache:
     specs = packing.specs
     file_of, local, starts = layout.locate()
@@ -287,32 +331,63 @@ def _load_files(
     views = column_views(packing, storage)
     rows = read_rows(packing, layout.source.schema())
     pages = PageFill(layout, specs)
+    # background: the pages of copied columns are copied after this returns (page_tasks.py)
+    files = OpenFiles(layout) if background and layout.shard_cache is None else None
+    later = set(pages.widths) & set(storage) if files is not None else set()
+    tasks: list[list[PageTask]] = [[] for _ in sizes]
 
     def read_one(g: int) -> None:
         f, i = int(file_of[g]), int(local[g])
         where = f"shard {layout.files[f].url!r}, row group {i}"
-        for values in storage.values():  # this row group's pages, populated in bulk
-            prefault(values, int(starts[g]), int(starts[g] + sizes[g]))
-        with layout._local(f) as cached:  # a shard cache's copy, held from eviction
-            copied = pages.copy(f, i, int(starts[g]), views, cached)  # pages straight in place
+        for key, values in storage.items():  # this row group's pages, populated in bulk
+            if key not in later:  # (a page task populates its own rows)
+                prefault(values, int(starts[g]), int(starts[g] + sizes[g]))
+        # a shard cache's copy (held from eviction), open with its footer checked once per file
+        with layout._local(f) as cached, _opened(layout, files, f, cached) as opened:
+            if files is not None:
+                copied, tasks[g] = pages.plan(f, i, int(starts[g]), views, opened)
+            else:
+                copied = pages.copy(f, i, int(starts[g]), views, opened)  # pages in place
             rest = [s for s in specs if s.name not in copied]
             if rest:
                 read = [s.name for s in rest]
-                parts = layout.source.iter_read(f, [i], read, rows, path=cached)
+                parts = layout.source.iter_read(f, [i], read, rows, path=cached, opened=opened)
                 pieces = _checked(parts, int(sizes[g]), where)
                 fill_arrays(views, pieces, rest, int(starts[g]), where)
         advance(int(sizes[g]))
         pa.default_memory_pool().release_unused()  # the decoded pieces: back to the system
 
     todo = [g for g in range(len(sizes)) if sizes[g]]
-    if threads <= 1 or len(todo) <= 1:
-        for g in todo:
-            read_one(g)
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="feedline-cache") as pool:
-            for future in [pool.submit(read_one, g) for g in todo]:
-                future.result()
-    return ColumnCache(packing=packing, storage=storage)
+    try:
+        if threads <= 1 or len(todo) <= 1:
+            for g in todo:
+                read_one(g)
+        else:
+            with ThreadPoolExecutor(threads, thread_name_prefix="feedline-cache") as pool:
+                for future in [pool.submit(read_one, g) for g in todo]:
+                    future.result()
+    except BaseException:
+        if files is not None:
+            files.close()
+        raise
+    filling = None
+    if files is not None:
+        found = [task for group in tasks for task in group]
+        filling = PageTasks(found, threads, files.close)  # closes the files at once if none
+    return ColumnCache(packing=packing, storage=storage, filling=filling)
+
+
+@contextlib.contextmanager
+def _opened(
+    layout: FileLayout, files: OpenFiles | None, file: int, cached: str | None
+) -> Iterator[tuple[int, Footer] | None]:
+    """File ``file`` open with its footer checked: held by ``files`` for a background fill,
+    else opened for this row group (:meth:`FileLayout.opened`)."""
+    if files is not None:
+        yield files.get(file)
+        return
+    with layout.opened(file, cached) as opened:
+        yield opened
 
 
 def read_rows(packing: Packing, schema: pa.Schema | None = None) -> int:
@@ -401,6 +476,7 @@ def load_cache(
     budget: int | None = None,
     threads: int | None = None,
     storage: dict[str, np.ndarray] | None = None,
+    background: bool | None = None,
 ) -> ColumnCache:
     """Load the columns of ``specs`` (or of a :class:`Packing`) into a :class:`ColumnCache`.
 
@@ -409,6 +485,11 @@ def load_cache(
     given: e.g. a node cache file's mapping); otherwise the plan runs and, with a ``budget``,
     stops with a :class:`ConfigurationError` once the arrays would exceed it. Plain specs are
     packed with :func:`~feedline.loader.packed.plan_packing` (no stacks).
+
+    ``background``: return before the data pages of page-copied columns are in place and
+    copy them in background threads, the pages a gather needs first (see
+    :mod:`feedline.loader.page_tasks`; :meth:`ColumnCache.wait` waits for the rest). By
+    default a memory cache of at least :data:`BACKGROUND_BYTES` of local files does.
 
     Examples
     --------
@@ -422,10 +503,13 @@ def load_cache(
     if layout is None and isinstance(source, ShardSource):
         layout = FileLayout(source)
     kind = "memory" if storage is None else "node"  # the caller's storage: a node cache file
+    if background is None and layout is not None:
+        background = storage is None and packing.row_bytes * layout.num_rows >= BACKGROUND_BYTES
     with progress_bar(f"fill the {kind} cache", total=known_rows(source)) as advance:
         if layout is not None:
             workers = threads or min(MAX_READ_THREADS, os.cpu_count() or 1)
-            return _load_files(layout, packing, workers, storage, advance)
+            later = bool(background) and storage is None
+            return _load_files(layout, packing, workers, storage, advance, later)
         return _load_batches(source, packing, budget, advance)
 
 

@@ -13,7 +13,8 @@ Shards that are not local files (and have no local copy in a shard cache) are re
 pyarrow. A column chunk that is not a plain copy, or a page that is not as the footer says,
 is read through pyarrow too; a page failing its checksum raises
 :class:`~feedline.errors.DataError`. The footer of the open file the pages come from is
-checked against the manifest first, as on every read (:func:`feedline.io.footer.check_footer`).
+checked against the manifest first, as on every read (:func:`feedline.io.footer.check_footer`),
+once per file (see :mod:`feedline.loader.file_footers`).
 """
 
 from __future__ import annotations
@@ -27,17 +28,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from feedline.io.footer import check_footer, parse_footer, read_footer_block
-from feedline.io.page_copy import chunk_copy, copy_chunk
+from feedline.io.page_copy import chunk_copy, chunk_pages, copy_chunk
 from feedline.io.tensor_codec import is_tensor_type
+from feedline.loader.page_tasks import PageTask
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
+    from feedline.io.footer import Footer
     from feedline.loader.cache import FileLayout
     from feedline.loader.columns import ColumnSpec
 
-__all__ = ["PageFill", "copyable_widths"]
+__all__ = ["OpenFiles", "PageFill", "copyable_widths"]
 
 _NUMBERS = (pa.int32(), pa.int64(), pa.float32(), pa.float64())
 
@@ -90,17 +92,17 @@ class PageFill:
 
     def copy(
         self, file: int, group: int, start: int, views: Mapping[str, np.ndarray],
-        cached: str | None = None,
+        opened: tuple[int, Footer] | None,
     ) -> set[str]:  # fmt: skip
         """Copy row group ``group`` of file ``file`` (dataset rows from ``start``) of every
-        column it can into ``views``; returns the names copied. ``cached`` is the file's local
-        copy in a shard cache (held by the caller), if any."""
-        loc = self.layout.files[file]
-        path = cached if cached is not None else (loc.path if loc.is_local else None)
-        if not self.widths or path is None:
+        column it can into ``views``; returns the names copied. ``opened`` is the file (or its
+        shard cache copy) open, with its footer checked (:meth:`FileLayout.opened`), or
+        ``None`` (nothing is copied)."""
+        if not self.widths or opened is None:
             return set()
+        fd, footer = opened
         try:
-            done = self._copy(file, group, start, views, path)
+            done = self._copy(fd, footer.metadata, file, group, start, views)
         except (OSError, pa.ArrowException):  # pyarrow reads it again and names the problem
             return set()
         with self._lock:
@@ -108,32 +110,97 @@ class PageFill:
         return done
 
     def _copy(
-        self, file: int, group: int, start: int, views: Mapping[str, np.ndarray], path: str
-    ) -> set[str]:
+        self, fd: int, metadata: pq.FileMetaData, file: int, group: int, start: int,
+        views: Mapping[str, np.ndarray],
+    ) -> set[str]:  # fmt: skip
         done: set[str] = set()
         where = repr(self.layout.files[file].url)
-        fd = os.open(path, os.O_RDONLY)
+        rows = metadata.row_group(group).num_rows
+        for name, width in self.widths.items():
+            chunk = chunk_copy(metadata, group, name, width)
+            dest = views[name][start : start + rows]
+            if chunk is None or chunk.rows != rows or not dest.flags.c_contiguous:
+                continue
+            if copy_chunk(fd, chunk, memoryview(dest).cast("B"), where):
+                done.add(name)
+        return done
+
+    def plan(
+        self, file: int, group: int, start: int, views: Mapping[str, np.ndarray],
+        opened: tuple[int, Footer] | None,
+    ) -> tuple[set[str], list[PageTask]]:  # fmt: skip
+        """The pages of row group ``group`` of file ``file`` to copy later, as
+        :class:`~feedline.loader.page_tasks.PageTask` s (their headers are read now), and the
+        names of the columns they fill. ``opened`` must stay open until the tasks ran."""
+        if not self.widths or opened is None:
+            return set(), []
+        fd, footer = opened
+        metadata = footer.metadata
+        rows = metadata.row_group(group).num_rows
+        where = repr(self.layout.files[file].url)
+        names: set[str] = set()
+        tasks: list[PageTask] = []
         try:
-            metadata = self._footer(fd, file, where)  # of the very file the pages come from
-            rows = metadata.row_group(group).num_rows
             for name, width in self.widths.items():
                 chunk = chunk_copy(metadata, group, name, width)
                 dest = views[name][start : start + rows]
                 if chunk is None or chunk.rows != rows or not dest.flags.c_contiguous:
                     continue
-                if copy_chunk(fd, chunk, memoryview(dest).cast("B"), where):
-                    done.add(name)
-        finally:
-            os.close(fd)
-        return done
+                pages = chunk_pages(fd, chunk)
+                if pages is None:
+                    continue
+                memory = memoryview(dest).cast("B")
+                tasks += [PageTask(fd, chunk, page, memory, views[name], start, name, where)
+                          for page in pages]  # fmt: skip
+                names.add(name)
+        except (OSError, pa.ArrowException):  # pyarrow reads it and names the problem
+            return set(), []
+        with self._lock:
+            self.chunks_copied += len(names)
+        return names, tasks
 
-    def _footer(self, fd: int, file: int, where: str) -> pq.FileMetaData:
-        """The footer of the open file ``fd`` (file ``file``), checked against its manifest
-        entry, as every read checks it (:meth:`ShardSource.iter_read`)."""
-        size = os.fstat(fd).st_size
-        block = read_footer_block(lambda offset, n: os.pread(fd, n, offset), size, where)
-        footer = parse_footer(block, size, where)
-        source = self.layout.source
-        if source.shards:
-            check_footer(footer, source.shards[file], where)
-        return footer.metadata
+
+class OpenFiles:
+    """The local files of a fill, each opened once and held open (footer checked) until
+    :meth:`close`: the page tasks of a background fill read them. Thread-safe."""
+
+    def __init__(self, layout: FileLayout) -> None:
+        self.layout = layout
+        self._lock = threading.Lock()
+        self._open: dict[int, tuple[int, Footer] | None] = {}
+
+    def get(self, file: int) -> tuple[int, Footer] | None:
+        """File ``file`` as ``(descriptor, checked footer)``; ``None`` when it is not a local
+        file or cannot be opened (pyarrow reads it then and names the problem)."""
+        with self._lock:
+            if file not in self._open:
+                self._open[file] = self._opened(file)
+            return self._open[file]
+
+    def _opened(self, file: int) -> tuple[int, Footer] | None:
+        loc = self.layout.files[file]
+        if not loc.is_local:
+            return None
+        try:
+            fd = os.open(loc.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            if hasattr(os, "posix_fadvise"):  # pages are read a gather's first, out of order:
+                # no readahead past them (the first gather of 100k x uint8[3, 64, 64] read cold
+                # from disk took 0.47 s with this advice against 0.57-0.67 s without)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            return fd, self.layout.footers.footer(file, fd, loc.path)
+        except OSError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            for opened in self._open.values():
+                if opened is not None:
+                    os.close(opened[0])
+            self._open.clear()

@@ -57,9 +57,12 @@ def _copied(path: Path, then=None) -> tuple[list[set[str]], dict[str, np.ndarray
     packing = plan_packing(specs)
     storage = packing.allocate(source.num_rows)
     views = column_views(packing, storage)
-    fill = PageFill(FileLayout(source), specs)
-    where = zip(*source.locate(), strict=True)  # file, row group in it, first row
-    names = [fill.copy(int(f), int(g), int(s), views) for f, g, s in where]
+    layout = FileLayout(source)
+    fill = PageFill(layout, specs)
+    names = []
+    for f, g, s in zip(*source.locate(), strict=True):  # file, row group in it, first row
+        with layout.opened(int(f), None) as opened:
+            names.append(fill.copy(int(f), int(g), int(s), views, opened))
     return names, views
 
 
