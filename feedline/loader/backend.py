@@ -177,6 +177,7 @@ def open_backend(
     pad_value: float = 0,
     world_size: int = 1,
     node_dir: str | os.PathLike[str] | None = None,
+    window_copier: str = "numpy",
 ) -> Backend:
     """Decide how to serve ``source`` and load it when it is cached.
 
@@ -191,6 +192,8 @@ def open_backend(
     ``stack`` and ``dtype`` are the loader's (see :func:`~feedline.loader.packed.plan_packing`
     and :func:`~feedline.loader.columns.with_dtypes`); ``shapes``, ``ragged`` and
     ``pad_value`` too (list columns, see :func:`~feedline.loader.columns.column_specs`).
+    ``window_copier`` is what copies ``windows=`` batches (see
+    :class:`~feedline.loader.windows.WindowSampler`: ``"torch"`` for torch batches).
 
     Examples
     --------
@@ -218,8 +221,9 @@ def open_backend(
         if shards is not None:
             shards.schedule(range(len(layout.files)))
         sampler = WindowSampler(
-            source, windows, layout=layout, widen_unsigned=widen_unsigned, dtype=dtype
-        )
+            source, windows, layout=layout, widen_unsigned=widen_unsigned, dtype=dtype,
+            copier=window_copier,
+        )  # fmt: skip
         return Backend("memory", sampler, [sampler.num_rows], window, shards=shards)
     lists = {"shapes": shapes, "ragged": ragged, "pad_value": pad_value}
     packing = _packing(source, columns, strings, widen_unsigned, stack, dtype, lists)

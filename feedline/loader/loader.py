@@ -37,7 +37,7 @@ from feedline.loader.skips import Skips
 from feedline.loader.timing import Timing
 from feedline.loader.torch import distributed_defaults
 from feedline.loader.views import LoaderViews
-from feedline.loader.windows import Windows
+from feedline.loader.windows import Windows, window_copier
 
 if TYPE_CHECKING:
     from feedline.dataset import Dataset
@@ -312,6 +312,7 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
                 cache_dir=self.cache_dir, cache_limit=self.cache_limit, stack=self.stack,
                 dtype=self.dtype, **self.lists, world_size=self.world_size,
                 node_dir=self.cache_dir,
+                window_copier=window_copier(self.format, self.prefetch),
             )  # fmt: skip
         return self._backend
 

@@ -20,10 +20,14 @@ from feedline.loader.nodes import (
     ToDevice,
 )
 
-__all__ = ["GROUP_BYTES", "MAX_GROUP", "default_pipeline", "group_size"]
+__all__ = ["GROUP_BYTES", "MAX_GROUP", "SPLIT_GROUP_BYTES", "default_pipeline", "group_size"]
 
 #: bytes of batches the prefetch thread gathers with one take (see ``group_size``)
 GROUP_BYTES = 1 << 20
+#: bytes of batches gathered together when the gather may be split across threads (fresh
+#: arrays, GIL-free copies: windows); parts this large keep the hand-overs few (see
+#: feedline.loader.nodes.gather_threads for the measurements)
+SPLIT_GROUP_BYTES = 8 << 20
 #: most batches gathered with one take
 MAX_GROUP = 64
 
@@ -36,13 +40,19 @@ def group_size(
 
     One hand-over between the prefetch thread and the training loop costs far more than
     gathering a small batch, so small cached batches travel in groups (streaming keeps
-    ``prefetch``: a larger group would span, and hold, more shuffle pools).
+    ``prefetch``: a larger group would span, and hold, more shuffle pools). A gather the
+    loader may split across threads (into fresh arrays: windows) takes about
+    ``SPLIT_GROUP_BYTES``, so each thread's part is large.
     """
     if not prefetch or backend.mode != "memory":
         return max(1, prefetch)
     row = sum(int(np.prod(s)) * (8 if d.kind == "O" else d.itemsize)
               for s, d in shapes.values())  # fmt: skip
-    fit = GROUP_BYTES // max(1, row * batch_size)
+    source = backend.source
+    split = getattr(source, "thread_safe_gather", False) and not getattr(
+        source, "fills_buffers", True
+    )
+    fit = (SPLIT_GROUP_BYTES if split else GROUP_BYTES) // max(1, row * batch_size)
     return max(prefetch, min(MAX_GROUP, fit))
 
 

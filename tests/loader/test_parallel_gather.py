@@ -84,10 +84,10 @@ def test_split_gathers_are_the_single_threads_batches_in_order(
 def test_the_loader_with_split_gathers_yields_its_single_thread_epoch(
     windows_loader: fl.Loader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gt, "auto_threads", lambda own_busy=0.0: 1)
+    monkeypatch.setattr(gt, "auto_threads", lambda *_: 1)
     windows_loader.set_epoch(1)
     one = [{k: v.copy() for k, v in b.items()} for b in windows_loader]
-    monkeypatch.setattr(gt, "auto_threads", lambda own_busy=0.0: 2)
+    monkeypatch.setattr(gt, "auto_threads", lambda *_: 2)
     seen: set[str] = set()
     many = []
     windows_loader.set_epoch(1)
@@ -132,7 +132,7 @@ def test_no_gather_thread_outlives_early_breaks_resets_or_the_loader(
             next(node)
         node.close()
     assert not gather_thread_names()
-    monkeypatch.setattr(gt, "auto_threads", lambda own_busy=0.0: 2)
+    monkeypatch.setattr(gt, "auto_threads", lambda *_: 2)
     for _ in range(100):  # the loader's own pipeline: broken off, then the loader deleted
         loader = fl.Loader(windows_loader._source(), windows=windows_loader.windows,
                            batch_size=BATCH, seed=1)  # fmt: skip

@@ -86,22 +86,24 @@ def test_the_next_epochs_order_is_drawn_from_the_second_batch_on() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cpus", "load", "own_busy", "split"),
+    ("cpus", "load", "own_busy", "helpers_busy", "split"),
     [
-        (2, 1.3, 1.3, False),
-        (2, 0.0, 1.3, False),
-        (2, 3.0, 1.0, False),
-        (8, 1.3, 1.3, True),
-        (8, 7.5, 1.0, False),
+        (2, 1.3, 1.3, 0.0, True),  # a prefetching loader on an otherwise idle machine
+        (2, 2.0, 1.0, 0.8, True),  # ... already split: it stays split
+        (2, 0.0, 2.0, 0.0, False),  # the loop computes on both CPUs
+        (2, 3.0, 1.0, 0.0, False),  # another process keeps two CPUs busy
+        (8, 1.3, 1.3, 0.0, True),
+        (8, 8.0, 1.0, 0.0, False),
     ],
 )
-def test_a_gather_splits_only_where_a_cpu_is_left_for_the_extra_thread(
-    monkeypatch: pytest.MonkeyPatch, cpus: int, load: float, own_busy: float, split: bool
-) -> None:
-    # a prefetching loader keeps ~1.3 CPUs busy itself: on 2 CPUs a third thread has none
+def test_a_gather_splits_only_where_the_cpus_leave_room_for_the_extra_thread(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, load: float, own_busy: float,
+    helpers_busy: float, split: bool,
+) -> None:  # fmt: skip
     from feedline.loader.nodes import gather_threads as gt
 
     monkeypatch.setattr(gt.os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(gt.os, "cpu_count", lambda: cpus)
     monkeypatch.setattr(gt, "gather_threads", lambda: min(cpus, gt.MAX_GATHER_THREADS))
-    assert gt.auto_threads(own_busy) == (min(cpus, gt.MAX_GATHER_THREADS) if split else 1)
+    want = min(cpus, gt.MAX_GATHER_THREADS) if split else 1
+    assert gt.auto_threads(own_busy, helpers_busy) == want

@@ -12,16 +12,21 @@ the GIL most of the time, so it cannot run in parallel.
 Each thread gathers whole batches into fresh arrays (no shared output, no second copy); the
 batches stay views of their thread's arrays, in order, bit-identical to one thread's.
 
-A split pays only where a CPU is idle: each group waits for its slowest part, and on an
-oversubscribed machine a woken thread waits for a core. On this 2-core VM a split never
-measured faster, even quiet (memcpy: ~13 GB/s on one thread and on two; the random window
-reads are bound by memory access): with the loader's prefetch thread busy, a split gathered
-0.88-0.96M windows/s at 266-290 CPU-us a batch against 1.40-1.54M at 185-202 for one thread
-(W, 6,000 batches, load 2.3-2.9, 3.9 vs 0.6 context switches a batch). At load 9-11 (W,
-400-batch rounds, 10-12 interleaved rounds), two threads gave a median of 721k samples/s
-against 835k for one (and 420k vs 474k in another series), at 271 vs 237 CPU-us a batch.
-So the automatic count (:func:`auto_threads`, checked at most once a second) splits only
-while the others' load, this process's own CPU use and the extra thread fit the CPUs.
+A split pays only where a CPU is idle, and only for parts large enough that the hand-overs
+(each a GIL round trip, worth a few hundred microseconds when another thread is running Python)
+are few. Measured on this project's 2-core VM (case W, windows of 96 + 8 rows of 8 float32,
+batch 256, the loader prefetching, 3 x 3,000 batches, the loop having run a torch op): groups
+of ~1 MiB (two batches, one a thread) gave 0.92-1.10M windows/s split against 1.36-1.60M on one
+thread; groups of ~8 MiB (nine batches) gave **2.29-2.36M** split (4 MiB: 1.32-1.98M; 16 MiB:
+2.00-2.27M). So a loader whose gathers can be split gathers groups of about
+:data:`~feedline.loader.pipeline.SPLIT_GROUP_BYTES` (see
+:func:`~feedline.loader.pipeline.group_size`), and the automatic count (:func:`auto_threads`,
+looked at again at most once a second) splits while the others' load, what this process
+keeps busy besides the pool's threads, and the pool's threads fit the CPUs, give or take
+:data:`SPLIT_SLACK`: a prefetching loader's training loop mostly waits, so on 2 CPUs its
+prefetch thread and one more gather thread fit. At most :data:`MAX_GATHER_THREADS`: on a
+16-core host four threads gathering one batch each ran 3.4x slower than one (the raw
+ceiling of ``bench/loader.py --case W``: 477k against 1.62M windows/s).
 
 :class:`GatherThreads` is the small persistent pool: started on first use, its threads
 named ``feedline-gather``, joined by :meth:`GatherThreads.close` (the :class:`~feedline.
@@ -39,15 +44,17 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["CHECK_S", "MAX_GATHER_THREADS", "MIN_PART_BYTES", "GatherThreads", "auto_threads",
-           "batch_cuts", "gather_threads"]  # fmt: skip
+__all__ = ["CHECK_S", "MAX_GATHER_THREADS", "MIN_PART_BYTES", "SPLIT_SLACK", "GatherThreads",
+           "auto_threads", "batch_cuts", "gather_threads"]  # fmt: skip
 
 #: most threads a group's gather is split across (the copy is memory bound beyond a few)
-MAX_GATHER_THREADS = 4
+MAX_GATHER_THREADS = 2
 #: least bytes a thread's part gathers: a hand-over to a thread costs tens of microseconds
 MIN_PART_BYTES = 256 << 10
 #: seconds between two looks at the machine's load (automatic thread count)
 CHECK_S = 1.0
+#: CPUs the automatic count may overcommit by (the training loop's thread mostly waits)
+SPLIT_SLACK = 0.5
 
 T = TypeVar("T")
 
@@ -68,15 +75,17 @@ def gather_threads() -> int:
     return max(1, min(MAX_GATHER_THREADS, cpus))
 
 
-def auto_threads(own_busy: float = 0.0) -> int:
-    """:func:`gather_threads` while a CPU is left idle for the extra thread, else 1.
+def auto_threads(own_busy: float = 0.0, helpers_busy: float = 0.0) -> int:
+    """:func:`gather_threads` while the CPUs leave room for the extra threads, else 1.
 
-    ``own_busy`` is the CPUs this process keeps busy (its CPU seconds per second; at least
-    one, the training loop's thread): the split needs the others' load (the 1-minute load
-    average less ``own_busy``), this process's own CPUs and one more to fit the machine. A
-    prefetching loader already keeps ~1.3 CPUs busy, so a 2-CPU machine never splits (there
-    a split measured 0.9-1.0M windows/s against 1.4-1.5M for one thread). Where the load
-    average is unknown (not on Unix), :func:`gather_threads`.
+    ``own_busy`` is the CPUs this process keeps busy besides the pool's threads (its CPU
+    seconds per second), ``helpers_busy`` the pool's threads' own. The others' load is the
+    1-minute load average less both. The split needs the others' load, ``own_busy`` (at
+    least one: the thread gathering) and the extra threads to fit the CPUs plus
+    :data:`SPLIT_SLACK`. On 2 CPUs a prefetching loader (~1.2 busy: the prefetch thread, and
+    a loop that mostly waits) splits when the machine is otherwise idle; a loop computing on
+    both CPUs, or another busy process, keeps it at one. Where the load average is unknown
+    (not on Unix), :func:`gather_threads`.
 
     Examples
     --------
@@ -89,8 +98,8 @@ def auto_threads(own_busy: float = 0.0) -> int:
     except (AttributeError, OSError):
         return most
     cpus = os.cpu_count() or 1
-    others = max(load - own_busy, 0.0)
-    return most if others + max(own_busy, 1.0) + 1.0 <= cpus else 1
+    others = max(load - own_busy - helpers_busy, 0.0)
+    return most if others + max(own_busy, 1.0) + (most - 1) <= cpus + SPLIT_SLACK else 1
 
 
 def batch_cuts(sizes: Sequence[int], parts: int, row_bytes: int) -> list[int]:
@@ -133,7 +142,10 @@ class GatherThreads:
 
     def __init__(self, threads: int | None) -> None:
         self._fixed = None if threads is None else max(1, int(threads))
-        self._auto, self._checked = 1, (-math.inf, 0.0)  # (when, process CPU time then)
+        # (when, process CPU time then, the pool threads' CPU time then)
+        self._auto, self._checked = 1, (-math.inf, 0.0, 0.0)
+        #: CPU seconds the pool's threads spent on parts (approximate: unlocked adds)
+        self._helper_cpu = 0.0
         self._executor: ThreadPoolExecutor | None = None
 
     @property
@@ -141,12 +153,26 @@ class GatherThreads:
         """Threads the next group is split across."""
         if self._fixed is not None:
             return self._fixed
-        now, (then, cpu_then) = time.monotonic(), self._checked
+        now, (then, cpu_then, helpers_then) = time.monotonic(), self._checked
         if now - then >= CHECK_S:
-            cpu = time.process_time()
-            own = (cpu - cpu_then) / (now - then) if math.isfinite(then) else 0.0
-            self._auto, self._checked = auto_threads(own), (now, cpu)
+            cpu, helpers = time.process_time(), self._helper_cpu
+            # the first look: nothing measured yet; count the gathering thread as busy (the
+            # load average then partly reflects this process's own recent work)
+            own, helpers_busy = 1.0, 0.0
+            if math.isfinite(then):
+                helpers_busy = (helpers - helpers_then) / (now - then)
+                own = (cpu - cpu_then) / (now - then) - helpers_busy
+            self._auto = auto_threads(own, helpers_busy)
+            self._checked = (now, cpu, helpers)
         return self._auto
+
+    def _timed(self, fn: Callable[[int], T], x: int) -> T:
+        """``fn(x)`` in a pool thread, its CPU time counted in ``_helper_cpu``."""
+        start = time.thread_time()
+        try:
+            return fn(x)
+        finally:
+            self._helper_cpu += time.thread_time() - start
 
     def map(self, fn: Callable[[int], T], items: Sequence[int]) -> list[T]:
         """``[fn(x) for x in items]``, the first in this thread, the rest in the pool.
@@ -159,7 +185,7 @@ class GatherThreads:
         if self._executor is None:  # sized for the most threads an automatic count may give
             most = self._fixed if self._fixed is not None else gather_threads()
             self._executor = ThreadPoolExecutor(max(1, most - 1), "feedline-gather")
-        futures: list[Future[T]] = [self._executor.submit(fn, x) for x in items[1:]]
+        futures: list[Future[T]] = [self._executor.submit(self._timed, fn, x) for x in items[1:]]
         try:
             first = fn(items[0])
         finally:
