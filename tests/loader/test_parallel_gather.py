@@ -88,6 +88,7 @@ def test_the_loader_with_split_gathers_yields_its_single_thread_epoch(
     windows_loader.set_epoch(1)
     one = [{k: v.copy() for k, v in b.items()} for b in windows_loader]
     monkeypatch.setattr(gt, "auto_threads", lambda *_: 2)
+    monkeypatch.setattr(gt, "CHECK_S", 0.0)  # look at once (one thread until the first look)
     seen: set[str] = set()
     many = []
     windows_loader.set_epoch(1)
@@ -133,6 +134,7 @@ def test_no_gather_thread_outlives_early_breaks_resets_or_the_loader(
         node.close()
     assert not gather_thread_names()
     monkeypatch.setattr(gt, "auto_threads", lambda *_: 2)
+    monkeypatch.setattr(gt, "CHECK_S", 0.0)  # look at once (one thread until the first look)
     for _ in range(100):  # the loader's own pipeline: broken off, then the loader deleted
         loader = fl.Loader(windows_loader._source(), windows=windows_loader.windows,
                            batch_size=BATCH, seed=1)  # fmt: skip
@@ -162,8 +164,22 @@ def test_an_error_in_a_gather_thread_reaches_the_caller_with_its_traceback() -> 
 
 
 def test_the_automatic_count_splits_only_while_a_cpu_is_idle() -> None:
-    # own_busy is taken off the load average: a huge negative one makes the others fill
-    # every CPU; a huge one is this process filling them itself
-    assert gt.auto_threads(own_busy=-1e9) == 1
-    assert gt.auto_threads(own_busy=1e9) == 1
+    assert gt.auto_threads(idle_cpus=0.0) == 1
+    assert gt.auto_threads(idle_cpus=1e9) == gt.gather_threads()
+    ticks = gt.cpu_ticks()  # this machine's: Linux
+    assert ticks is not None and 0 <= ticks[0] <= ticks[1]
     assert gt.batch_cuts([100] * 8, 3, row_bytes=gt.MIN_PART_BYTES) == [0, 3, 6, 8]
+
+
+@pytest.mark.parametrize(("idle_ticks", "want_split"), [(200, True), (0, False), (30, False)])
+def test_the_pool_splits_by_the_idle_cpu_time_it_reads(
+    monkeypatch: pytest.MonkeyPatch, idle_ticks: int, want_split: bool
+) -> None:
+    # 2 CPUs, 200 ticks between two looks: all idle, all busy, 0.3 of a CPU idle
+    readings = iter([(1000, 5000), (1000 + idle_ticks, 5200)])
+    monkeypatch.setattr(gt, "cpu_ticks", lambda: next(readings))
+    monkeypatch.setattr(gt.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(gt, "gather_threads", lambda: 2)
+    monkeypatch.setattr(gt, "CHECK_S", 0.0)
+    pool = gt.GatherThreads(None)
+    assert pool.threads == (2 if want_split else 1)

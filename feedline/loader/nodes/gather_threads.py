@@ -20,13 +20,16 @@ of ~1 MiB (two batches, one a thread) gave 0.92-1.10M windows/s split against 1.
 thread; groups of ~8 MiB (nine batches) gave **2.29-2.36M** split (4 MiB: 1.32-1.98M; 16 MiB:
 2.00-2.27M). So a loader whose gathers can be split gathers groups of about
 :data:`~feedline.loader.pipeline.SPLIT_GROUP_BYTES` (see
-:func:`~feedline.loader.pipeline.group_size`), and the automatic count (:func:`auto_threads`,
-looked at again at most once a second) splits while the others' load, what this process
-keeps busy besides the pool's threads, and the pool's threads fit the CPUs, give or take
-:data:`SPLIT_SLACK`: a prefetching loader's training loop mostly waits, so on 2 CPUs its
-prefetch thread and one more gather thread fit. At most :data:`MAX_GATHER_THREADS`: on a
-16-core host four threads gathering one batch each ran 3.4x slower than one (the raw
-ceiling of ``bench/loader.py --case W``: 477k against 1.62M windows/s).
+:func:`~feedline.loader.pipeline.group_size`), and the automatic count (:func:`auto_threads`)
+splits while the machine has a CPU to spare: the CPUs left idle over the last
+:data:`CHECK_S` seconds (``/proc/stat``), plus what the pool's own threads used, must give
+each extra thread :data:`HELPER_NEED` of a CPU. A prefetching loader's training loop mostly
+waits, so on 2 idle CPUs its prefetch thread and one more gather thread fit; a loop computing
+on both CPUs, or another busy process, keeps it at one. (The 1-minute load average, used
+before, lags by a minute: the bench's back-to-back runs split or not by chance, 1.22-2.37M.)
+At most :data:`MAX_GATHER_THREADS`: on a 16-core host four threads gathering one batch each
+ran 3.4x slower than one (the raw ceiling of ``bench/loader.py --case W``: 477k against
+1.62M windows/s).
 
 :class:`GatherThreads` is the small persistent pool: started on first use, its threads
 named ``feedline-gather``, joined by :meth:`GatherThreads.close` (the :class:`~feedline.
@@ -35,7 +38,6 @@ loader.nodes.Gather` node closes it with itself, at the end of every loop, break
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -44,17 +46,29 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["CHECK_S", "MAX_GATHER_THREADS", "MIN_PART_BYTES", "SPLIT_SLACK", "GatherThreads",
-           "auto_threads", "batch_cuts", "gather_threads"]  # fmt: skip
+__all__ = [
+    "CHECK_S",
+    "FIRST_CHECK_S",
+    "HELPER_NEED",
+    "MAX_GATHER_THREADS",
+    "MIN_PART_BYTES",
+    "GatherThreads",
+    "auto_threads",
+    "batch_cuts",
+    "cpu_ticks",
+    "gather_threads",
+]  # fmt: skip
 
 #: most threads a group's gather is split across (the copy is memory bound beyond a few)
 MAX_GATHER_THREADS = 2
 #: least bytes a thread's part gathers: a hand-over to a thread costs tens of microseconds
 MIN_PART_BYTES = 256 << 10
-#: seconds between two looks at the machine's load (automatic thread count)
-CHECK_S = 1.0
-#: CPUs the automatic count may overcommit by (the training loop's thread mostly waits)
-SPLIT_SLACK = 0.5
+#: seconds between two looks at the machine's idle CPU time (automatic thread count)
+CHECK_S = 0.25
+#: seconds before the first look (clock ticks are 10 ms: 20 ticks on 2 CPUs)
+FIRST_CHECK_S = 0.1
+#: idle CPU an extra gather thread needs (its own use counted as idle: see auto_threads)
+HELPER_NEED = 0.75
 
 T = TypeVar("T")
 
@@ -75,31 +89,44 @@ def gather_threads() -> int:
     return max(1, min(MAX_GATHER_THREADS, cpus))
 
 
-def auto_threads(own_busy: float = 0.0, helpers_busy: float = 0.0) -> int:
-    """:func:`gather_threads` while the CPUs leave room for the extra threads, else 1.
-
-    ``own_busy`` is the CPUs this process keeps busy besides the pool's threads (its CPU
-    seconds per second), ``helpers_busy`` the pool's threads' own. The others' load is the
-    1-minute load average less both. The split needs the others' load, ``own_busy`` (at
-    least one: the thread gathering) and the extra threads to fit the CPUs plus
-    :data:`SPLIT_SLACK`. On 2 CPUs a prefetching loader (~1.2 busy: the prefetch thread, and
-    a loop that mostly waits) splits when the machine is otherwise idle; a loop computing on
-    both CPUs, or another busy process, keeps it at one. Where the load average is unknown
-    (not on Unix), :func:`gather_threads`.
+def cpu_ticks() -> tuple[int, int] | None:
+    """``(idle, total)`` clock ticks of all CPUs since boot (``/proc/stat``); ``None`` where
+    there is no such file (not Linux).
 
     Examples
     --------
-    >>> auto_threads(own_busy=float("inf"))  # this process alone fills every CPU
+    >>> ticks = cpu_ticks()
+    >>> ticks is None or 0 <= ticks[0] <= ticks[1]
+    True
+    """
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 4:
+        return None
+    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)  # idle + iowait
+
+
+def auto_threads(idle_cpus: float | None, helpers_busy: float = 0.0) -> int:
+    """:func:`gather_threads` while the machine has CPU to spare for the extra threads, else 1.
+
+    ``idle_cpus`` is the CPUs left idle lately (``None``: unknown), ``helpers_busy`` the
+    CPUs the pool's own threads used meanwhile (idle but for the split itself). Each extra
+    thread needs :data:`HELPER_NEED` of a CPU from them.
+
+    Examples
+    --------
+    >>> auto_threads(0.0)  # every CPU busy
+    1
+    >>> auto_threads(None)  # unknown: no split
     1
     """
     most = gather_threads()
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return most
-    cpus = os.cpu_count() or 1
-    others = max(load - own_busy - helpers_busy, 0.0)
-    return most if others + max(own_busy, 1.0) + (most - 1) <= cpus + SPLIT_SLACK else 1
+    if idle_cpus is None:
+        return 1
+    return most if idle_cpus + helpers_busy >= (most - 1) * HELPER_NEED else 1
 
 
 def batch_cuts(sizes: Sequence[int], parts: int, row_bytes: int) -> list[int]:
@@ -131,7 +158,8 @@ def batch_cuts(sizes: Sequence[int], parts: int, row_bytes: int) -> list[int]:
 class GatherThreads:
     """A persistent pool of ``threads - 1`` threads; the caller's thread does one part too.
 
-    ``threads=None``: :func:`auto_threads`, looked at again at most every :data:`CHECK_S`.
+    ``threads=None``: :func:`auto_threads`, first looked at :data:`FIRST_CHECK_S` after the
+    pool is made (one thread until then), then at most every :data:`CHECK_S`.
 
     Examples
     --------
@@ -142,8 +170,9 @@ class GatherThreads:
 
     def __init__(self, threads: int | None) -> None:
         self._fixed = None if threads is None else max(1, int(threads))
-        # (when, process CPU time then, the pool threads' CPU time then)
-        self._auto, self._checked = 1, (-math.inf, 0.0, 0.0)
+        # (when, the machine's (idle, total) CPU ticks then, the pool threads' CPU time then)
+        self._auto, self._checked = 1, (time.monotonic(), cpu_ticks(), 0.0)
+        self._interval = FIRST_CHECK_S
         #: CPU seconds the pool's threads spent on parts (approximate: unlocked adds)
         self._helper_cpu = 0.0
         self._executor: ThreadPoolExecutor | None = None
@@ -153,17 +182,15 @@ class GatherThreads:
         """Threads the next group is split across."""
         if self._fixed is not None:
             return self._fixed
-        now, (then, cpu_then, helpers_then) = time.monotonic(), self._checked
-        if now - then >= CHECK_S:
-            cpu, helpers = time.process_time(), self._helper_cpu
-            # the first look: nothing measured yet; count the gathering thread as busy (the
-            # load average then partly reflects this process's own recent work)
-            own, helpers_busy = 1.0, 0.0
-            if math.isfinite(then):
-                helpers_busy = (helpers - helpers_then) / (now - then)
-                own = (cpu - cpu_then) / (now - then) - helpers_busy
-            self._auto = auto_threads(own, helpers_busy)
-            self._checked = (now, cpu, helpers)
+        now, (then, ticks_then, helpers_then) = time.monotonic(), self._checked
+        if now - then >= min(self._interval, CHECK_S):
+            ticks, helpers = cpu_ticks(), self._helper_cpu
+            idle = None
+            if ticks is not None and ticks_then is not None and ticks[1] > ticks_then[1]:
+                cpus = os.cpu_count() or 1
+                idle = cpus * (ticks[0] - ticks_then[0]) / (ticks[1] - ticks_then[1])
+            self._auto = auto_threads(idle, (helpers - helpers_then) / (now - then))
+            self._checked, self._interval = (now, ticks, helpers), CHECK_S
         return self._auto
 
     def _timed(self, fn: Callable[[int], T], x: int) -> T:
