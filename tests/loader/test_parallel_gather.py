@@ -5,8 +5,12 @@ exception in a gather thread reaches the caller with its traceback."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+import textwrap
 import threading
 import traceback
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +22,7 @@ from feedline.loader import nodes
 from feedline.loader.nodes import gather_threads as gt
 
 SERIES, STEPS, FEATURES, SIZE, HORIZON, BATCH = 6, 1500, 8, 96, 8, 128
+MARK = "broke off after 3 batches"
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +188,29 @@ def test_the_pool_splits_by_the_idle_cpu_time_it_reads(
     monkeypatch.setattr(gt, "CHECK_S", 0.0)
     pool = gt.GatherThreads(None)
     assert pool.threads == (2 if want_split else 1)
+
+
+def test_a_split_loader_left_unclosed_at_exit_prints_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "unclosed.py"
+    script.write_text(textwrap.dedent(f"""
+        import threading
+        import numpy as np, pyarrow as pa
+        import torch  # changes the order modules are torn down in: the failure needs it
+        import feedline as fl
+        from feedline.loader.nodes import gather_threads as gt
+        gt.auto_threads, gt.CHECK_S = (lambda *_: 2), 0.0
+        ds = fl.from_arrow(pa.table({{"s": np.repeat(np.arange(20), 300),
+                                     "v": np.ones(6000, dtype=np.float32)}}))
+        loader = ds.loader(windows=fl.Windows(100, 4, by="s", features="v"), batch_size=256,
+                           seed=0, drop_last=False)
+        batches = iter(loader)
+        for _, batch in zip(range(3), batches):
+            pass
+        assert any(t.name.startswith("feedline-gather") for t in threading.enumerate())
+        print("{MARK}")  # exits with the loop broken off and never closed
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert MARK in done.stdout
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

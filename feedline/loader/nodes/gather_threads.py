@@ -39,6 +39,7 @@ loader.nodes.Gather` node closes it with itself, at the end of every loop, break
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -173,6 +174,7 @@ class GatherThreads:
         # (when, the machine's (idle, total) CPU ticks then, the pool threads' CPU time then)
         self._auto, self._checked = 1, (time.monotonic(), cpu_ticks(), 0.0)
         self._interval = FIRST_CHECK_S
+        self._finalizing = sys.is_finalizing  # held: usable while the interpreter exits
         #: CPU seconds the pool's threads spent on parts (approximate: unlocked adds)
         self._helper_cpu = 0.0
         self._executor: ThreadPoolExecutor | None = None
@@ -223,7 +225,9 @@ class GatherThreads:
     def close(self) -> None:
         """Stop and join the threads (a later :meth:`map` starts new ones)."""
         executor, self._executor = self._executor, None
-        if executor is not None:
+        # at interpreter exit (a loop broken off and never closed) the executor's own exit
+        # hook has already stopped its threads, and module globals may be gone (None)
+        if executor is not None and not self._finalizing():
             executor.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> GatherThreads:
