@@ -14,8 +14,9 @@ batches stay views of their thread's arrays, in order, bit-identical to one thre
 
 A split pays only where a CPU is idle, and only for parts large enough that the hand-overs
 (each a GIL round trip, worth a few hundred microseconds when another thread is running Python)
-are few. Measured on this project's 2-core VM (case W, windows of 96 + 8 rows of 8 float32,
-batch 256, the loader prefetching, 3 x 3,000 batches, the loop having run a torch op): groups
+are few. Measured on this project's 2-core VM (``bench/window_groups.py``: case W, windows of
+96 + 8 rows of 8 float32, batch 256, the loader prefetching, 3 x 3,000 batches, the loop
+having run a torch op): groups
 of ~1 MiB (two batches, one a thread) gave 0.92-1.10M windows/s split against 1.36-1.60M on one
 thread; groups of ~8 MiB (nine batches) gave **2.29-2.36M** split (4 MiB: 1.32-1.98M; 16 MiB:
 2.00-2.27M). So a loader whose gathers can be split gathers groups of about
