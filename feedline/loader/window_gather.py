@@ -56,6 +56,18 @@ def strided_windows(values: np.ndarray, length: int) -> np.ndarray:
     )
 
 
+def _windowed(values: np.ndarray, length: int, caller: str) -> tuple[np.ndarray, int, int]:
+    """``values`` made C-contiguous, the bytes of one row, the number of windows (checked)."""
+    values = np.ascontiguousarray(values)
+    step = values.itemsize * int(np.prod(values.shape[1:], dtype=np.int64))
+    if values.ndim < 1 or length < 1 or step < 1:
+        raise ConfigurationError(
+            f"{caller}: windows of {length} rows of {step} bytes over an array of shape "
+            f"{values.shape}. Fix: pass an array with rows of at least one byte and length >= 1."
+        )
+    return values, step, max(len(values) - length + 1, 0)
+
+
 def window_blocks(values: np.ndarray, length: int) -> np.ndarray:
     """Every window of ``length`` rows of ``values`` as one opaque item: a read-only 1-D view.
 
@@ -73,14 +85,7 @@ def window_blocks(values: np.ndarray, length: int) -> np.ndarray:
     >>> blocks[[2]].view(np.float64).reshape(1, 3, 2).tolist()
     [[[4.0, 5.0], [6.0, 7.0], [8.0, 9.0]]]
     """
-    values = np.ascontiguousarray(values)
-    step = values.itemsize * int(np.prod(values.shape[1:], dtype=np.int64))
-    if values.ndim < 1 or length < 1 or step < 1:
-        raise ConfigurationError(
-            f"window_blocks: windows of {length} rows of {step} bytes over an array of shape "
-            f"{values.shape}. Fix: pass an array with rows of at least one byte and length >= 1."
-        )
-    count = max(len(values) - length + 1, 0)
+    values, step, count = _windowed(values, length, "window_blocks")
     dtype = np.dtype((np.void, length * step))
     if not count:
         return np.empty(0, dtype=dtype)
@@ -139,15 +144,7 @@ def torch_window_blocks(values: np.ndarray, length: int) -> Any:
     """
     import torch
 
-    values = np.ascontiguousarray(values)
-    step = values.itemsize * int(np.prod(values.shape[1:], dtype=np.int64))
-    if values.ndim < 1 or length < 1 or step < 1:
-        raise ConfigurationError(
-            f"torch_window_blocks: windows of {length} rows of {step} bytes over an array of "
-            f"shape {values.shape}. Fix: pass an array with rows of at least one byte and "
-            "length >= 1."
-        )
-    count = max(len(values) - length + 1, 0)
+    values, step, count = _windowed(values, length, "torch_window_blocks")
     flat = values.reshape(-1).view(np.uint8)
     with warnings.catch_warnings():  # a read-only cache: the view is only ever read
         warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
