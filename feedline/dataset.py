@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -301,7 +302,19 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         return report
 
     def count(self, engine: str | Engine | None = None) -> int:
-        """The number of rows (from metadata alone when the plan allows it)."""
+        """The number of rows (from metadata alone when the plan allows it).
+
+        Otherwise each engine counts where the rows are (Spark's executors, Ray's tasks, the
+        local engine's threads) and only the counts travel: a relational plan on Spark is not
+        fetched to the driver to be counted.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> import pyarrow.compute as pc
+        >>> fl.range(10).count(), fl.range(10).filter(pc.field("id") >= 4).count()
+        (10, 6)
+        """
         if all(isinstance(op, Select | Limit) for op in self._plan.ops):
             # a relational source types itself from its inputs: fit their preprocessors first
             relational = isinstance(self._plan.source, RelationalSource)
@@ -310,7 +323,7 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
             total = plan.known_rows()
             if total is not None:
                 return total
-        return sum(b.num_rows for b in self._execute(engine, preserve_order=False))
+        return self.aggregate(_num_rows, operator.add, engine) or 0
 
     def aggregate(
         self,
@@ -417,6 +430,11 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
     def take(self, n: int = 20, engine: str | Engine | None = None) -> list[dict[str, Any]]:
         """The first ``n`` rows as a list of dicts (reads only what it needs)."""
         return self.limit(n).to_arrow(engine).to_pylist()
+
+
+def _num_rows(batch: pa.RecordBatch) -> int:
+    """A batch's partial count (for :meth:`Dataset.count`)."""
+    return batch.num_rows
 
 
 def _fit(op: Transform, upstream: Dataset, engine: str | Engine | None) -> Any:

@@ -341,3 +341,16 @@ def test_write_and_reopen(ds, engine, tmp_path: Path) -> None:
     info = sorted_ds.write(out, engine=engine, rows_per_shard=64)
     assert info.rows == ROWS and info.shards == 5
     same(fl.open(out).to_arrow(), sorted_ds.to_arrow())
+
+
+def test_count_of_a_relational_plan_on_ray_counts_in_tasks(
+    ds, engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cases = [ds.groupby("k").agg(n=("*", "count")), ds.unique(["k"]), ds.sort("k").limit(7)]
+    want = [case.count() for case in cases]
+
+    def fetched(*_: object, **__: object) -> None:
+        raise AssertionError("count() fetched the rows to the driver")
+
+    monkeypatch.setattr(RayEngine, "execute", fetched)
+    assert [case.count(engine=engine) for case in cases] == want

@@ -120,3 +120,19 @@ def test_a_sorted_result_is_streamed_in_few_partitions(folders, engine: SparkEng
     assert sum(b.num_rows for b in engine.execute(plan, report=streamed)) == ROWS
     assert (report.files_read, report.rows_read) == (3, streamed.rows_read)
     assert streamed.files_read == 3
+
+
+def test_count_of_a_relational_plan_on_spark_counts_in_the_executors(
+    folders, engine: SparkEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    facts, dims = fl.read_parquet(folders[0]), fl.read_parquet(folders[1])
+    cases = [facts.groupby("k").agg(n=("*", "count")), facts.join(dims, on="k", how="inner"),
+             facts.filter(lambda b: b["f"].to_numpy() > 0.5).unique(["s"])]  # fmt: skip
+    want = [ds.count(engine="local") for ds in cases]
+    assert want[0] == 41  # 40 keys and the null key
+
+    def fetched(*_: object, **__: object) -> None:
+        raise AssertionError("count() fetched the rows to the driver")
+
+    monkeypatch.setattr(SparkEngine, "execute", fetched)
+    assert [ds.count(engine=engine) for ds in cases] == want
