@@ -32,10 +32,10 @@ def main() -> None:
     import pyarrow as pa
 
     import feedline as fl
-    import feedline.io.footer as footer_module
-    from feedline.io.shard_source import open_shard_source
-    from feedline.loader.cache import load_cache
-    from feedline.loader.columns import column_specs
+    import feedline.store.footers as footer_module
+    from feedline.store.shard_source import open_shard_source
+    from feedline.loader.data.memory_cache import load_cache
+    from feedline.loader.data.columns import column_specs
 
     parsed = [0]
     real_digest = footer_module.footer_digest

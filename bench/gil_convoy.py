@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from feedline.loader.window_gather import window_blocks
+from feedline.loader.data.window_gather import window_blocks
 
 ROWS = 2000 * 5000
 SECONDS = 2.0

@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import feedline as fl
-from feedline.engines.fusion import as_record_batches, to_arrow_array
+from feedline.engines.batch.fusion import as_record_batches, to_arrow_array
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"

@@ -30,7 +30,7 @@ once per process).
 
 The raw-gather ceiling runs in feedline's process after it: ``torch.from_numpy(np.take(a,
 idx, axis=0))`` per column over the loader's own cached arrays and the very same per-epoch
-index arrays (``feedline.loader.order.global_order``), one batch at a time.
+index arrays (``feedline.loader.order.sample_order.global_order``), one batch at a time.
 
 Prints a rich table and a markdown section for BENCHMARKS.md; writes ``bench/out/loader.json``.
 """
@@ -215,7 +215,7 @@ def shard_files(data_dir: str) -> list[str]:
 
 
 # feedline stores a tensor column as fixed-size binary (the tensor type in the field's
-# ``feedline.tensor`` metadata; see feedline/io/tensor_codec.py), older datasets as lists:
+# ``feedline.tensor`` metadata; see feedline/arrow/tensor_codec.py), older datasets as lists:
 # what another reader does with either, written the way its users would.
 
 
@@ -258,8 +258,8 @@ def run_feedline(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
 
     import feedline as fl
     from feedline.loader import Loader
-    from feedline.loader.cache import file_layout
-    from feedline.loader.order import global_order
+    from feedline.loader.data.memory_cache import file_layout
+    from feedline.loader.order.sample_order import global_order
 
     holder: dict[str, Any] = {}
 
@@ -859,7 +859,7 @@ def markdown(results, figures_lines, args, meta) -> str:
                    "(not one column per feature).")  # fmt: skip
     out.append(
         "feedline's writer stores a fixed-shape tensor column as fixed-size binary (PLAIN; the "
-        "tensor type in the field metadata, see feedline/io/tensor_codec.py), where Parquet "
+        "tensor type in the field metadata, see feedline/arrow/tensor_codec.py), where Parquet "
         "would store a list (a repetition and a definition level per value, uint8 as INT32); "
         "the peers decode those bytes with NumPy (`np.frombuffer`; Ray: a `map_batches`, HF "
         "datasets: the column declared binary). `--case B` compares the two storages."
@@ -1015,7 +1015,7 @@ def w_run_feedline(spec: dict[str, Any], batches: int, prefetch: int = 2) -> dic
     import feedline as fl
     from feedline.loader.nodes.gather_threads import GatherThreads, batch_cuts, gather_threads
     from feedline.loader.pipeline import group_size
-    from feedline.loader.windows import gather_windows, strided_windows, window_blocks
+    from feedline.loader.data.windows import gather_windows, strided_windows, window_blocks
 
     holder: dict[str, Any] = {}
     windows = fl.Windows(W_SIZE, W_HORIZON, by="series", order_by="t",
@@ -1110,7 +1110,7 @@ def w_interleaved(loader: Any, batches: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from feedline.loader.windows import window_blocks
+    from feedline.loader.data.windows import window_blocks
 
     sampler, plan = loader._prepare().source, loader._plan()
     values = sampler.arrays["inputs"]
@@ -1148,7 +1148,7 @@ def w_memory_figures() -> dict[str, Any]:
     by memory access or by per-window work."""
     import numpy as np
 
-    from feedline.loader.windows import window_blocks
+    from feedline.loader.data.windows import window_blocks
 
     n = 256 << 20
     src, dst = np.ones(n, np.uint8), np.zeros(n, np.uint8)
@@ -1443,13 +1443,13 @@ def case_w(args: argparse.Namespace) -> None:
 # RandomResizedCrop(224) and a random horizontal flip, and yields shuffled uint8 batches
 # ``(256, 3, 224, 224)`` + labels as torch tensors, with 2 workers on this 2-core machine:
 #
-# * ceiling-threads / ceiling-processes: the 2-core decode ceiling: feedline.preprocess.vision's
+# * ceiling-threads / ceiling-processes: the 2-core decode ceiling: feedline.preprocess.vision.augment's
 #   pipeline (JPEG draft, one resize) over a plain ThreadPoolExecutor(2) / ProcessPoolExecutor(2)
 # * torch-dl-w2: torch DataLoader(num_workers=2) over the map-style Dataset a user writes with
 #   Pillow and torchvision's transforms (torchvision itself does not install beside torch 2.13
 #   CPU, so its RandomResizedCrop / RandomHorizontalFlip / PILToTensor are written out on
 #   Pillow with torch's RNG, as torchvision does them)
-# * torch-dl-w2-vision: the same DataLoader calling feedline.preprocess.vision's pipeline
+# * torch-dl-w2-vision: the same DataLoader calling feedline.preprocess.vision.augment's pipeline
 # * feedline-w2-thread / feedline-w2-process: feedline's loader, ``transform=`` the same
 #   pipeline, ``num_workers=2`` thread / process workers (see j_run_feedline)
 # * decoders: one thread, no loader: Pillow vs simplejpeg decode, and the pipeline with and
@@ -1462,10 +1462,10 @@ def case_w(args: argparse.Namespace) -> None:
 J_OUT = HERE / "out" / "loader_j.json"
 J_CROP = 224
 J_RUNNERS: dict[str, str] = {
-    "ceiling-threads": "feedline.preprocess.vision pipeline over ThreadPoolExecutor(2)",
-    "ceiling-processes": "feedline.preprocess.vision pipeline over ProcessPoolExecutor(2), fork",
+    "ceiling-threads": "feedline.preprocess.vision.augment pipeline over ThreadPoolExecutor(2)",
+    "ceiling-processes": "feedline.preprocess.vision.augment pipeline over ProcessPoolExecutor(2), fork",
     "torch-dl-w2": "torch DataLoader(num_workers=2), Pillow + torchvision's transforms on Pillow",
-    "torch-dl-w2-vision": "torch DataLoader(num_workers=2), feedline.preprocess.vision pipeline",
+    "torch-dl-w2-vision": "torch DataLoader(num_workers=2), feedline.preprocess.vision.augment pipeline",
     "feedline-w2-thread": "feedline loader, transform=pipeline, num_workers=2, thread workers",
     "feedline-w2-process": "feedline loader, transform=pipeline, num_workers=2, process workers",
     "decoders": "one thread: Pillow vs simplejpeg decode; the pipeline with and without draft",
@@ -1551,7 +1551,7 @@ def j_load(spec: dict[str, Any]) -> tuple[list[bytes], Any]:
 def j_pipeline() -> Any:
     """The per-sample function every feedline-side runner uses: decode (JPEG draft where the
     crop allows), RandomResizedCrop(224), flip, uint8 CHW."""
-    from feedline.preprocess import vision as v
+    from feedline.preprocess.vision import augment as v
 
     return v.Compose([v.RandomResizedCrop(J_CROP), v.RandomHorizontalFlip(), v.ToArray("CHW")])
 
@@ -1614,7 +1614,7 @@ _J_STATE: dict[str, Any] = {}  # what forked pool processes inherit: blobs and t
 
 def _j_work(key: tuple[int, int]) -> Any:
     """One sample in a pool process: ``(epoch, index)`` -> uint8 CHW array."""
-    from feedline.loader.rng import sample_rng
+    from feedline.loader.order.rng import sample_rng
 
     epoch, i = key
     return _J_STATE["fn"](_J_STATE["blobs"][i], sample_rng(SEED, epoch, i), index=i)
@@ -1670,7 +1670,7 @@ def j_torch_dataset(blobs: list[bytes], labels: Any, vision: bool) -> Any:
 
         def __getitem__(self, i: int) -> dict[str, Any]:
             if self.fn is not None:
-                from feedline.loader.rng import sample_rng
+                from feedline.loader.order.rng import sample_rng
 
                 x = torch.from_numpy(self.fn(blobs[i], sample_rng(SEED, self.epoch, i), index=i))
                 return {"image": x, "label": labels[i]}
@@ -1763,8 +1763,8 @@ def j_run_decoders(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, 
     import numpy as np
     from PIL import Image
 
-    from feedline.loader.rng import sample_rng
-    from feedline.preprocess.vision_decode import draft_scale, open_image
+    from feedline.loader.order.rng import sample_rng
+    from feedline.preprocess.vision.decode import draft_scale, open_image
 
     blobs = j_load(spec)[0][: args.j_decode_images]
     fn, nodraft = j_pipeline(), j_pipeline()
@@ -2063,7 +2063,7 @@ def aw_feedline(spec: dict[str, Any], args: argparse.Namespace, stack: bool) -> 
         ratios.append(rate / (ceiling_rows / (time.perf_counter() - start)))
         cpu.append((loader_cpu * 1e9, (time.process_time() - used) / ceiling_rows * 1e9))
     result["interleaved_ratios"], result["interleaved_cpu_ns"] = ratios, cpu
-    from feedline.loader.order import epoch_permutation
+    from feedline.loader.order.sample_order import epoch_permutation
 
     used = time.process_time()  # what an epoch's order costs (drawn ahead by the loader)
     epoch_permutation(spec["n"], SEED, 10**6)
@@ -2174,7 +2174,7 @@ def b_specs(work: Path, quick: bool) -> dict[str, dict[str, Any]]:
         n = d["quick_rows"] if quick else d["rows"]
         for encoding in ("binary", "lists"):
             key = f"{name}-{encoding}"
-            # "-p1m": written with pages of about 1 MiB (feedline/io/shards.py PAGE_BYTES);
+            # "-p1m": written with pages of about 1 MiB (feedline/store/shards.py PAGE_BYTES);
             # data written before that has 12.6 MB pages and is written again
             folder = f"{name}-{n}-{encoding}" + ("-p1m" if encoding == "binary" else "")
             specs[key] = {**d, "name": key, "data": name, "encoding": encoding, "n": n,
@@ -2201,10 +2201,10 @@ def b_write_lists(table: Any, out: Path) -> None:
     4 shards of 4 row groups, a manifest with sizes, sha256 and footer digests."""
     import pyarrow.parquet as pq
 
-    from feedline.io.footer import footer_of
-    from feedline.io.manifest import MANIFEST_NAME, Manifest, ShardInfo
-    from feedline.io.shards import dictionary_columns, file_checksum
-    from feedline.io.storage import resolve
+    from feedline.store.footers import footer_of
+    from feedline.store.manifest import MANIFEST_NAME, Manifest, ShardInfo
+    from feedline.store.shards import dictionary_columns, file_checksum
+    from feedline.io.storage.paths import resolve
 
     out.mkdir(parents=True, exist_ok=True)
     n, shards = table.num_rows, []
@@ -2638,10 +2638,10 @@ def l_decode_floor(spec: dict[str, Any]) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     import feedline as fl
-    from feedline.loader.backend import as_source
-    from feedline.loader.cache import MAX_READ_THREADS, read_rows
-    from feedline.loader.columns import column_specs
-    from feedline.loader.packed import plan_packing
+    from feedline.loader.data.backend import as_source
+    from feedline.loader.data.memory_cache import MAX_READ_THREADS, read_rows
+    from feedline.loader.data.columns import column_specs
+    from feedline.loader.data.packed_columns import plan_packing
 
     source = as_source(fl.read_parquet(spec["dir"]))
     specs = column_specs(source.schema(), [spec["feature"], "label"],

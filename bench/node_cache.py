@@ -25,7 +25,7 @@ with ``posix_fadvise(POSIX_FADV_DONTNEED)`` on the files the reader reads, after
   that size would keep up to half the pages between evictions, this keeps 0 to half).
 
 Shuffle quality of both orders over a whole epoch comes from
-:func:`feedline.loader.order.shuffle_quality` (``mean_jump``, ``batch_spread``,
+:func:`feedline.loader.order.sample_order.shuffle_quality` (``mean_jump``, ``batch_spread``,
 ``label_diversity`` ~1 ideal; ``label_tv`` ~0 ideal). Results go to
 ``bench/out/node_cache.json``.
 """
@@ -97,7 +97,7 @@ def warm(files: list[Path]) -> None:
 
 def mappings(loader: Any) -> list[Any]:
     """The memory maps behind a node-cached loader's arrays (none for a streaming one)."""
-    from feedline.loader.arrays import _mapping
+    from feedline.loader.data.bulk_arrays import _mapping
 
     source = loader._prepare().source
     found = [_mapping(a) for a in getattr(source, "storage", {}).values()]
@@ -145,7 +145,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import feedline as fl
-    from feedline.loader.order import global_order, shuffle_quality
+    from feedline.loader.order.sample_order import global_order, shuffle_quality
 
     work = Path(args.work)
     data = work / f"data-{args.gb:g}gb"

@@ -32,7 +32,7 @@ Readers, each from a cold page cache for ``--seconds`` (batches of 256, numpy, n
 Reported per reader: samples/s, MB/s, passes over the data, and the cgroup's page cache,
 anonymous memory, peak usage and how often the limit was hit (``failcnt`` > 0: the cap
 was in force); and the shuffle quality of both orders over one epoch
-(:func:`feedline.loader.order.shuffle_quality`). Results go to
+(:func:`feedline.loader.order.sample_order.shuffle_quality`). Results go to
 ``bench/out/node_cache_ooc.json``.
 """
 
@@ -158,7 +158,7 @@ def main() -> None:
         return
 
     import feedline as fl
-    from feedline.loader.order import global_order, shuffle_quality
+    from feedline.loader.order.sample_order import global_order, shuffle_quality
 
     work = Path(args.work)
     data = work / f"data-{args.gb:g}gb"

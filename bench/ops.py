@@ -203,7 +203,7 @@ def spark_runners(facts_dir: Path, dims_dir: Path) -> dict[str, dict[str, Callab
     """feedline's SparkEngine and plain Spark DataFrame code on one local[2] session."""
     from pyspark.sql import functions as F
 
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     # 3 GB of driver heap (local mode: the executor too) for both; Spark's default 1 GB
     # runs out collecting 2M joined rows into feedline's per-partition stream

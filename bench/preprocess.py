@@ -733,7 +733,7 @@ def markdown(result: dict[str, Any], runs: list[Run]) -> str:
         "- Spark: `spark.read.parquet` (8 files, 2 partitions) → `mapInPandas` → `noop` sink "
         "(runs the whole query, discards rows); (a) `encode_batch` per Arrow batch; (c) the "
         "stats are Spark aggregates (`avg`, `var_pop`, `groupBy().count()`) in the timed call.",
-        "- Best of N: feedline/datasets/Spark N = "
+        "- Best of N: feedline/demo/synthetic/Spark N = "
         f"{max(len(r.times) for r in runs if r.tool != 'pandas')}; pandas stops repeating "
         f"after {result['pandas_budget_s']:g} s (N = {pandas_n}).",
     ]

@@ -84,9 +84,9 @@ def checks_off(pages: bool = True, footers: bool = True) -> Iterator[None]:
     """
     import pyarrow.dataset as pads
 
-    import feedline.io.format as fmt
+    import feedline.store.dataset_files as fmt
     import feedline.io.parquet as fpq
-    import feedline.io.shard_source as loader_reads
+    import feedline.store.shard_source as loader_reads
 
     def unverified_file(*args, **kwargs):
         return pq.ParquetFile(*args, **{**kwargs, "page_checksum_verification": False})
@@ -119,10 +119,10 @@ def measure_checks(table: pa.Table, work: Path, repeat: int, record: Callable) -
     """
     from dataclasses import replace
 
-    from feedline.io.format import file_checksum
-    from feedline.io.storage import resolve
-    from feedline.loader.cache import load_cache
-    from feedline.loader.columns import column_specs
+    from feedline.store.dataset_files import file_checksum
+    from feedline.io.storage.paths import resolve
+    from feedline.loader.data.memory_cache import load_cache
+    from feedline.loader.data.columns import column_specs
 
     out = work / "checked"
     fl.from_arrow(table).write(out, compression="zstd", rows_per_shard=-(-table.num_rows // 16),

@@ -97,7 +97,7 @@ def run_case(case: str, source: str, out: str, master: str | None) -> dict:
         rows = ds.write(out, compression=None).rows
     elif case.startswith("spark-") and not case.startswith("spark-native"):
         import feedline as fl
-        from feedline.engines.spark import SparkEngine, spark_session
+        from feedline.engines.spark.engine import SparkEngine, spark_session
 
         spark = spark_session(master or "local[2]")
         start = time.perf_counter()  # the session start is not the job
@@ -139,7 +139,7 @@ def run_case(case: str, source: str, out: str, master: str | None) -> dict:
         rows = sum(pq.read_metadata(p).num_rows for p in Path(out).rglob("*.parquet"))
     elif case.startswith("ray-"):
         import feedline as fl
-        from feedline.engines.ray import RayEngine
+        from feedline.engines.ray.engine import RayEngine
 
         engine = RayEngine(address=master)
         engine.ensure_ray()  # connects, probes the nodes (not timed, as a session start)

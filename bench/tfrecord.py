@@ -13,7 +13,7 @@ uint8 image as one raw bytes value plus a label). Each is read into columns by
 - tf.data: ``TFRecordDataset(path).batch(1024).map(tf.io.parse_example, AUTOTUNE)`` iterated
   to the end (plus ``tf.io.decode_raw`` for the image), tensors left in TensorFlow;
 - and, for the choice of Example decoder, the Example walk of
-  :mod:`feedline.io.tfrecord_decode` against ``protobuf`` (upb) with a descriptor built at
+  :mod:`feedline.io.tfrecord.decode` against ``protobuf`` (upb) with a descriptor built at
   run time, on the same records held in memory.
 
 Rows are compared value by value between feedline and tf.data (the run fails otherwise).
@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 import feedline as fl
-from feedline.io.tfrecord_scan import parse_records
+from feedline.io.tfrecord.scan import parse_records
 
 
 def make_small(n: int, seed: int = 0) -> pa.Table:
@@ -165,8 +165,8 @@ def protobuf_example_class():
 def decoders(path: str, repeat: int) -> dict[str, float]:
     """Seconds to get every feature's values out of the records: feedline's walk + NumPy
     decode against protobuf (upb) with per-feature value lists."""
-    from feedline.io.tfrecord_columns import decode_columns
-    from feedline.io.tfrecord_spec import as_specs
+    from feedline.io.tfrecord.columns import decode_columns
+    from feedline.io.tfrecord.spec import as_specs
 
     data = Path(path).read_bytes()
     starts, stops, pos = [], [], 0

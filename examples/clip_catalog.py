@@ -22,7 +22,7 @@ import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 import feedline as fl
-from feedline.datasets import make_catalog
+from feedline.demo.synthetic import make_catalog
 
 
 def clean_category(batch: pa.RecordBatch) -> pa.RecordBatch:

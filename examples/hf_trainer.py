@@ -47,7 +47,7 @@ from transformers import (
 
 import feedline as fl
 from feedline.loader import Loader
-from feedline.loader.torch_dataset import LoaderDataset
+from feedline.loader.adapters.torch_dataset import LoaderDataset
 
 POSITIVE = ("good", "great", "excellent", "lovely", "superb", "wonderful")
 NEGATIVE = ("bad", "awful", "poor", "terrible", "boring", "dull")

@@ -41,7 +41,7 @@ import torch
 import feedline as fl
 from feedline.errors import FormatError
 from feedline.loader import Loader
-from feedline.loader.torch_dataset import LoaderDataLoader
+from feedline.loader.adapters.torch_dataset import LoaderDataLoader
 
 FEATURES, CLASSES = 8, 3
 

@@ -7,14 +7,15 @@ Examples
 3
 """
 
-from feedline import charts, preprocess, tracking
+from feedline import preprocess, tracking
+from feedline.ui import charts
 from feedline._version import __version__
 from feedline.config import config
-from feedline.dataset import Dataset
+from feedline.dataset.dataset import Dataset
 from feedline.engines.base import WriteInfo, get_engine
-from feedline.engines.local import LocalEngine
-from feedline.engines.ray import RayEngine
-from feedline.engines.spark import SparkEngine, clear_spark_cache, spark_session
+from feedline.engines.local.engine import LocalEngine
+from feedline.engines.ray.engine import RayEngine
+from feedline.engines.spark.engine import SparkEngine, clear_spark_cache, spark_session
 from feedline.errors import (
     ConcurrentWriteError,
     ConfigurationError,
@@ -28,11 +29,11 @@ from feedline.errors import (
     StorageError,
     UserFunctionError,
 )
-from feedline.io import tfrecord
-from feedline.io.format import verify
-from feedline.io.retry import RetryPolicy
+from feedline.io.tfrecord import reader as tfrecord
+from feedline.store.dataset_files import verify
+from feedline.io.storage.retry import RetryPolicy
 from feedline.loader import ImageTransform, Loader, Windows
-from feedline.loader.records import record_to_tensors
+from feedline.loader.adapters.records import record_to_tensors
 from feedline.preprocess import (
     Bucketizer,
     Chain,
@@ -52,9 +53,9 @@ from feedline.preprocess import (
     StringIndexer,
     Tokenize,
 )
-from feedline.preprocess.drift import DriftReport, compare
-from feedline.preprocess.stats import Stats, stats
-from feedline.readers import (
+from feedline.stats.drift import DriftReport, compare
+from feedline.stats.compute import Stats, stats
+from feedline.dataset.readers import (
     from_arrow,
     from_dict,
     from_huggingface,

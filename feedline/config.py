@@ -138,7 +138,7 @@ def _attach_handler(name: str | None) -> None:
         return
     from rich.logging import RichHandler
 
-    from feedline.progress import console
+    from feedline.ui.progress import console
 
     handler = RichHandler(console=console(), show_path=False, rich_tracebacks=False)
     handler.set_name(_HANDLER_NAME)

@@ -40,8 +40,8 @@ from feedline.errors import ConfigurationError, FormatError, MissingDependencyEr
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from feedline.dataset import Dataset
-    from feedline.io.format import Manifest
+    from feedline.dataset.dataset import Dataset
+    from feedline.store.dataset_files import Manifest
 
 __all__ = ["EpochLogger", "dataset_digest", "local_store", "log_dataset"]
 
@@ -162,8 +162,8 @@ class EpochLogger:
 
 def _manifest_of(ds_or_path: Any, storage_options: dict[str, Any] | None) -> tuple[Manifest, str]:
     """The manifest of a written dataset and the URL it lives at."""
-    from feedline.dataset import Dataset
-    from feedline.readers import open as open_dataset
+    from feedline.dataset.dataset import Dataset
+    from feedline.dataset.readers import open as open_dataset
 
     where = ds_or_path
     if not isinstance(ds_or_path, Dataset):

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.io.csv import CsvSource
+from feedline.io.csv.reader import CsvSource
 from feedline.preprocess import from_state
 
 # --------------------------------------------------------------------------- CSV: nulls

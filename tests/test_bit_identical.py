@@ -1,6 +1,6 @@
 """Fitted state and rows are bit-identical on the local and Spark engines, however the read
 tasks are split into partitions: partials merge in the fixed tree of
-:mod:`feedline.engines.partials`. Everything is compared as bytes (JSON text, float bits),
+:mod:`feedline.engines.batch.partials`. Everything is compared as bytes (JSON text, float bits),
 never with a tolerance."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.engines.partials import TreeMerger, fold
+from feedline.engines.batch.partials import TreeMerger, fold
 from feedline.preprocess.scalers import merge_moments, moments
 
 pytestmark = [
@@ -132,7 +132,7 @@ def spark(request) -> Iterator[Any]:
     pytest.importorskip("pyspark")
     from pyspark import cloudpickle
 
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     cloudpickle.register_pickle_by_value(request.module)
     session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
@@ -145,7 +145,7 @@ def spark(request) -> Iterator[Any]:
 @needs_java
 @pytest.mark.parametrize(("case", "partitions"), [(0, 2), *((c, 5) for c in range(7))])
 def test_fitted_state_is_byte_equal_on_spark(spark, inputs, partitions, case):
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     ds = dataset(inputs)
     local = state_bytes(makers()[case].fit(ds))
@@ -156,7 +156,7 @@ def test_fitted_state_is_byte_equal_on_spark(spark, inputs, partitions, case):
 @pytest.mark.spark
 @needs_java
 def test_stats_and_scaled_rows_are_byte_equal_on_spark(spark, inputs, tmp_path):
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     engine = SparkEngine(spark, partitions=3)
     ds = dataset(inputs)

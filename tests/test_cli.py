@@ -11,7 +11,7 @@ import pyarrow.csv as pacsv
 import pytest
 
 import feedline as fl
-from feedline.cli import main
+from feedline.cli.main import main
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def assert_inert(text: str, shown: list[str]) -> None:
 
 
 def test_safe_text_escapes_controls_and_markup() -> None:
-    from feedline.cli import safe_text
+    from feedline.cli.main import safe_text
 
     assert safe_text("plain [b]x[/] ü 日本").plain == "plain [b]x[/] ü 日本"
     assert safe_text("\x1b[2J\x07\x00\u202e\u2028\ufeff\t").plain == \

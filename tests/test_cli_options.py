@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.cli import build_parser, main
+from feedline.cli.main import build_parser, main
 
 
 @pytest.fixture(autouse=True)

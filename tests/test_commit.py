@@ -1,7 +1,7 @@
 """The commit protocol: old-or-new after a crash anywhere, one writer at a time, stale locks.
 
 Crash tests run a real writer in a child process, pause it at a named step of the commit
-(the no-op hook ``feedline.io.commit._reached``, replaced inside the child only) or after
+(the no-op hook ``feedline.store.commit._reached``, replaced inside the child only) or after
 a random delay, SIGKILL it, and check by ids that the folder opens as exactly the old or
 exactly the new dataset, and that the next write succeeds and cleans up.
 """
@@ -25,10 +25,10 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.io import commit as commit_mod
-from feedline.io import writelock
-from feedline.io.format import LOCK_NAME, MANIFEST_NAME, STAGING_PREFIX
-from feedline.io.storage import resolve
+from feedline.store import commit as commit_mod
+from feedline.store import write_lock as writelock
+from feedline.store.dataset_files import LOCK_NAME, MANIFEST_NAME, STAGING_PREFIX
+from feedline.io.storage.paths import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 OLD = list(range(0, 500))
@@ -39,7 +39,8 @@ CHILD = textwrap.dedent(
     import json, sys, time
     import pyarrow as pa
     import feedline as fl
-    from feedline.io import commit, shards
+    from feedline.store import commit
+    from feedline.store import shards
 
     point, count, url, options = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
     seen = {}

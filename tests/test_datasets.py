@@ -1,4 +1,4 @@
-"""feedline.datasets.make_catalog: deterministic, images agree with texts, messy as stated."""
+"""feedline.demo.synthetic.make_catalog: deterministic, images agree with texts, messy as stated."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import feedline as fl
-from feedline.datasets import CATEGORIES, COLOURS, make_catalog
+from feedline.demo.synthetic import CATEGORIES, COLOURS, make_catalog
 
 N = 1000
 _PATTERN_INK = (28, 28, 28)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.io.sizes import parse_bytes
+from feedline.arrow.sizes import parse_bytes
 
 
 def jitter(batch: pa.RecordBatch) -> pa.RecordBatch:

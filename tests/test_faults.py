@@ -16,8 +16,8 @@ import pytest
 from faults import Fault, FaultPlan, FaultyFileSystem
 
 import feedline as fl
-from feedline.io.retry import is_transient
-from feedline.io.retrying import RetryingFileSystem
+from feedline.io.storage.retry import is_transient
+from feedline.io.storage.retrying_fs import RetryingFileSystem
 
 #: retries fast enough for tests (the backoff itself is checked in test_backoff_*)
 FAST = fl.RetryPolicy(attempts=4, base_delay=0.001, max_delay=0.002)
@@ -241,7 +241,7 @@ def test_read_parquet_and_csv_recover_over_s3(s3_bucket: Any) -> None:
 
 
 def test_csv_byte_ranges_over_s3_recover_in_order(s3_bucket: Any) -> None:
-    from feedline.io.csv import CsvSource
+    from feedline.io.csv.reader import CsvSource
 
     body = "id,name\n" + "".join(f"{i},n{i}\n" for i in range(N))
     s3_bucket.fs().pipe_file(f"{s3_bucket.url[5:]}/big.csv", body.encode())

@@ -20,8 +20,8 @@ import pytest
 import feedline as fl
 from feedline.errors import ConfigurationError, DataError
 from feedline.io.sampling import RowGroupSample, choose_row_groups
-from feedline.plan import Sample
-from feedline.preprocess.fit_sample import fit_data
+from feedline.plan.plan import Sample
+from feedline.dataset.fit import fit_data
 
 ROWS, SHARD, GROUP = 4000, 1000, 100
 

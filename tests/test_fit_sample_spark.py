@@ -27,7 +27,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
     yield session
@@ -35,7 +35,7 @@ def spark() -> Iterator[Any]:
 
 
 def test_fraction_fit_is_byte_equal_on_spark_and_reads_only_sampled_row_groups(spark, tmp_path):
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     out = tmp_path / "ds"
     fl.from_arrow(table()).write(out, rows_per_shard=SHARD, row_group_rows=GROUP)

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.io.format import MANIFEST_NAME, STAGING_PREFIX
+from feedline.store.dataset_files import MANIFEST_NAME, STAGING_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -292,7 +292,7 @@ def _move_rows(doc: dict) -> None:
 
 
 def _other_schema(doc: dict) -> None:
-    from feedline.io.manifest import schema_to_json
+    from feedline.store.manifest import schema_to_json
 
     doc["schema"] = schema_to_json(pa.schema({"id": pa.int32()}))
 
@@ -309,7 +309,7 @@ def _other_schema(doc: dict) -> None:
 def test_verify_checks_the_footers_not_only_the_checksums(tmp_path, change):
     """A manifest whose checksums still match its shards but whose rows, row groups or schema
     do not: verify (and the CLI) must not say OK on a dataset open or the loader refuses."""
-    from feedline.cli import main
+    from feedline.cli.main import main
 
     out = tmp_path / "out"
     fl.range(3_000).write(out, rows_per_shard=1_000, row_group_rows=500)

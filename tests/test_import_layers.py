@@ -17,18 +17,18 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "feedline"
 
 FORBIDDEN = {
-    "loader": ("feedline.dataset", "feedline.readers", "feedline.engines", "feedline"),
-    "engines": ("feedline.dataset", "feedline.readers", "feedline"),
+    "loader": ("feedline.dataset.dataset", "feedline.dataset.readers", "feedline.engines", "feedline"),
+    "engines": ("feedline.dataset.dataset", "feedline.dataset.readers", "feedline"),
     "preprocess": (
-        "feedline.dataset",
-        "feedline.readers",
+        "feedline.dataset.dataset",
+        "feedline.dataset.readers",
         "feedline.engines",
         "feedline.loader",
         "feedline",
     ),
     "io": (
-        "feedline.dataset",
-        "feedline.readers",
+        "feedline.dataset.dataset",
+        "feedline.dataset.readers",
         "feedline.engines",
         "feedline.loader",
         "feedline",
@@ -99,15 +99,15 @@ def test_the_guard_sees_lazy_and_root_imports(tmp_path):
     module.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from feedline.dataset import Dataset\n"
+        "    from feedline.dataset.dataset import Dataset\n"
         "def f():\n"
-        "    from feedline.engines.local import LocalEngine\n"
+        "    from feedline.engines.local.engine import LocalEngine\n"
         "    import feedline\n"
         "    from feedline import loader\n"
     )
     assert imported_modules(module) == [
         (1, "typing"),
-        (5, "feedline.engines.local"),
+        (5, "feedline.engines.local.engine"),
         (6, "feedline"),
         (7, "feedline.loader"),
     ]

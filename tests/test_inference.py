@@ -15,7 +15,7 @@ import pytest
 
 import feedline as fl
 from feedline.errors import ConfigurationError, UserFunctionError
-from feedline.inference import Predictor, TorchPredictor, add_passthrough
+from feedline.plan.inference import Predictor, TorchPredictor, add_passthrough
 
 torch = pytest.importorskip("torch")
 

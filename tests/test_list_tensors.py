@@ -15,8 +15,8 @@ import pytest
 
 import feedline as fl
 from feedline.errors import ConfigurationError, DataError, SchemaError
-from feedline.io.list_tensors import list_to_numpy
-from feedline.loader.columns import chunk_to_numpy, column_specs
+from feedline.arrow.list_tensors import list_to_numpy
+from feedline.loader.data.columns import chunk_to_numpy, column_specs
 
 ROWS = 120
 SHAPE = (3, 4, 5)

@@ -31,7 +31,7 @@ ROWS = 300
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     """A local[2] SparkSession for the module (SPARK_LOCAL_IP set by spark_session)."""
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
     session.sparkContext.setLogLevel("FATAL")

@@ -9,14 +9,14 @@ import pytest
 from rich.console import Console
 
 import feedline as fl
-from feedline.io.retry import RetryPolicy
+from feedline.io.storage.retry import RetryPolicy
 
 
 def test_write_commit_is_logged_with_shards_rows_and_bytes(caplog, tmp_path) -> None:
     caplog.set_level(logging.INFO, logger="feedline")
     info = fl.range(1_000).write(tmp_path / "ds", rows_per_shard=400)
     [record] = [r for r in caplog.records if r.getMessage().startswith("Committed")]
-    assert record.name == "feedline.io.commit" and record.levelno == logging.INFO
+    assert record.name == "feedline.store.commit" and record.levelno == logging.INFO
     text = record.getMessage()
     assert f"{info.shards} shard(s), 1000 rows, {info.bytes} bytes" in text
     assert str(tmp_path / "ds") in text
@@ -31,7 +31,7 @@ def test_loader_cache_fill_is_logged_with_kind_and_size(caplog, tmp_path, cache:
     )
     next(iter(loader))
     [record] = [r for r in caplog.records if r.getMessage().startswith("Loader cache")]
-    assert record.name == "feedline.loader.backend"
+    assert record.name == "feedline.loader.data.backend"
     assert f"Loader cache: {cache}" in record.getMessage()
     assert "500 rows, 4000 bytes" in record.getMessage()
 
@@ -39,7 +39,7 @@ def test_loader_cache_fill_is_logged_with_kind_and_size(caplog, tmp_path, cache:
 def test_plan_execution_summary_at_debug(caplog) -> None:
     caplog.set_level(logging.DEBUG, logger="feedline")
     fl.range(300).to_arrow()
-    messages = [r.getMessage() for r in caplog.records if r.name == "feedline.engines.local"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "feedline.engines.local.engine"]
     assert any("read task(s)" in m for m in messages)
     assert any("Plan executed" in m and "'rows_out': 300" in m for m in messages)
 
@@ -57,7 +57,7 @@ def test_retries_are_logged_as_warnings(caplog) -> None:
     policy = RetryPolicy(attempts=3, base_delay=0, jitter=0)
     assert policy.run(flaky, what="read", url="s3://b/k", sleep=lambda s: None) == "ok"
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert [r.name for r in warnings] == ["feedline.io.retry"] * 2
+    assert [r.name for r in warnings] == ["feedline.io.storage.retry"] * 2
     assert "attempt 1 of 3" in warnings[0].getMessage()
     assert "s3://b/k" in warnings[0].getMessage()
 
@@ -98,7 +98,7 @@ def test_verbosity_rejects_unknown_levels() -> None:
 
 
 def test_cli_verbose_flag_logs_the_commit(tmp_path, capsys) -> None:
-    from feedline.cli import main
+    from feedline.cli.main import main
 
     fl.range(100).write(tmp_path / "src")
     assert main(["-v", "convert", str(tmp_path / "src"), str(tmp_path / "dst")]) == 0

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.loader import node_cache
+from feedline.loader.data import node_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 256  # float32 features per row: 1 KiB a row

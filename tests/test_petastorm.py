@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.io.petastorm import PetastormSource
-from feedline.io.petastorm_schema import UNISCHEMA_KEY, parse_unischema
+from feedline.io.petastorm.reader import PetastormSource
+from feedline.io.petastorm.unischema import UNISCHEMA_KEY, parse_unischema
 
 FIXTURES = Path(__file__).parent / "fixtures" / "petastorm"
 DATASET = FIXTURES / "dataset"

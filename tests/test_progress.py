@@ -1,4 +1,4 @@
-"""Progress bars (feedline/progress.py): when they show, that they count to the end, and silence."""
+"""Progress bars (feedline/ui/progress.py): when they show, that they count to the end, and silence."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 import feedline as fl
-from feedline import progress
+from feedline.ui import progress
 
 
 @pytest.fixture

@@ -78,7 +78,7 @@ try:
     assert node.stdout.readline().startswith("NODE")
     import ray
     import userfns
-    from feedline.engines.ray import RayEngine
+    from feedline.engines.ray.engine import RayEngine
 
     engine = RayEngine(address=head.gcs_address)
     info = userfns.pipeline(inputs, tokenizer).write(out, engine=engine)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.engines.partials import fold
+from feedline.engines.batch.partials import fold
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -33,7 +33,7 @@ TASKS = 40
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
     """A RayEngine on a local Ray with 2 CPUs (shut down at the end unless already running)."""
-    from feedline.engines.ray import RayEngine
+    from feedline.engines.ray.engine import RayEngine
 
     already = ray.is_initialized()
     engine = RayEngine(num_cpus=2) if not already else RayEngine()
@@ -128,7 +128,7 @@ def test_fit_merges_partials_in_ray_tasks_bit_identical_to_local(engine, inputs,
 
 
 def test_a_read_task_split_over_two_chunks_is_still_merged_once():
-    from feedline.engines.ray_merge import _Assembler, merge_chunk
+    from feedline.engines.ray.merge import _Assembler, merge_chunk
 
     def rows(*pairs):
         return pa.table({"task": [p[0] for p in pairs],

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
     """A RayEngine on a local Ray with 2 CPUs (shut down at the end unless already running)."""
-    from feedline.engines.ray import RayEngine
+    from feedline.engines.ray.engine import RayEngine
 
     already = ray.is_initialized()
     engine = RayEngine(num_cpus=2) if not already else RayEngine()

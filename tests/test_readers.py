@@ -17,7 +17,7 @@ from PIL import Image
 
 import feedline as fl
 import feedline.io.text as text_module
-from feedline.io.csv import CsvSource
+from feedline.io.csv.reader import CsvSource
 
 # --------------------------------------------------------------------------- parquet
 

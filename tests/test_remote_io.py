@@ -16,8 +16,8 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 import feedline as fl
-from feedline.io.retrying import RetryingFileSystem
-from feedline.io.storage import resolve
+from feedline.io.storage.retrying_fs import RetryingFileSystem
+from feedline.io.storage.paths import resolve
 
 
 def _ids(ds: fl.Dataset) -> list[int]:
@@ -296,7 +296,7 @@ def test_exact_mid_epoch_resume_over_s3(s3_dataset: Any, stop: int) -> None:
 def test_cli_convert_verify_inspect_stats_on_s3(
     s3_bucket: Any, tmp_path: Path, capsys: Any
 ) -> None:
-    from feedline.cli import main
+    from feedline.cli.main import main
 
     src = tmp_path / "in.csv"
     src.write_text("id,x\n" + "".join(f"{i},{i / 2}\n" for i in range(40)))

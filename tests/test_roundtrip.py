@@ -5,12 +5,12 @@ writes it with ``Dataset.write`` and opens it again; each (source, type, reader)
 
 - ``to_arrow``: ``fl.open(p).to_arrow()`` gives the source's own Arrow data back, types and
   values, including the types Parquet stores as others (``timestamp[s]``, ``date64``,
-  ``time32[s]``, dictionaries of non-strings: see :mod:`feedline.io.parquet_types`);
+  ``time32[s]``, dictionaries of non-strings: see :mod:`feedline.arrow.parquet_types`);
 - ``to_pandas``: ``fl.open(p).to_pandas()`` equals pyarrow's own conversion of that data;
 - ``pandas.read_parquet`` / ``polars.read_parquet`` of the folder equal what they give for
   the same table written by ``pq.write_table`` (or fail the same way where they cannot read
   a type): the shards are plain Parquet, with true pandas metadata; numeric tensor columns
-  are the documented exception (stored as fixed-size binary, :mod:`feedline.io.tensor_codec`:
+  are the documented exception (stored as fixed-size binary, :mod:`feedline.arrow.tensor_codec`:
   those readers get each row's bytes);
 - ``loader``: numeric, boolean and fixed-shape columns come out of the numpy loader
   unchanged (from a null-free copy); every other type is refused with a
@@ -45,7 +45,7 @@ from polars.exceptions import PanicException
 
 import feedline as fl
 from feedline.errors import DataError, FeedlineError, SchemaError
-from feedline.io.tensor_codec import is_tensor_type
+from feedline.arrow.tensor_codec import is_tensor_type
 
 D, T = dt.datetime, dt.time
 PARIS = "Europe/Paris"
@@ -272,7 +272,7 @@ def test_roundtrip(written: dict[str, dict[str, Any]], source: str, name: str, r
 
 def _check_tensor_bytes(result: dict[str, Any], name: str, reader: str) -> None:
     """Tensor columns are stored as fixed-size binary (a documented choice of feedline's
-    writer, :mod:`feedline.io.tensor_codec`): other readers get each row's elements as
+    writer, :mod:`feedline.arrow.tensor_codec`): other readers get each row's elements as
     little-endian bytes in C order."""
     column = result["expected"].column(name).combine_chunks()
     storage = column.storage if isinstance(column, pa.ExtensionArray) else column
@@ -372,7 +372,7 @@ def _numpy(column: pa.ChunkedArray) -> np.ndarray:
 
 def test_convert_csv_with_a_datetime_column_reads_back(tmp_path: Path) -> None:
     """`feedline convert` of a CSV with a datetime column: every read gives timestamp[s]."""
-    from feedline.cli import main
+    from feedline.cli.main import main
 
     (tmp_path / "data.csv").write_text(
         "id,signup,other\n1,2024-01-01 10:00:00,1.5\n2,2024-02-01 11:30:05,2.5\n"
@@ -418,7 +418,7 @@ def test_types_parquet_stores_as_others_come_back_as_written(tmp_path: Path, col
 
 
 def test_schema_drift_names_the_shard_and_the_manifest(tmp_path: Path) -> None:
-    from feedline.io.format import MANIFEST_NAME, Manifest
+    from feedline.store.dataset_files import MANIFEST_NAME, Manifest
 
     out = tmp_path / "ds"
     fl.from_arrow(pa.table({"x": [1, 2]})).write(out)

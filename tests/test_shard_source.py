@@ -11,7 +11,7 @@ import pytest
 
 import feedline as fl
 from feedline.errors import ConfigurationError, IntegrityError, SchemaError
-from feedline.io.shard_source import BatchStream, ShardSource, open_shard_source
+from feedline.store.shard_source import BatchStream, ShardSource, open_shard_source
 from feedline.loader import Loader
 
 

@@ -18,7 +18,7 @@ import pytest
 
 import feedline as fl
 from feedline.preprocess.base import Preprocessor
-from feedline.relational.grouped import GroupedDataset
+from feedline.dataset.grouped import GroupedDataset
 
 #: the variadic parameters that stay, and why
 CATCH_ALLS = {

@@ -126,7 +126,7 @@ def session(cluster) -> Iterator[Any]:
     """A session on the cluster created as a user would: no PYSPARK_PYTHON, no SPARK_LOCAL_IP."""
     from pyspark.sql import SparkSession
 
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -149,7 +149,7 @@ def inputs(tmp_path_factory) -> Path:
 
 
 def test_full_pipeline_on_two_workers_is_byte_equal_to_local(session, cluster, inputs, tmp_path):
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     engine = SparkEngine(session)
     assert session.sparkContext.master == cluster
@@ -180,7 +180,7 @@ def test_full_pipeline_on_two_workers_is_byte_equal_to_local(session, cluster, i
 
 
 def test_streaming_results_and_aggregates_on_the_cluster(session, inputs):
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     engine = SparkEngine(session, partitions=3)
     ds = fl.read_parquet(inputs).filter(not_grey).map_batches(add_ratio)
@@ -193,7 +193,7 @@ def test_streaming_results_and_aggregates_on_the_cluster(session, inputs):
 
 def test_executors_without_a_usable_python_fail_with_the_fix(session):
     """The original failure: executors on the system python3 (no numpy, no feedline)."""
-    from feedline.engines import spark_cluster
+    from feedline.engines.spark import cluster as spark_cluster
 
     context = session.sparkContext
     saved = context.pythonExec
@@ -214,8 +214,8 @@ def test_executors_without_a_usable_python_fail_with_the_fix(session):
 
 def test_feedline_is_shipped_to_executors_that_lack_it(session, tmp_path):
     """A Python with pyarrow and numpy but without feedline: feedline ships itself."""
-    from feedline.engines import spark_cluster
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark import cluster as spark_cluster
+    from feedline.engines.spark.engine import SparkEngine
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

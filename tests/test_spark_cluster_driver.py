@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.engines.spark_cluster import missing_module_error, user_modules
+from feedline.engines.spark.cluster import missing_module_error, user_modules
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
@@ -59,7 +59,7 @@ def spark(request) -> Iterator[Any]:
     pytest.importorskip("pyspark")
     from pyspark import cloudpickle
 
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     cloudpickle.register_pickle_by_value(request.module)
     session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
@@ -77,7 +77,7 @@ def with_value(batch: pa.RecordBatch) -> dict[str, Any]:
 def test_results_stream_one_partition_at_a_time(spark):
     """8 partitions of 8 MiB: the driver's peak (Python heap + Arrow pool) stays far below
     the 64 MiB result, where collecting it with ``toArrow`` held all of it at once."""
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     rows = 4 << 20  # 16 bytes a row ("id" int64, "v" float64)
     ds = fl.range(rows, rows_per_task=rows // 8).map_batches(with_value)
@@ -103,7 +103,7 @@ def test_results_stream_one_partition_at_a_time(spark):
 @pytest.mark.spark
 def test_aggregate_after_a_limit_merges_every_partition(spark):
     """After a limit the stage reads DataFrame partitions: each is its own leaf of the tree."""
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     ds = fl.range(10_000, rows_per_task=700).limit(2_345).map_batches(with_value)
     engine = SparkEngine(spark, partitions=4)

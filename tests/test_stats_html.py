@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.cli import main
-from feedline.preprocess.stats_html import histogram, render_html, write_html
+from feedline.cli.main import main
+from feedline.stats.html_page import histogram, render_html, write_html
 
 HOSTILE = "<script>alert(1)</script>"
 VOID = {"meta", "br", "img", "hr", "input", "link"}

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.preprocess.stats import Stats
-from feedline.preprocess.stats_html import histogram, log_scale, render_html
+from feedline.stats.compute import Stats
+from feedline.stats.html_page import histogram, log_scale, render_html
 
 NS = "{http://www.w3.org/2000/svg}"
 

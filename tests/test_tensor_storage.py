@@ -13,11 +13,11 @@ import pytest
 
 import feedline as fl
 from feedline.errors import DataError, SchemaError
-from feedline.io.footer import footer_of
-from feedline.io.manifest import MANIFEST_NAME, Manifest, ShardInfo
-from feedline.io.shards import file_checksum
-from feedline.io.storage import resolve
-from feedline.io.tensor_codec import TENSOR_KEY
+from feedline.store.footers import footer_of
+from feedline.store.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from feedline.store.shards import file_checksum
+from feedline.io.storage.paths import resolve
+from feedline.arrow.tensor_codec import TENSOR_KEY
 
 
 def images(n: int, seed: int = 0) -> np.ndarray:

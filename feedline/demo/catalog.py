@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import feedline as fl
-from feedline.datasets import CATEGORIES, COLOURS
+from feedline.demo.synthetic import CATEGORIES, COLOURS
 
 __all__ = [
     "CatalogEncoder",

@@ -22,12 +22,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import feedline as fl
-from feedline.datasets import CATEGORIES, Catalog, make_catalog
+from feedline.demo.synthetic import CATEGORIES, Catalog, make_catalog
 from feedline.demo import catalog as cat
 from feedline.demo import diamonds as dia
 from feedline.demo.report import PipelineResult, Tracker, loader_chart
 from feedline.demo.train import fit
-from feedline.progress import scope
+from feedline.ui.progress import scope
 
 __all__ = ["run_catalog", "run_diamonds", "write_catalog"]
 

@@ -13,8 +13,8 @@ import pyarrow as pa
 
 from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
-from feedline.io.storage import Location
-from feedline.plan import Plan
+from feedline.io.storage.paths import Location
+from feedline.plan.plan import Plan
 
 __all__ = ["Engine", "WriteInfo", "WriteOptions", "get_engine", "register_engine"]
 
@@ -30,7 +30,7 @@ class WriteOptions:
     compression: str | None = "zstd"
 
     def __post_init__(self) -> None:
-        from feedline.io.shards import parquet_codec
+        from feedline.store.shards import parquet_codec
 
         parquet_codec(self.compression)  # an unknown codec fails before any file is written
 
@@ -78,7 +78,7 @@ class WriteInfo:
 
     def _repr_html_(self) -> str:
         """The notebook view: where, how much, how fast, and the non-zero report counters."""
-        from feedline.notebook import size, table, view
+        from feedline.ui.notebook import size, table, view
 
         rate = self.rows_per_second
         rows = [
@@ -149,7 +149,7 @@ class Engine(Protocol):
         """Materialize the plan as a feedline dataset at ``target``.
 
         ``preprocessors`` are the fitted states stored in the manifest; the engine commits
-        the manifest last (:func:`feedline.io.format.commit`).
+        the manifest last (:func:`feedline.store.dataset_files.commit`).
         """
         ...
 
@@ -165,9 +165,9 @@ class Engine(Protocol):
 
 # name -> (module:attribute, pip package, extra)
 _REGISTRY: dict[str, tuple[str, str | None, str | None]] = {
-    "local": ("feedline.engines.local:LocalEngine", None, None),
-    "spark": ("feedline.engines.spark:SparkEngine", "pyspark", "spark"),
-    "ray": ("feedline.engines.ray:RayEngine", "ray", "ray"),
+    "local": ("feedline.engines.local.engine:LocalEngine", None, None),
+    "spark": ("feedline.engines.spark.engine:SparkEngine", "pyspark", "spark"),
+    "ray": ("feedline.engines.ray.engine:RayEngine", "ray", "ray"),
 }
 
 

@@ -1,16 +1,16 @@
 """The output schema of a plan, learnt from metadata or from a small sample.
 
 Engines call :func:`infer_schema` to type their outputs (Spark's ``mapInArrow`` schema, the
-writers' manifest schema for empty results) without importing :mod:`feedline.dataset`.
+writers' manifest schema for empty results) without importing :mod:`feedline.dataset.dataset`.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from feedline.engines.fusion import BatchPipeline
+from feedline.engines.batch.fusion import BatchPipeline
 from feedline.errors import ConfigurationError
-from feedline.plan import (
+from feedline.plan.plan import (
     Cast,
     Drop,
     Filter,
@@ -57,7 +57,7 @@ def infer_schema(plan: Plan) -> pa.Schema:
         elif isinstance(op, MapBatches) and op.output_schema is not None:
             schema = op.output_schema
         elif isinstance(op, WithColumns | Rename | Drop | Cast):
-            from feedline.engines.columns import edit_schema
+            from feedline.engines.batch.column_edits import edit_schema
 
             schema = edit_schema(op, schema)
         elif isinstance(op, RowHash):
@@ -76,7 +76,7 @@ def infer_schema(plan: Plan) -> pa.Schema:
 
 
 def _schema_by_sampling(plan: Plan, position: int, schema: pa.Schema) -> pa.Schema:
-    from feedline.engines.local import LocalEngine
+    from feedline.engines.local.engine import LocalEngine
 
     head = _on_samples(Plan(plan.source, tuple(plan.ops[:position])))
     sample = None
@@ -104,7 +104,7 @@ def _on_samples(plan: Plan) -> Plan:
     """``plan`` with every relational operator in it (sort, join, groupby...) run over the
     first ``SCHEMA_SAMPLE_ROWS`` rows of each of its inputs: rows of the same schema, without
     running the operator on all the data just to learn a user function's output types."""
-    from feedline.relational.ops import RelationalSource
+    from feedline.plan.relational import RelationalSource
 
     source = plan.source
     if not isinstance(source, RelationalSource):

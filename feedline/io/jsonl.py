@@ -12,7 +12,7 @@ import pyarrow.json as pajson
 
 from feedline.errors import DataError, SchemaError
 from feedline.io.source import ExecutionReport, FileSource, ReadTask, check_columns
-from feedline.io.storage import Location, expand_paths
+from feedline.io.storage.paths import Location, expand_paths
 
 __all__ = ["JsonlSource"]
 

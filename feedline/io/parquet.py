@@ -12,10 +12,10 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from feedline.errors import DataError, SchemaError
-from feedline.io.parquet_types import restore_types, same_stored_schema
+from feedline.arrow.parquet_types import restore_types, same_stored_schema
 from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, describe_files
-from feedline.io.storage import Location, expand_paths
-from feedline.io.tensor_codec import logical_schema
+from feedline.io.storage.paths import Location, expand_paths
+from feedline.arrow.tensor_codec import logical_schema
 
 __all__ = ["PARQUET_SUFFIXES", "ParquetSource", "read_footer", "same_schema"]
 
@@ -51,7 +51,7 @@ class ParquetSource(Source):
     The first file's schema is the dataset's schema (or ``schema``, recorded in the place
     ``schema_origin`` names); any file whose schema differs raises :class:`SchemaError` naming
     the file and that reference. Types Parquet stores as others (``timestamp[s]`` as
-    ``timestamp[ms]``…, see :mod:`feedline.io.parquet_types`) are no drift: they are cast back
+    ``timestamp[ms]``…, see :mod:`feedline.arrow.parquet_types`) are no drift: they are cast back
     to the recorded schema. A pyarrow expression predicate is pushed into the scan: row groups
     whose statistics rule it out are never read (``row_groups_skipped``).
     """

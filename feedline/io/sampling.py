@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, IntegrityError
-from feedline.io.footer import check_identity
+from feedline.store.footers import check_identity
 from feedline.io.parquet import ParquetSource, _file_reader, read_footer
 from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
 

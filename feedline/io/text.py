@@ -18,7 +18,7 @@ from feedline.io.source import (
     describe_files,
     fingerprint_of,
 )
-from feedline.io.storage import Location, expand_paths
+from feedline.io.storage.paths import Location, expand_paths
 
 __all__ = ["TextSource"]
 

@@ -9,9 +9,9 @@ Examples
 """
 
 from feedline.loader import nodes
-from feedline.loader.bench import bench_loader
+from feedline.cli.bench_loader import bench_loader
 from feedline.loader.loader import Loader
 from feedline.loader.transforms import ImageTransform
-from feedline.loader.windows import Windows
+from feedline.loader.data.windows import Windows
 
 __all__ = ["ImageTransform", "Loader", "Windows", "bench_loader", "nodes"]

@@ -2,9 +2,9 @@
 :class:`~feedline.loader.Loader`, kept apart so the loader's own module holds its
 configuration and iteration).
 
-The state itself (fields, validation, JSON form) is :mod:`feedline.loader.state`; how a
+The state itself (fields, validation, JSON form) is :mod:`feedline.loader.order.state`; how a
 state becomes a position in an epoch, elastic resume included, is
-:mod:`feedline.loader.resume`.
+:mod:`feedline.loader.order.resume`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from feedline.loader.resume import restore
-from feedline.loader.state import State, parse_states
+from feedline.loader.order.resume import restore
+from feedline.loader.order.state import State, parse_states
 
 __all__ = ["LoaderCheckpoints"]
 
@@ -58,7 +58,7 @@ class LoaderCheckpoints:
         Every field is validated first (types, ranges, keys, version), then the state must
         have been taken on this dataset (the manifest's fingerprint and the sample count) at
         a position its epoch holds; anything else raises :class:`ConfigurationError` naming
-        the field and leaves the loader as it was (see :mod:`feedline.loader.state`).
+        the field and leaves the loader as it was (see :mod:`feedline.loader.order.state`).
 
         Examples
         --------

@@ -1,6 +1,6 @@
 """The training loader: exact shuffling, equal shards per rank, prefetch and exact resume.
 
-Which rows each rank reads, in which order, is a pure function (:mod:`feedline.loader.order`)
+Which rows each rank reads, in which order, is a pure function (:mod:`feedline.loader.order.sample_order`)
 of (row-group sizes, seed, epoch, rank, world size); the data path only gathers them. The
 requested columns are cached as NumPy arrays when they fit ``memory_budget`` (exact global
 permutation); otherwise row groups stream pool by pool (two-level shuffle, memory bounded by
@@ -23,25 +23,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.backend import Backend, as_source, open_backend
+from feedline.loader.data.backend import Backend, as_source, open_backend
 from feedline.loader.checkpoints import LoaderCheckpoints
-from feedline.loader.columns import parse_budget
-from feedline.loader.epochs import LoaderEpochs, int_option
-from feedline.loader.formats import FORMATS, can_pin
+from feedline.loader.data.columns import parse_budget
+from feedline.loader.order.epochs import LoaderEpochs, int_option
+from feedline.loader.adapters.formats import FORMATS, can_pin
 from feedline.loader.nodes import Gather, Node, Order
-from feedline.loader.nodes.workers import make_workers
-from feedline.loader.order import EpochPlan
-from feedline.loader.order_ahead import OrderAhead
+from feedline.loader.nodes.worker_pools import make_workers
+from feedline.loader.order.sample_order import EpochPlan
+from feedline.loader.order.ahead import OrderAhead
 from feedline.loader.pipeline import default_pipeline, group_size
-from feedline.loader.skips import Skips
+from feedline.loader.nodes.skips import Skips
 from feedline.loader.timing import Timing
-from feedline.loader.torch import distributed_defaults
+from feedline.loader.adapters.torch import distributed_defaults
 from feedline.loader.views import LoaderViews
-from feedline.loader.windows import Windows, window_copier
+from feedline.loader.data.windows import Windows, window_copier
 
 if TYPE_CHECKING:
-    from feedline.dataset import Dataset
-    from feedline.io.shard_source import BatchStream, ShardSource
+    from feedline.dataset.dataset import Dataset
+    from feedline.store.shard_source import BatchStream, ShardSource
 
 __all__ = ["Loader"]
 
@@ -54,8 +54,8 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
     Parameters
     ----------
     dataset:
-        A :class:`~feedline.dataset.Dataset` (best: ``fl.open(path)`` of a written dataset), a
-        path to open, or a :class:`~feedline.io.shard_source.ShardSource`.
+        A :class:`~feedline.dataset.dataset.Dataset` (best: ``fl.open(path)`` of a written dataset), a
+        path to open, or a :class:`~feedline.store.shard_source.ShardSource`.
     batch_size:
         Samples per batch on each rank.
     shuffle, seed:
@@ -92,7 +92,7 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
         across separately started processes (torchrun, ``torch.multiprocessing``, Ray Train);
         numbers and tensors only; needs a written dataset. ``"auto"`` picks ``"node"`` when
         ``world_size > 1`` and those hold, for an estimate of 64 MiB up to ``memory_budget``.
-        See :mod:`feedline.loader.node_cache`.
+        See :mod:`feedline.loader.data.node_cache`.
     prefetch:
         Batches a background thread keeps ready (at least). It gathers them in groups with one
         take per column (the batches are views of it): ``prefetch`` batches, or as many as make
@@ -101,7 +101,7 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
     format:
         ``"torch"`` (dict of ``torch.Tensor`` via ``torch.from_numpy``), ``"numpy"`` or ``"tf"``.
         Dtypes: bool → ``torch.bool``; ints and floats kept; uint16/uint32 widened to
-        int32/int64 for torch, uint64 refused (see :mod:`feedline.loader.columns`).
+        int32/int64 for torch, uint64 refused (see :mod:`feedline.loader.data.columns`).
     pin_memory:
         Gather into page-locked tensors (``format="torch"``; ignored with a warning when no
         CUDA device is present).
@@ -111,7 +111,7 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
     memory_budget:
         Bytes (or ``"2GB"``) the loader may hold.
     windows:
-        A :class:`~feedline.loader.windows.Windows` to yield time-series windows instead of rows.
+        A :class:`~feedline.loader.data.windows.Windows` to yield time-series windows instead of rows.
     strings:
         ``"raise"`` (default) refuses string columns; ``"list"`` yields them as Python lists.
     return_padding_mask:
@@ -123,7 +123,7 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
         checked against the manifest's size and sha256 (once per loader), and read from
         there; ``cache_limit`` (bytes or ``"20GB"``) caps the folder by evicting the least
         recently used shards that no reader holds. ``cache_dir=False`` reads remote shards
-        directly. Local datasets are never copied. See :mod:`feedline.loader.shard_cache`.
+        directly. Local datasets are never copied. See :mod:`feedline.loader.data.shard_cache`.
         ``cache="node"`` files go in ``<cache_dir>/node`` (``~/.cache/feedline/node`` when
         ``cache_dir`` is the default or ``False``); point it at a local disk with room.
     track:
@@ -145,11 +145,11 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
         ``fn(sample: dict, rng: np.random.Generator) -> dict`` applied to every sample, or
         with ``batched=True`` ``fn(batch: dict, rngs) -> dict`` to every batch
         (:class:`~feedline.loader.nodes.Map`); ``rng`` is seeded by ``(seed, epoch, row
-        index)`` (:func:`~feedline.loader.rng.sample_rng`): augmentation differs per epoch,
+        index)`` (:func:`~feedline.loader.order.rng.sample_rng`): augmentation differs per epoch,
         repeats on a re-run and on an exact resume, whatever the workers. Results are stacked
         per batch (arrays of one shape, numbers; other values as lists). String and binary
         columns reach it as Python values (``strings="list"`` implied). A
-        :class:`~feedline.preprocess.vision.Skipped` result (e.g. an undecodable image under
+        :class:`~feedline.preprocess.vision.augment.Skipped` result (e.g. an undecodable image under
         ``on_error="skip"``, see :class:`~feedline.loader.transforms.ImageTransform`) drops
         that sample: its batch is shorter (never refilled, so resume stays exact and every
         rank keeps ``len(loader)`` batches), and it is counted in :meth:`stats` and
@@ -172,7 +172,7 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
         or a null row raises :class:`~feedline.errors.DataError` naming it, unless
         ``ragged`` (one policy or ``{column: policy}``) is ``"pad"`` (short and null rows
         filled with ``pad_value``), ``"truncate"`` (long rows cut) or ``"pad_or_truncate"``
-        (both; these need the shape in ``shapes``). See :mod:`feedline.io.list_tensors`.
+        (both; these need the shape in ``shapes``). See :mod:`feedline.arrow.list_tensors`.
 
     Notes
     -----
@@ -267,7 +267,7 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
         self.windows, self.strings = windows, strings
         self.device = self._check_device(device)
         if cache_dir is True or cache_dir is None:
-            from feedline.loader.shard_cache import default_cache_dir
+            from feedline.loader.data.shard_cache import default_cache_dir
 
             cache_dir = default_cache_dir()
         elif cache_dir is not False and not os.fspath(cache_dir):
@@ -297,7 +297,7 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
             self._tracker = EpochLogger(track)
 
     def _source(self) -> ShardSource | BatchStream:
-        """What this loader reads (see :func:`~feedline.loader.backend.as_source`), once."""
+        """What this loader reads (see :func:`~feedline.loader.data.backend.as_source`), once."""
         if self._resolved is None:
             self._resolved = as_source(self.dataset)
         return self._resolved

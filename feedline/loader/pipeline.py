@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.loader.backend import Backend
+from feedline.loader.data.backend import Backend
 from feedline.loader.nodes import (
     AwaitDevice,
     CopyToDevice,

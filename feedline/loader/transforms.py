@@ -2,7 +2,7 @@
 
 ``fl.ImageTransform`` is the ``transform=`` of a loader over a dataset of encoded JPEG/PNG
 bytes (``fl.read_images(..., decode=False)`` or any binary column): the pure image ops of
-:mod:`feedline.preprocess.vision` (decode straight to the crop at the smallest JPEG draft
+:mod:`feedline.preprocess.vision.augment` (decode straight to the crop at the smallest JPEG draft
 scale that covers it, RandomResizedCrop + horizontal flip for training, Resize + CenterCrop
 for evaluation, Normalize), drawing from the sample's ``(seed, epoch, index)`` generator.
 Run it in workers: ``num_workers=2`` threads (Pillow releases the GIL while decoding) or
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.preprocess.vision import (
+from feedline.preprocess.vision.augment import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     CenterCrop,

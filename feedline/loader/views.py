@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
     import torch.utils.data
 
-    from feedline.loader.torch_dataset import LoaderDataLoader
+    from feedline.loader.adapters.torch_dataset import LoaderDataLoader
 
 __all__ = ["LoaderViews"]
 
@@ -36,7 +36,7 @@ class LoaderViews:
         >>> ds.element_spec  # doctest: +SKIP
         {'id': TensorSpec(shape=(16,), dtype=tf.int64, name='id')}
         """
-        from feedline.loader.tf import import_tensorflow, tf_dataset
+        from feedline.loader.adapters.tf import import_tensorflow, tf_dataset
 
         import_tensorflow()
         whole = not self._segments and (self._consumed == 0 or self._consumed >= len(self))
@@ -68,7 +68,7 @@ class LoaderViews:
 
         Use ``DataLoader(ds, batch_size=None)`` (batches are made here) with
         ``num_workers=0`` (the loader has its own workers); ``len(ds)`` and
-        ``ds.set_epoch(e)`` follow the loader. See :mod:`feedline.loader.torch_dataset`.
+        ``ds.set_epoch(e)`` follow the loader. See :mod:`feedline.loader.adapters.torch_dataset`.
 
         Examples
         --------
@@ -78,10 +78,10 @@ class LoaderViews:
         >>> [b["id"].tolist() for b in DataLoader(ds, batch_size=None)]
         [[0, 1, 2], [3, 4, 5]]
         """
-        from feedline.loader.torch import import_torch
+        from feedline.loader.adapters.torch import import_torch
 
         import_torch()
-        from feedline.loader.torch_dataset import LoaderDataset
+        from feedline.loader.adapters.torch_dataset import LoaderDataset
 
         return LoaderDataset(self)
 
@@ -92,7 +92,7 @@ class LoaderViews:
         PyTorch Lightning keeps it in checkpoints and ``fit(ckpt_path=...)`` resumes mid-epoch;
         every ``iter()`` is a whole pass (an abandoned pass is dropped). Return it from
         ``train_dataloader()`` / ``val_dataloader()``. See
-        :class:`~feedline.loader.torch_dataset.LoaderDataLoader`.
+        :class:`~feedline.loader.adapters.torch_dataset.LoaderDataLoader`.
 
         Examples
         --------
@@ -101,10 +101,10 @@ class LoaderViews:
         >>> [b["id"].tolist() for b in dl], len(dl)
         ([[0, 1, 2], [3, 4, 5]], 2)
         """
-        from feedline.loader.torch import import_torch
+        from feedline.loader.adapters.torch import import_torch
 
         import_torch()
-        from feedline.loader.torch_dataset import LoaderDataLoader
+        from feedline.loader.adapters.torch_dataset import LoaderDataLoader
 
         return LoaderDataLoader(self)
 
@@ -153,7 +153,7 @@ class LoaderViews:
         A remote dataset read through the shard cache adds its folder, limit and counters
         (``shard_hits``, ``shard_downloads``, ``shard_download_bytes``, ``shard_evictions``,
         ``shard_corrupt``, ``shard_prefetch_errors``; see
-        :class:`~feedline.loader.shard_cache.CacheStats`).
+        :class:`~feedline.loader.data.shard_cache.CacheStats`).
 
         Examples
         --------

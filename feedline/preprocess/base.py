@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, DataError, FeedlineError, FormatError
-from feedline.preprocess.fit_sample import fit_data
+from feedline.dataset.fit import fit_data
 from feedline.preprocess.state_checks import check_fitted, invalid_state, non_finite
-from feedline.progress import bar as progress_bar
-from feedline.progress import counting
+from feedline.ui.progress import bar as progress_bar
+from feedline.ui.progress import counting
 
 if TYPE_CHECKING:
-    from feedline.dataset import Dataset
+    from feedline.dataset.dataset import Dataset
     from feedline.engines.base import Engine
 
 __all__ = ["Preprocessor", "from_state", "register"]

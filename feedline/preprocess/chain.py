@@ -12,14 +12,14 @@ import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError, FormatError, SchemaError
 from feedline.preprocess.base import Preprocessor, from_state, register
-from feedline.preprocess.fit_sample import fit_data
+from feedline.dataset.fit import fit_data
 from feedline.preprocess.scalers import float_values, is_numeric, tensor_array
 from feedline.preprocess.state_checks import invalid_state
-from feedline.progress import bar as progress_bar
-from feedline.progress import counting, scope
+from feedline.ui.progress import bar as progress_bar
+from feedline.ui.progress import counting, scope
 
 if TYPE_CHECKING:
-    from feedline.dataset import Dataset
+    from feedline.dataset.dataset import Dataset
     from feedline.engines.base import Engine
 
 __all__ = ["Chain", "Concat"]

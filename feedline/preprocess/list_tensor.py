@@ -3,7 +3,7 @@
 The loader already reads list columns as tensors (``loader(shapes=..., ragged=...)``), but a
 Parquet list is slow to decode (a repetition and a definition level per value). Declaring
 the shape in the plan turns the column into an ``arrow.fixed_shape_tensor``, which
-``ds.write()`` stores as fixed-size binary (:mod:`feedline.io.tensor_codec`): reading it back
+``ds.write()`` stores as fixed-size binary (:mod:`feedline.arrow.tensor_codec`): reading it back
 is a memory copy. Nothing is converted without a declared shape: a list column written as
 it is stays a list (ragged data is legitimate there).
 """
@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, SchemaError
-from feedline.io.list_tensors import check_ragged, level_sizes, list_levels, list_to_numpy
+from feedline.arrow.list_tensors import check_ragged, level_sizes, list_levels, list_to_numpy
 from feedline.preprocess.base import Preprocessor, register
 
 __all__ = ["ListToTensor"]
@@ -38,7 +38,7 @@ class ListToTensor(Preprocessor):
     ragged, pad_value:
         Rows of another length, and null rows: ``"raise"`` (a :class:`DataError` naming the
         row), ``"pad"`` (short and null rows filled with ``pad_value``), ``"truncate"``
-        (long rows cut) or ``"pad_or_truncate"`` (see :mod:`feedline.io.list_tensors`).
+        (long rows cut) or ``"pad_or_truncate"`` (see :mod:`feedline.arrow.list_tensors`).
     output:
         Output column name(s); by default the tensors replace the lists.
 

@@ -1,7 +1,7 @@
 """Relational operators (sort, groupby/aggregate, join, union, unique, random_shuffle,
 repartition, split) as plan sources, their schemas, and the seeded row hash."""
 
-from feedline.relational.ops import (
+from feedline.plan.relational import (
     AGG_FUNCTIONS,
     JOIN_HOWS,
     OPERATORS,
@@ -10,7 +10,7 @@ from feedline.relational.ops import (
     plan_lines,
     split_bounds,
 )
-from feedline.relational.rowhash import ROW_HASH_COLUMN, row_hash
+from feedline.plan.rowhash import ROW_HASH_COLUMN, row_hash
 
 __all__ = [
     "AGG_FUNCTIONS",

@@ -17,7 +17,7 @@ def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A local[2] SparkSession for the module (stopped at its end)."""
     from pyspark import cloudpickle
 
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     cloudpickle.register_pickle_by_value(request.module)
     session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
@@ -33,7 +33,7 @@ def ray_engine(request: pytest.FixtureRequest) -> Iterator[Any]:
     already running)."""
     import ray
 
-    from feedline.engines.ray import RayEngine
+    from feedline.engines.ray.engine import RayEngine
 
     already = ray.is_initialized()
     engine = RayEngine(num_cpus=2)

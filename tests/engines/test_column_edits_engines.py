@@ -29,7 +29,7 @@ def _edited() -> fl.Dataset:
 )
 def test_column_edits_on_spark_equal_local(spark) -> None:
     pytest.importorskip("pyspark")
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     local = _edited().to_arrow()
     on_spark = _edited().to_arrow(engine=SparkEngine(spark))

@@ -12,7 +12,7 @@ import pytest
 
 import feedline as fl
 from feedline.errors import UserFunctionError
-from feedline.inference import Predictor, TorchPredictor
+from feedline.plan.inference import Predictor, TorchPredictor
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")

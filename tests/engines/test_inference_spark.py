@@ -13,12 +13,12 @@ import pytest
 
 import feedline as fl
 from feedline.errors import ConfigurationError, UserFunctionError
-from feedline.inference import Predictor, TorchPredictor
+from feedline.plan.inference import Predictor, TorchPredictor
 
 pytest.importorskip("pyspark")
 torch = pytest.importorskip("torch")
 
-from feedline.engines.spark import SparkEngine  # noqa: E402
+from feedline.engines.spark.engine import SparkEngine  # noqa: E402
 
 pytestmark = [
     pytest.mark.spark,

@@ -54,7 +54,7 @@ def compare(engine, root: Path, out: Path) -> None:
                     reason="Spark needs a Java runtime")  # fmt: skip
 def test_spark_engine_reads_the_same_rows(spark, root, tmp_path) -> None:
     pytest.importorskip("pyspark")
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     compare(SparkEngine(spark), root, tmp_path)
 

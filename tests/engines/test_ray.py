@@ -31,10 +31,10 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context"),
 ]
 
-from feedline.engines.ray_bridge import to_ray  # noqa: E402
-from feedline.engines.ray_stages import needs_actor  # noqa: E402
-from feedline.plan import Transform  # noqa: E402
-from feedline.readers import from_ray  # noqa: E402
+from feedline.engines.ray.bridge import to_ray  # noqa: E402
+from feedline.engines.ray.stages import needs_actor  # noqa: E402
+from feedline.plan.plan import Transform  # noqa: E402
+from feedline.dataset.readers import from_ray  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +296,7 @@ def test_failed_or_interrupted_write_leaves_no_manifest(engine, inputs, tmp_path
     old_shards = [s.path for s in fl.open(out).manifest.shards]
     assert sorted(p.name for p in out.iterdir()) == ["_feedline.json", *old_shards]
 
-    from feedline.io import format as fmt
+    from feedline.store import dataset_files as fmt
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt  # the driver dies after Ray wrote, before the commit
@@ -400,7 +400,7 @@ def test_ray_writer_manifest_schema_agrees_with_its_shards(engine, tmp_path):
 
     import pandas as pd
 
-    from feedline.io.parquet_types import same_stored_schema
+    from feedline.arrow.parquet_types import same_stored_schema
 
     seconds = [dt.datetime(2024, 1, 1, 10, 0, s) for s in range(12)]
     frame = pd.DataFrame({"id": range(12), "cat": ["a", "b", "c"] * 4})

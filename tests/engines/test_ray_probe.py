@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from feedline.engines.ray_runtime import _probe_source
+from feedline.engines.ray.runtime import _probe_source
 
 
 def test_a_plain_folder_named_like_the_module_does_not_count_as_the_module(

@@ -19,12 +19,12 @@ import feedline as fl
 pytest.importorskip("pyspark")
 PIL = pytest.importorskip("PIL.Image")
 
-from feedline.engines.spark import (  # noqa: E402 - after the skip for a missing pyspark
+from feedline.engines.spark.engine import (  # noqa: E402 - after the skip for a missing pyspark
     SparkEngine,
     clear_spark_cache,
     to_spark,
 )
-from feedline.readers import from_spark  # noqa: E402
+from feedline.dataset.readers import from_spark  # noqa: E402
 
 pytestmark = [
     pytest.mark.spark,
@@ -263,7 +263,7 @@ def test_callable_class_is_built_once_per_python_worker(spark, tmp_path):
 
 
 def test_in_memory_table_travels_once_per_partition(spark, monkeypatch):
-    from feedline.engines import spark_plan
+    from feedline.engines.spark import plan as spark_plan
     from feedline.io.memory import ArrowSource
 
     monkeypatch.setattr(spark_plan, "BROADCAST_BYTES", 0)  # as for a table too big to broadcast
@@ -350,7 +350,7 @@ def test_spark_writer_manifest_schema_agrees_with_its_shards(spark, tmp_path):
 
     import pandas as pd
 
-    from feedline.io.parquet_types import same_stored_schema
+    from feedline.arrow.parquet_types import same_stored_schema
 
     seconds = [dt.datetime(2024, 1, 1, 10, 0, s) for s in range(12)]
     frame = pd.DataFrame({"id": range(12), "cat": ["a", "b", "c"] * 4})

@@ -1,5 +1,5 @@
 """A plan ending at a relational operator is fetched on Spark as Spark's own Arrow
-(feedline/engines/spark_collect.py): collected at once when Spark estimates it small,
+(feedline/engines/spark/collect.py): collected at once when Spark estimates it small,
 streamed a window of partitions at a time otherwise, and cast back to the plan's exact
 types. Every path gives the local engine's rows and schema."""
 
@@ -24,9 +24,9 @@ import feedline as fl
 
 pytest.importorskip("pyspark")
 
-from feedline.engines.spark import SparkEngine
-from feedline.engines.spark_collect import direct_frame
-from feedline.engines.spark_relational import prepare
+from feedline.engines.spark.engine import SparkEngine
+from feedline.engines.spark.collect import direct_frame
+from feedline.engines.spark.relational import prepare
 from feedline.errors import UserFunctionError
 
 pytestmark = [
@@ -38,7 +38,7 @@ pytestmark = [
     ),
 ]
 
-LOGGER = "feedline.engines.spark_collect"
+LOGGER = "feedline.engines.spark.collect"
 ROWS = 60
 
 
@@ -47,7 +47,7 @@ def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     """local[2] with a 2 MB ``spark.driver.maxResultSize`` (the collect's safety net)."""
     from pyspark import cloudpickle
 
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     cloudpickle.register_pickle_by_value(request.module)
     session = spark_session(
@@ -255,7 +255,7 @@ def test_plans_with_batch_stages_after_the_operator_keep_the_fused_stage(spark):
 
 
 def test_a_parquet_scan_reads_the_known_schema_and_the_current_files(spark, tmp_path):
-    from feedline.engines.spark_inputs import native_parquet
+    from feedline.engines.spark.inputs import native_parquet
 
     ds = _parquet(tmp_path / "facts", 400, files=2)
     scan = native_parquet(spark, ds.select(["v", "id"]).plan, [])

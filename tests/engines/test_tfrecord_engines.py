@@ -73,7 +73,7 @@ def _check(engine, files: Path, tmp_path: Path) -> None:
 )
 def test_spark_reads_the_same_rows_and_counts_the_same_skips(spark, files, tmp_path) -> None:
     pytest.importorskip("pyspark")
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     _check(SparkEngine(spark), files, tmp_path)
 

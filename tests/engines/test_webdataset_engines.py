@@ -56,7 +56,7 @@ def compare(engine, urls: str, out: Path) -> None:
 @pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
                     reason="Spark needs a Java runtime")  # fmt: skip
 def test_spark_engine_reads_the_same_samples(spark, urls, tmp_path) -> None:
-    from feedline.engines.spark import SparkEngine
+    from feedline.engines.spark.engine import SparkEngine
 
     compare(SparkEngine(spark), urls, tmp_path)
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from feedline.loader.arrays import LARGE, empty, prefault
+from feedline.loader.data.bulk_arrays import LARGE, empty, prefault
 
 
 def rss() -> int:

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 import feedline as fl
 from feedline.errors import ConfigurationError
 from feedline.loader import Loader
-from feedline.loader.order import split_for_rank
+from feedline.loader.order.sample_order import split_for_rank
 
 
 def ids(loader: Loader) -> list[list[int]]:

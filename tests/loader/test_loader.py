@@ -13,7 +13,7 @@ import torch
 import feedline as fl
 from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.loader import Loader
-from feedline.loader.order import epoch_permutation
+from feedline.loader.order.sample_order import epoch_permutation
 
 
 def ids(loader: Loader) -> np.ndarray:
@@ -196,7 +196,7 @@ def test_load_state_dict_rejects_foreign_states(write) -> None:
 
 
 def test_torch_batches_share_memory_with_the_gathered_arrays() -> None:
-    from feedline.loader.torch import to_torch
+    from feedline.loader.adapters.torch import to_torch
 
     arrays = {"x": np.arange(12, dtype=np.float32).reshape(4, 3), "m": np.ones(4, dtype=bool)}
     tensors = to_torch(arrays)
@@ -305,7 +305,7 @@ def test_pin_memory_warns_without_cuda(write) -> None:
 
 def test_gathering_into_preallocated_tensors(write, monkeypatch) -> None:
     # The pin_memory path with unpinned buffers: the same batches, gathered in place.
-    import feedline.loader.torch as fltorch
+    import feedline.loader.adapters.torch as fltorch
 
     monkeypatch.setattr(fltorch, "pin_supported", lambda: True)
     real = fltorch.batch_buffers

@@ -17,7 +17,7 @@ import feedline as fl
 from feedline.errors import ConfigurationError, DataError, UserFunctionError
 from feedline.loader import nodes
 from feedline.loader.nodes import shm
-from feedline.loader.nodes.worker import _run
+from feedline.loader.nodes.worker_task import _run
 
 
 def dataset(n: int = 64) -> fl.Dataset:

@@ -1,4 +1,4 @@
-"""Invariant tests for feedline.loader.order (pure shuffle / shard functions)."""
+"""Invariant tests for feedline.loader.order.sample_order (pure shuffle / shard functions)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedline.errors import ConfigurationError
-from feedline.loader.order import (
+from feedline.loader.order.sample_order import (
     EpochPlan,
     block_shuffle_order,
     block_shuffle_pools,

@@ -12,8 +12,8 @@ import torch
 
 import feedline as fl
 from feedline.errors import ConfigurationError, SchemaError
-from feedline.loader.columns import column_specs
-from feedline.loader.packed import gather_packed, plan_packing
+from feedline.loader.data.columns import column_specs
+from feedline.loader.data.packed_columns import gather_packed, plan_packing
 
 FEATURES = [f"f{i}" for i in range(8)]
 

@@ -1,4 +1,4 @@
-"""The cache fill's page copy (feedline/io/page_copy.py, feedline/loader/page_fill.py).
+"""The cache fill's page copy (feedline/store/page_copy.py, feedline/loader/data/page_fill.py).
 
 Uncompressed fixed-width columns are read straight into the cache with their page CRC-32s
 checked here instead of by pyarrow: these tests check the copy is taken, gives the same
@@ -17,12 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.io.page_copy import read_struct
-from feedline.io.shard_source import open_shard_source
-from feedline.loader.cache import FileLayout, load_cache
-from feedline.loader.columns import column_specs
-from feedline.loader.packed import column_views, plan_packing
-from feedline.loader.page_fill import PageFill
+from feedline.store.page_copy import read_struct
+from feedline.store.shard_source import open_shard_source
+from feedline.loader.data.memory_cache import FileLayout, load_cache
+from feedline.loader.data.columns import column_specs
+from feedline.loader.data.packed_columns import column_views, plan_packing
+from feedline.loader.data.page_fill import PageFill
 
 ROWS = 600
 
@@ -237,7 +237,7 @@ def test_zlib_checks_the_pages_when_isal_is_missing(plain, tmp_path, monkeypatch
     """Without the isal package the same CRC-32 comes from zlib: same values, same catch."""
     import zlib
 
-    import feedline.io.page_copy as page_copy
+    import feedline.store.page_copy as page_copy
 
     monkeypatch.setattr(page_copy, "crc32", zlib.crc32)
     names, views = _copied(plain)

@@ -1,4 +1,4 @@
-"""A memory cache whose data pages are copied in the background (feedline/loader/page_tasks.py).
+"""A memory cache whose data pages are copied in the background (feedline/loader/data/page_tasks.py).
 
 ``load_cache(..., background=True)`` returns once the small columns and every page header
 are read; a gather waits only for the pages its rows lie in. These tests check the values,
@@ -17,13 +17,13 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.io.page_copy import read_struct
-from feedline.io.shard_source import open_shard_source
-from feedline.loader.cache import FileLayout, load_cache
-from feedline.loader.columns import column_specs
-from feedline.loader.packed import column_views, plan_packing
-from feedline.loader.page_fill import OpenFiles, PageFill
-from feedline.loader.page_tasks import PageTasks
+from feedline.store.page_copy import read_struct
+from feedline.store.shard_source import open_shard_source
+from feedline.loader.data.memory_cache import FileLayout, load_cache
+from feedline.loader.data.columns import column_specs
+from feedline.loader.data.packed_columns import column_views, plan_packing
+from feedline.loader.data.page_fill import OpenFiles, PageFill
+from feedline.loader.data.page_tasks import PageTasks
 
 ROWS = 2_000
 
@@ -151,7 +151,7 @@ def test_a_child_forked_in_the_middle_of_the_fill_copies_the_rest_itself(data):
 
 
 def test_resume_is_exact_with_a_background_fill(data, monkeypatch):
-    import feedline.loader.cache as cache_module
+    import feedline.loader.data.memory_cache as cache_module
 
     monkeypatch.setattr(cache_module, "BACKGROUND_BYTES", 1)  # this small dataset too
 

@@ -1,4 +1,4 @@
-"""Footers during a cache fill (feedline/loader/file_footers.py): parsed once per file.
+"""Footers during a cache fill (feedline/loader/data/file_footers.py): parsed once per file.
 
 A fill reads a file one row group at a time; it used to read, hash and parse the whole footer
 (which grows with the row groups) on every row group, on both the page copy and the pyarrow
@@ -18,12 +18,12 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-import feedline.io.footer as footer_module
-from feedline.io.shard_source import ShardSource, open_shard_source
-from feedline.loader.cache import FileLayout, load_cache
-from feedline.loader.columns import column_specs
-from feedline.loader.packed import column_views, plan_packing
-from feedline.loader.page_fill import PageFill
+import feedline.store.footers as footer_module
+from feedline.store.shard_source import ShardSource, open_shard_source
+from feedline.loader.data.memory_cache import FileLayout, load_cache
+from feedline.loader.data.columns import column_specs
+from feedline.loader.data.packed_columns import column_views, plan_packing
+from feedline.loader.data.page_fill import PageFill
 
 ROWS, GROUP_ROWS, SHARD_ROWS = 2_000, 10, 1_000  # 2 shards of 100 row groups
 
@@ -48,7 +48,7 @@ def many_groups(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def parses(monkeypatch) -> list[int]:
-    """Every footer parsed (:func:`feedline.io.footer.parse_footer` hashes each one it
+    """Every footer parsed (:func:`feedline.store.footers.parse_footer` hashes each one it
     parses with ``footer_digest``): one entry per footer, its bytes."""
     seen: list[int] = []
     real = footer_module.footer_digest

@@ -1,4 +1,4 @@
-"""Per-sample randomness (feedline.loader.rng): a pure function of (seed, epoch, index)."""
+"""Per-sample randomness (feedline.loader.order.rng): a pure function of (seed, epoch, index)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedline.errors import ConfigurationError
-from feedline.loader.order import epoch_permutation
-from feedline.loader.rng import sample_rng, sample_rngs, sample_uniforms
+from feedline.loader.order.sample_order import epoch_permutation
+from feedline.loader.order.rng import sample_rng, sample_rngs, sample_uniforms
 
 KEYS = st.tuples(st.integers(0, 2**63), st.integers(0, 10_000), st.integers(0, 2**40))
 

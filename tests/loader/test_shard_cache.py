@@ -19,7 +19,7 @@ import pytest
 
 import feedline as fl
 from feedline.errors import ConfigurationError, IntegrityError, StorageError
-from feedline.loader import shard_cache
+from feedline.loader.data import shard_cache
 
 N, PER_SHARD = 1000, 125  # 8 shards of one row group each: one shard per streaming pool
 
@@ -221,7 +221,7 @@ CHILD = textwrap.dedent(
     import json, sys
     import numpy as np
     import feedline as fl
-    from feedline.loader import shard_cache
+    from feedline.loader.data import shard_cache
     endpoint, url, folder = sys.argv[1:4]
     options = {"key": "testing", "secret": "testing", "use_listings_cache": False,
                "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
@@ -319,8 +319,8 @@ def test_an_empty_cache_dir_is_a_clear_error(tmp_path):
 
 def test_uncompressed_tensors_are_copied_from_the_cached_shards(s3_bucket, tmp_path, monkeypatch):
     """A remote dataset read through the shard cache takes the page copy from the local copies
-    (feedline/loader/page_fill.py) and gives the written values."""
-    from feedline.loader.page_fill import PageFill
+    (feedline/loader/data/page_fill.py) and gives the written values."""
+    from feedline.loader.data.page_fill import PageFill
 
     copied: list[set[str]] = []
     real = PageFill.copy

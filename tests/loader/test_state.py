@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 import feedline as fl
 from feedline.errors import ConfigurationError
 from feedline.loader import Loader
-from feedline.loader.order import samples_seen
-from feedline.loader.state import MAX_WORLD_SIZE, real_samples
+from feedline.loader.order.sample_order import samples_seen
+from feedline.loader.order.state import MAX_WORLD_SIZE, real_samples
 
 N = 200
 PLAIN = {"batch_size": 8, "world_size": 2, "rank": 1, "seed": 3}

@@ -14,11 +14,11 @@ import pytest
 
 import feedline as fl
 from feedline.errors import DataError
-from feedline.loader.backend import as_source
-from feedline.loader.cache import FileLayout
-from feedline.loader.columns import column_specs
-from feedline.loader.order import block_shuffle_order, block_shuffle_pools
-from feedline.loader.stream import PoolReader
+from feedline.loader.data.backend import as_source
+from feedline.loader.data.memory_cache import FileLayout
+from feedline.loader.data.columns import column_specs
+from feedline.loader.order.sample_order import block_shuffle_order, block_shuffle_pools
+from feedline.loader.data.row_group_stream import PoolReader
 
 SHAPE = (3, 4, 4)
 FILES, ROWS_PER_FILE, GROUP = 3, 240, 40  # 18 row groups of 40 rows

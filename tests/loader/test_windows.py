@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 import feedline as fl
 from feedline.errors import ConfigurationError, SchemaError
 from feedline.loader import Windows
-from feedline.loader.order import epoch_permutation
-from feedline.loader.windows import gather_windows, window_counts, window_starts
+from feedline.loader.order.sample_order import epoch_permutation
+from feedline.loader.data.windows import gather_windows, window_counts, window_starts
 
 
 def series_table(seed: int = 0) -> pa.Table:

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.loader.order import global_order
-from feedline.loader.order_ahead import MIN_ROWS
-from feedline.loader.windows import (
+from feedline.loader.order.sample_order import global_order
+from feedline.loader.order.ahead import MIN_ROWS
+from feedline.loader.data.windows import (
     Windows,
     WindowSampler,
     strided_windows,

@@ -12,12 +12,12 @@ import pytest
 
 import feedline as fl
 from feedline.errors import ConfigurationError
-from feedline.loader.window_gather import (
+from feedline.loader.data.window_gather import (
     strided_windows,
     torch_gather_windows,
     torch_window_blocks,
 )
-from feedline.loader.windows import WindowSampler, window_copier
+from feedline.loader.data.windows import WindowSampler, window_copier
 
 torch = pytest.importorskip("torch")
 

@@ -17,7 +17,7 @@ import feedline as fl
 from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.io.source import ExecutionReport
 from feedline.preprocess.base import from_state
-from feedline.preprocess.images import DecodeImages, Normalize, decode_pool
+from feedline.preprocess.vision.preprocessors import DecodeImages, Normalize, decode_pool
 
 Image = pytest.importorskip("PIL.Image")
 ImageFilter = pytest.importorskip("PIL.ImageFilter")

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import feedline as fl
-from feedline.cli import main
+from feedline.cli.main import main
 from feedline.errors import ConfigurationError
-from feedline.preprocess.drift import compare, ks_pvalue
-from feedline.preprocess.sketch import DEFAULT_K, EXACT_LIMIT
-from feedline.preprocess.stats import QUANTILES, Profiler, Stats, stats
+from feedline.stats.drift import compare, ks_pvalue
+from feedline.stats.quantile_sketch import DEFAULT_K, EXACT_LIMIT
+from feedline.stats.compute import QUANTILES, Profiler, Stats, stats
 
 scipy_stats = pytest.importorskip("scipy.stats")
 

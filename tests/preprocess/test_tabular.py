@@ -21,7 +21,7 @@ from sklearn.impute import SimpleImputer
 from sklearn.utils import murmurhash3_32
 
 import feedline as fl
-from feedline.dataset import Dataset
+from feedline.dataset.dataset import Dataset
 from feedline.errors import DataError, FeedlineError, SchemaError
 from feedline.io.memory import ArrowSource
 from feedline.preprocess import Preprocessor, from_state

@@ -24,8 +24,8 @@ from feedline.preprocess import from_state
 tokenizers = pytest.importorskip("tokenizers")
 re = pytest.importorskip("regex")
 
-from feedline.preprocess.clip_bpe import ClipTokenizer  # noqa: E402
-from feedline.preprocess.text import Tokenize  # noqa: E402
+from feedline.preprocess.text.clip_bpe import ClipTokenizer  # noqa: E402
+from feedline.preprocess.text.tokenize import Tokenize  # noqa: E402
 
 WORDS = ["soft", "cotton", "shirt", "with", "long", "sleeves", "for", "men", "women", "blue",
          "red", "black", "white", "size", "small", "large", "premium", "quality", "leather",
@@ -265,7 +265,7 @@ def test_chunked_route_any_text(wordpiece: Path, parts: list[str], space: str) -
 
 
 def test_chunk_cache_eviction_and_sliced_batches(wordpiece: Path, monkeypatch) -> None:
-    import feedline.preprocess.text as text_module
+    import feedline.preprocess.text.tokenize as text_module
 
     monkeypatch.setattr(text_module, "CACHE_SIZE", 16)  # evicts on nearly every batch
     t = Tokenize("text", wordpiece, 24)
@@ -481,7 +481,7 @@ def test_open_clip_preset_any_text(open_clip: ClipTokenizer, open_clip_reference
 def test_ftfy_leaves_the_texts_it_skips_unchanged(text: str) -> None:
     import ftfy
 
-    from feedline.preprocess.clip_bpe import _FTFY_IDENTITY
+    from feedline.preprocess.text.clip_bpe import _FTFY_IDENTITY
 
     assert _FTFY_IDENTITY.fullmatch(text)
     assert ftfy.fix_text(text) == text

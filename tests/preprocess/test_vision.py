@@ -1,4 +1,4 @@
-"""Load-time image augmentation (feedline.preprocess.vision): torchvision's sampling semantics,
+"""Load-time image augmentation (feedline.preprocess.vision.augment): torchvision's sampling semantics,
 JPEG draft decoding (exact geometry, close pixels), EXIF orientation, bad images, outputs."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from feedline.errors import ConfigurationError, DataError
-from feedline.loader.order import epoch_permutation
-from feedline.loader.rng import sample_rng, sample_rngs
-from feedline.preprocess.vision import (
+from feedline.loader.order.sample_order import epoch_permutation
+from feedline.loader.order.rng import sample_rng, sample_rngs
+from feedline.preprocess.vision.augment import (
     CenterCrop,
     Compose,
     Normalize,
@@ -27,7 +27,7 @@ from feedline.preprocess.vision import (
     ToArray,
     View,
 )
-from feedline.preprocess.vision_decode import decode, draft_scale, open_image, render
+from feedline.preprocess.vision.decode import decode, draft_scale, open_image, render
 
 Image = pytest.importorskip("PIL.Image")
 

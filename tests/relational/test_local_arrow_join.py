@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.engines.local import LocalEngine
+from feedline.engines.local.engine import LocalEngine
 
 ARROW = "joins_in_arrow"
 

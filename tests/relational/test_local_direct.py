@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.engines.duckdb_inputs import register_direct
-from feedline.engines.local_relational import _inputs
+from feedline.engines.local.duckdb_inputs import register_direct
+from feedline.engines.local.relational import _inputs
 from feedline.errors import DataError, SchemaError
 from feedline.io.source import ExecutionReport
-from feedline.plan import Select
-from feedline.relational.direct import plain_parquet
+from feedline.plan.plan import Select
+from feedline.plan.direct_inputs import plain_parquet
 
 
 def _facts(n: int = 3000, seed: int = 0) -> pa.Table:

@@ -248,7 +248,7 @@ def test_an_input_failure_keeps_its_feedline_error() -> None:
 
 
 def test_an_unusable_spill_directory_says_how_to_fix_it() -> None:
-    from feedline.engines.local import LocalEngine
+    from feedline.engines.local.engine import LocalEngine
 
     engine = LocalEngine(relational_memory="16MB", spill_directory="/dev/null/no-spill")
     big = fl.range(3_000_000).with_columns(s=pc.field("id").cast(pa.string()))

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.engines.local import LocalEngine
+from feedline.engines.local.engine import LocalEngine
 from feedline.io.source import ExecutionReport, ReadTask, Source
 
 ROWS = 6_000_000  # 4 float64/int64 columns + a string: about 290 MB of Arrow data

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.relational.rowhash import row_hash
+from feedline.plan.rowhash import row_hash
 
 
 def _table(n: int = 1000) -> pa.Table:

@@ -1,6 +1,6 @@
 """Relational operators on the Ray engine give the local engine's rows.
 
-Every operator runs on Ray Data's own operators (feedline/engines/ray_relational.py) and is
+Every operator runs on Ray Data's own operators (feedline/engines/ray/relational.py) and is
 compared with the local engine on the same data: byte-equal tables after a sort on a unique
 key and for ``random_shuffle``; equal sorted rows otherwise (float aggregates to 1e-9:
 both engines sum in their own order). The data has nulls in every column, NaN, a skewed key
@@ -27,7 +27,7 @@ import feedline as fl
 
 ray = pytest.importorskip("ray")
 
-from feedline.engines.ray import RayEngine  # noqa: E402
+from feedline.engines.ray.engine import RayEngine  # noqa: E402
 from feedline.errors import UserFunctionError  # noqa: E402
 
 pytestmark = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from feedline.relational.rowhash import row_hash
+from feedline.plan.rowhash import row_hash
 
 
 def test_boolean_columns_hash_with_nulls_apart_from_false():

@@ -1,5 +1,5 @@
 """On Spark, a relational operator over plain local Parquet files reads them with Spark's own
-Parquet scan (feedline/relational/direct.py): same rows as the local engine, and the result
+Parquet scan (feedline/plan/direct_inputs.py): same rows as the local engine, and the result
 streamed to the driver comes in few partitions (adaptive coalescing kept when cached)."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import feedline as fl
 
 pytest.importorskip("pyspark")
 
-from feedline.engines.spark import SparkEngine
-from feedline.engines.spark_inputs import spark_reads_back
+from feedline.engines.spark.engine import SparkEngine
+from feedline.engines.spark.inputs import spark_reads_back
 from feedline.io.source import ExecutionReport
-from feedline.relational.direct import plain_parquet
+from feedline.plan.direct_inputs import plain_parquet
 
 pytestmark = [
     pytest.mark.spark,
@@ -39,7 +39,7 @@ ROWS = 900
 @pytest.fixture(scope="module")
 def engine() -> Iterator[SparkEngine]:
     """A local[2] session with Spark's default 200 shuffle partitions."""
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     session = spark_session("local[2]")
     session.sparkContext.setLogLevel("FATAL")

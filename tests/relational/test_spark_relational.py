@@ -1,6 +1,6 @@
 """Relational operators on the Spark engine (``local[2]``) give the local engine's rows.
 
-Every operator runs on Spark DataFrame operations (feedline/engines/spark_relational.py) and
+Every operator runs on Spark DataFrame operations (feedline/engines/spark/relational.py) and
 is compared with the local engine on the same data: byte-equal tables after a sort on a
 unique key and for ``random_shuffle``; equal sorted rows otherwise. The data has nulls in
 every column, NaN, a skewed key (most rows share one value), decimals, time-zoned
@@ -28,7 +28,7 @@ import feedline as fl
 
 pytest.importorskip("pyspark")
 
-from feedline.engines.spark import SparkEngine
+from feedline.engines.spark.engine import SparkEngine
 from feedline.relational import row_hash, split_bounds
 
 pytestmark = [
@@ -49,7 +49,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[SparkEngine]:
     """One local[2] SparkSession for the module (stopped at its end)."""
     from pyspark import cloudpickle
 
-    from feedline.engines.spark import spark_session
+    from feedline.engines.spark.engine import spark_session
 
     cloudpickle.register_pickle_by_value(request.module)
     session = spark_session("local[2]", spark_sql_shuffle_partitions=3)

@@ -19,7 +19,7 @@ Examples
 --------
 >>> import numpy as np
 >>> from feedline.loader.nodes import Order
->>> from feedline.loader.order import split_for_rank
+>>> from feedline.loader.order.sample_order import split_for_rank
 >>> node = Order(split_for_rank(np.arange(6), rank=0, world_size=1, batch_size=2,
 ...                             drop_last=True))
 >>> [b.indices.tolist() for b in node]
@@ -45,7 +45,7 @@ class Batch:
     """One batch on its way through the nodes (see the module docstring).
 
     ``skipped`` lists what a transform dropped from this batch (e.g.
-    :class:`~feedline.preprocess.vision.Skipped` markers), so it is counted where the batch is
+    :class:`~feedline.preprocess.vision.augment.Skipped` markers), so it is counted where the batch is
     delivered. ``pending`` is set while the batch's tensors are still being copied to an
     accelerator (see :class:`~feedline.loader.nodes.CopyToDevice`).
     """

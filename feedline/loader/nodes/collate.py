@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.formats import FORMATS, to_format
+from feedline.loader.adapters.formats import FORMATS, to_format
 from feedline.loader.nodes.base import Batch, Node, Stage
 from feedline.loader.nodes.samples import collate_samples
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.loader.formats import can_pin
+from feedline.loader.adapters.formats import can_pin
 from feedline.loader.nodes.base import Batch, Node, Stage
 
 __all__ = ["AwaitDevice", "CopyToDevice", "Pin", "ToDevice"]

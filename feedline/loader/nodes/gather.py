@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.backend import Backend
-from feedline.loader.buffers import BufferPool
+from feedline.loader.data.backend import Backend
+from feedline.loader.data.buffers import BufferPool
 from feedline.loader.nodes.base import Batch, Node, Stage
 from feedline.loader.nodes.gather_threads import GatherThreads, batch_cuts
 
@@ -26,7 +26,7 @@ class Gather(Stage):
     source:
         A node yielding batches of row indices (an :class:`~feedline.loader.nodes.Order`).
     backend:
-        Where rows come from (``Loader``'s backend: see :func:`~feedline.loader.backend.
+        Where rows come from (``Loader``'s backend: see :func:`~feedline.loader.data.backend.
         open_backend`); a session per epoch serves ``gather(indices, out=None)``.
     shuffle, seed:
         The order's, so a streaming backend reads its pools in the order's sequence.
@@ -78,7 +78,7 @@ class Gather(Stage):
         self.group, self.pin, self.objects = max(1, int(group)), bool(pin), objects
         self._from_numpy = None
         if fmt == "torch":
-            from feedline.loader.torch import import_torch
+            from feedline.loader.adapters.torch import import_torch
 
             self._from_numpy = import_torch().from_numpy
         elif fmt is not None:
@@ -114,7 +114,7 @@ class Gather(Stage):
             return {}, {}  # it gathers into fresh arrays (windows: see loader.windows)
         shapes = getattr(self.backend, "buffer_shapes", self.backend.shapes)()
         if self.pin:  # straight into page-locked tensors
-            from feedline.loader.torch import batch_buffers
+            from feedline.loader.adapters.torch import batch_buffers
 
             return batch_buffers(shapes, rows, pin=True)
         # unpinned groups go into reused buffers (see BufferPool): the batches in flight,

@@ -1,7 +1,7 @@
 """A group's gather split across a few threads: whole batches per thread, one array each.
 
 A window batch is gathered by indexing a strided view of every window with the windows'
-start rows (:mod:`feedline.loader.windows`). NumPy releases the GIL for that copy (fancy
+start rows (:mod:`feedline.loader.data.windows`). NumPy releases the GIL for that copy (fancy
 indexing of a numeric array), so two threads gathering two batches copy at once. Measured
 on this project's 2-core machine: during one 164 ms fancy-index copy of 40,000 windows
 another Python thread kept running (its longest pause 25 ms, the loaded machine's

@@ -12,8 +12,8 @@ import numpy as np
 from feedline.errors import UserFunctionError
 from feedline.loader.nodes.base import Batch, Node, Stage
 from feedline.loader.nodes.samples import as_error
-from feedline.loader.nodes.worker import Chunk
-from feedline.loader.nodes.workers import Pending, make_workers
+from feedline.loader.nodes.worker_task import Chunk
+from feedline.loader.nodes.worker_pools import Pending, make_workers
 
 __all__ = ["Map"]
 
@@ -31,11 +31,11 @@ class Map(Stage):
         ``fn(batch: dict, rngs) -> dict`` (see :mod:`feedline.loader.nodes.samples`). ``rng``
         is seeded by ``(seed, epoch, row index)``: augmentation differs per epoch, repeats on
         a re-run and survives an exact resume, whatever the workers. Returning a
-        :class:`~feedline.preprocess.vision.Skipped` marker drops the sample: its batch is
+        :class:`~feedline.preprocess.vision.augment.Skipped` marker drops the sample: its batch is
         shorter and the marker is in ``Batch.skipped`` (the Loader counts it).
     num_workers, worker_type:
         0 runs ``fn`` in the calling thread; otherwise ``num_workers`` threads or processes
-        (:mod:`feedline.loader.nodes.workers`), started on first use and kept until
+        (:mod:`feedline.loader.nodes.worker_pools`), started on first use and kept until
         :meth:`close`. Each batch is split into ``num_workers`` chunks (per-sample mode), and
         about two batches' chunks are in flight; results come back in order.
     seed:

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from feedline.loader.nodes.base import Batch, Node, Stage
-from feedline.loader.prefetch import Prefetcher
+from feedline.loader.nodes.background import Prefetcher
 
 __all__ = ["Prefetch"]
 

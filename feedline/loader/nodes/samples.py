@@ -4,12 +4,12 @@ Shared by the inline, thread and process paths of :class:`~feedline.loader.nodes
 worker process imports this module, so it stays light: NumPy and feedline's errors).
 
 - Per sample: ``fn(sample: dict, rng: np.random.Generator) -> dict``, ``rng`` being
-  :func:`~feedline.loader.rng.sample_rng` of ``(seed, epoch, global row index)``; a function
+  :func:`~feedline.loader.order.rng.sample_rng` of ``(seed, epoch, global row index)``; a function
   with an ``index`` parameter also gets the row index (for messages). Returning a
-  :class:`~feedline.preprocess.vision.Skipped` marker drops the sample (counted).
+  :class:`~feedline.preprocess.vision.augment.Skipped` marker drops the sample (counted).
 - Per batch (``batched=True``): ``fn(batch: dict, rngs: SampleRngs) -> dict``, ``rngs[i]``
   being sample ``i``'s generator (built on first use) and ``rngs.uniforms(k)`` an ``(n, k)``
-  array of uniform draws keyed the same way (vectorized, :func:`~feedline.loader.rng.
+  array of uniform draws keyed the same way (vectorized, :func:`~feedline.loader.order.rng.
   sample_uniforms`).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import FeedlineError, UserFunctionError
-from feedline.loader.rng import sample_rng, sample_uniforms
+from feedline.loader.order.rng import sample_rng, sample_uniforms
 
 __all__ = ["SampleRngs", "apply_batch", "apply_samples", "as_error", "collate_samples",
            "is_skipped", "takes_index"]  # fmt: skip
@@ -76,7 +76,7 @@ def takes_index(fn: Callable[..., Any]) -> bool:
 
 def is_skipped(value: Any) -> bool:
     """Whether a transform's result is the marker that drops its sample."""
-    from feedline.preprocess.vision import Skipped
+    from feedline.preprocess.vision.augment import Skipped
 
     return isinstance(value, Skipped)
 
@@ -128,7 +128,7 @@ def apply_samples(
             raise UserFunctionError(
                 f"The loader's transform {_describe(fn)} returned {type(result).__name__} for "
                 f"the sample at row index {index}; it must return a dict of the sample's "
-                "fields (or a feedline.preprocess.vision.Skipped marker to drop the sample). "
+                "fields (or a feedline.preprocess.vision.augment.Skipped marker to drop the sample). "
                 "Fix: return the (modified) sample dict."
             )
         kept.append(dict(result))
@@ -243,7 +243,7 @@ def as_error(exc: BaseException) -> BaseException:
     error = UserFunctionError(
         f"The loader's transform raised {type(exc).__name__}: {exc}. Fix: correct the "
         "transform (its traceback is chained below; the note names the sample), or drop bad "
-        "samples by returning a feedline.preprocess.vision.Skipped marker."
+        "samples by returning a feedline.preprocess.vision.augment.Skipped marker."
     )
     error.__cause__ = exc
     return error

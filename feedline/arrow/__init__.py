@@ -1,0 +1,1 @@
+"""Arrow <-> NumPy helpers: tensor columns, list tensors, Python values, Parquet types, sizes."""

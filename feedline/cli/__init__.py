@@ -1,0 +1,1 @@
+"""The ``feedline`` command-line interface."""

@@ -1,0 +1,1 @@
+"""The lazy :class:`Dataset`, its readers, grouped view and the fit pass."""

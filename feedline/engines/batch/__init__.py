@@ -1,0 +1,1 @@
+"""What every engine runs per batch: fused operators, column edits, partial merges."""

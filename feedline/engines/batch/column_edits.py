@@ -1,0 +1,110 @@
+"""Column edits on record batches: ``with_columns``, ``rename``, ``drop`` and ``cast``.
+
+The fused batch stage (:mod:`feedline.engines.batch.fusion`) applies these to every batch on every
+engine; :func:`edit_schema` gives the schema they produce without reading data.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.acero as acero
+import pyarrow.compute as pc
+
+from feedline.errors import DataError, SchemaError
+from feedline.plan.plan import Cast, Drop, Rename, WithColumns
+
+__all__ = ["ColumnEdit", "apply_edit", "edit_schema"]
+
+ColumnEdit = WithColumns | Rename | Drop | Cast
+
+
+def apply_edit(op: ColumnEdit, batch: pa.RecordBatch, label: str) -> pa.RecordBatch:
+    """``batch`` after the column edit ``op`` (``label`` names the rows in errors).
+
+    Examples
+    --------
+    >>> b = pa.record_batch({"a": [1, 2]})
+    >>> apply_edit(WithColumns((("b", pc.field("a") * 10),)), b, "here").to_pydict()
+    {'a': [1, 2], 'b': [10, 20]}
+    >>> apply_edit(Rename((("a", "x"),)), b, "here").schema.names
+    ['x']
+    """
+    if isinstance(op, WithColumns):
+        return _with_columns(batch, op, label)
+    _check(batch.schema, _named(op), label, op.describe())
+    if isinstance(op, Rename):
+        mapping = dict(op.mapping)
+        return batch.rename_columns([mapping.get(n, n) for n in batch.schema.names])
+    if isinstance(op, Drop):
+        return batch.drop_columns(list(op.columns))
+    return _cast(batch, op, label)
+
+
+def edit_schema(op: ColumnEdit, schema: pa.Schema) -> pa.Schema:
+    """The schema after ``op`` on rows of ``schema`` (runs the edit on zero rows).
+
+    Examples
+    --------
+    >>> edit_schema(Cast((("a", pa.float32()),)), pa.schema([("a", pa.int64())])).types
+    [DataType(float)]
+    """
+    empty = pa.RecordBatch.from_pylist([], schema=schema)
+    return apply_edit(op, empty, "the dataset's schema").schema
+
+
+def _named(op: ColumnEdit) -> list[str]:
+    if isinstance(op, Rename):
+        return [old for old, _ in op.mapping]
+    if isinstance(op, Drop):
+        return list(op.columns)
+    if isinstance(op, Cast):
+        return [name for name, _ in op.types]
+    return []
+
+
+def _check(schema: pa.Schema, names: list[str], label: str, what: str) -> None:
+    missing = [n for n in names if schema.get_field_index(n) < 0]
+    if missing:
+        raise SchemaError(
+            f"{what}: column(s) {missing} are not in the rows from {label} (columns: "
+            f"{schema.names}). Fix: name existing columns (check the spelling and the "
+            "operators before it)."
+        )
+
+
+def _with_columns(batch: pa.RecordBatch, op: WithColumns, label: str) -> pa.RecordBatch:
+    names = list(batch.schema.names)
+    new = dict(op.columns)
+    exprs = [new.pop(n) if n in new else pc.field(n) for n in names]
+    names += list(new)
+    exprs += list(new.values())
+    plan = acero.Declaration.from_sequence(
+        [
+            acero.Declaration("table_source", acero.TableSourceNodeOptions(pa.table(batch))),
+            acero.Declaration("project", acero.ProjectNodeOptions(exprs, names)),
+        ]
+    )
+    try:
+        table = plan.to_table(use_threads=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError) as exc:
+        raise SchemaError(
+            f"{op.describe()} cannot run on rows from {label} with columns "
+            f"{batch.schema.names}: {exc}. Fix: use existing columns and operations valid for "
+            "their types (pyarrow.compute expressions)."
+        ) from exc
+    batches = table.combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+
+def _cast(batch: pa.RecordBatch, op: Cast, label: str) -> pa.RecordBatch:
+    types = dict(op.types)
+    fields = [
+        pa.field(f.name, types[f.name], f.nullable) if f.name in types else f for f in batch.schema
+    ]
+    try:
+        return batch.cast(pa.schema(fields, metadata=batch.schema.metadata))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise DataError(
+            f"{op.describe()} failed on rows from {label}: {exc}. Fix: cast to a type that "
+            "holds every value (e.g. a wider number type), or filter or fix the values first."
+        ) from exc

@@ -1,0 +1,1 @@
+"""The embedded local engine: a streaming thread-pool executor, relational work in DuckDB."""

@@ -1,0 +1,1 @@
+"""The Spark engine: plans as fused ``mapInArrow`` stages and Spark DataFrame operations."""

@@ -1,0 +1,1 @@
+"""Reading CSV files: options, type inference, byte ranges, quotes."""

@@ -1,0 +1,1 @@
+"""Reading Petastorm datasets without Petastorm."""

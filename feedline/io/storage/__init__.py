@@ -1,0 +1,1 @@
+"""Storage: paths and URLs to filesystems, retries, faults, S3."""

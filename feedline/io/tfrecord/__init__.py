@@ -1,0 +1,1 @@
+"""TFRecord files of ``tf.train.Example`` records, read and written without TensorFlow."""

@@ -1,0 +1,1 @@
+"""Reading WebDataset tar shards."""

@@ -1,0 +1,1 @@
+"""What batches become for PyTorch, TensorFlow and NumPy."""

@@ -1,0 +1,305 @@
+"""Worker processes for :class:`~feedline.loader.nodes.Map` (see :mod:`feedline.loader.nodes.
+workers`): each with a pipe for small messages, the data through shared memory."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import pickle
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+
+from feedline.errors import ConfigurationError, FeedlineError, UserFunctionError
+from feedline.loader.nodes import shm
+from feedline.loader.nodes.samples import takes_index
+from feedline.loader.nodes.worker_task import INDICES, OBJECTS, Chunk, process_main, split_columns
+from feedline.loader.nodes.worker_pools import Pending
+
+__all__ = ["PER_WORKER", "STOP_S", "ProcessWorkers"]
+
+#: tasks queued at one worker process (one running, one waiting)
+PER_WORKER = 2
+#: seconds a worker process gets to stop before it is terminated
+STOP_S = 2.0
+
+
+def _context() -> Any:
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        context = multiprocessing.get_context("forkserver")
+        # the server imports the worker module once; each worker forks from it already loaded
+        context.set_forkserver_preload(["feedline.loader.nodes.worker_task"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+@dataclass(eq=False)
+class _Task(Pending):
+    pool: _Processes
+    task_id: int
+    worker: int
+    in_name: str | None
+    reply: tuple[Any, ...] | None = None
+    abandoned: bool = False
+
+    def result(self) -> Chunk:
+        while self.reply is None:
+            self.pool.pump()
+        return self.pool.chunk_of(self)
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        if self.reply is not None:
+            self.pool.discard(self)
+
+
+@dataclass(eq=False)
+class _Processes:
+    """The processes, pipes and segments of a :class:`ProcessWorkers` (what its finalizer
+    closes: it must not refer to the pool itself)."""
+
+    fn_name: str
+    procs: list[Any] = field(default_factory=list)
+    conns: list[Connection] = field(default_factory=list)
+    inputs: list[shm.Segments] = field(default_factory=list)
+    outputs: shm.Attached = field(default_factory=shm.Attached)
+    output_names: set[str] = field(default_factory=set)
+    load: list[int] = field(default_factory=list)
+    tasks: dict[int, _Task] = field(default_factory=dict)
+    next_id: int = 0
+
+    def pump(self) -> None:
+        """Wait for at least one reply (or a worker's death) and file what came."""
+        sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
+        ready = wait([*self.conns, *sentinels])
+        for obj in ready:
+            if obj in sentinels:
+                self._died(sentinels[obj])
+        for obj in ready:
+            if isinstance(obj, Connection):
+                i = self.conns.index(obj)
+                try:
+                    while obj.poll():
+                        self._file(i, obj.recv())
+                except (EOFError, OSError):
+                    self._died(i)
+
+    def _died(self, i: int) -> None:
+        proc = self.procs[i]
+        proc.join(0.5)
+        code = proc.exitcode
+        self.close()
+        raise UserFunctionError(
+            f"Loader worker process {i} (pid {proc.pid}) running the transform {self.fn_name} "
+            f"exited unexpectedly (exit code {code}; negative: killed by that signal, e.g. -9 "
+            "by the out-of-memory killer). Fix: check the machine's memory and the transform "
+            "(a crash in native code ends the process), lower num_workers or the batch size, "
+            "or use worker_type='thread'; the workers restart on the next iteration."
+        )
+
+    def _file(self, i: int, reply: tuple[Any, ...]) -> None:
+        task = self.tasks.pop(reply[1], None)
+        if task is None:
+            if reply[0] == "error" and reply[1] == -1:
+                self.close()
+                raise ConfigurationError(
+                    f"A loader worker process could not load the transform {self.fn_name}: "
+                    f"{reply[3]}: {reply[4]}. Fix: define it at module level in an importable "
+                    "module (not in __main__ of an interactive session, not a lambda), or use "
+                    "worker_type='thread'.\n" + reply[5]
+                )
+            return
+        self.load[i] -= 1
+        if task.in_name is not None:
+            self.inputs[i].release([task.in_name])
+        if reply[0] == "ok":
+            if reply[3] is not None:
+                self.output_names.add(reply[3])
+            retired = reply[6]
+            if retired:
+                self.outputs.forget(retired)
+                for name in retired:
+                    shm.unlink_name(name)
+                    self.output_names.discard(name)
+        task.reply = reply
+        if task.abandoned:
+            self.discard(task)
+
+    def discard(self, task: _Task) -> None:
+        if task.reply is not None and task.reply[0] == "ok" and task.reply[3] is not None:
+            self._free(task.worker, task.reply[3])
+
+    def _free(self, worker: int, name: str) -> None:
+        if worker < len(self.conns):
+            with contextlib.suppress(OSError, ValueError):
+                self.conns[worker].send(("free", [name], []))
+
+    def chunk_of(self, task: _Task) -> Chunk:
+        reply = task.reply
+        assert reply is not None
+        if reply[0] == "error":
+            raise _remote_error(reply, self.fn_name)
+        _, _, rows, name, layout, skipped, *_ = reply
+        views = shm.read(self.outputs.get(name), layout)
+        raw = views.pop(OBJECTS, None)
+        lists, markers = pickle.loads(raw.tobytes()) if raw is not None else ({}, [])
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released and name is not None:
+                released = True
+                self._free(task.worker, name)
+
+        return Chunk(rows, views, lists, list(skipped), markers, release, shared=True)
+
+    def _drain(self, conn: Connection) -> None:
+        """Read what a stopping worker still sends, keeping the segment names it reports."""
+        with contextlib.suppress(EOFError, OSError, ValueError):
+            while conn.poll(STOP_S):
+                reply = conn.recv()
+                if reply[0] == "bye":
+                    self.output_names.update(reply[2])
+                    return
+                if reply[0] == "ok":
+                    self.output_names.update(n for n in (reply[3], *reply[6]) if n)
+
+    def close(self) -> None:
+        """Stop the processes (terminate them after ``STOP_S``) and unlink every segment."""
+        for conn in self.conns:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(("stop",))
+        for conn in self.conns:  # replies still in flight, then the names of every segment
+            self._drain(conn)
+        for proc in self.procs:
+            proc.join(STOP_S)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(STOP_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+        for segments in self.inputs:
+            segments.close(unlink=True)
+        self.outputs.close()
+        for name in self.output_names:
+            shm.unlink_name(name)
+        for task in self.tasks.values():
+            task.reply = ("error", task.task_id, None, "RuntimeError",
+                          "the worker processes were stopped", "")  # fmt: skip
+        self.procs.clear(), self.conns.clear(), self.inputs.clear(), self.load.clear()
+        self.output_names.clear(), self.tasks.clear()
+
+
+def _remote_error(reply: tuple[Any, ...], fn_name: str) -> BaseException:
+    _, _, payload, type_name, message, text = reply
+    original = None
+    if payload is not None:
+        try:
+            original = pickle.loads(payload)
+        except Exception:  # noqa: BLE001 - fall back to the text
+            original = None
+    note = "Traceback in the loader's worker process:\n" + text
+    if isinstance(original, FeedlineError):
+        original.add_note(note)
+        return original
+    error = UserFunctionError(
+        f"The loader's transform {fn_name} raised {type_name}: {message} in a worker "
+        f"process.\n{note}Fix: correct the transform (run it with worker_type='thread' or "
+        "num_workers=0 to debug it in this process), or drop bad samples by returning a "
+        "feedline.preprocess.vision.augment.Skipped marker."
+    )
+    if isinstance(original, BaseException):
+        error.__cause__ = original
+    return error
+
+
+class ProcessWorkers:
+    """``num_workers`` processes running ``fn`` (see the module docstring)."""
+
+    kind = "process"
+
+    def __init__(self, fn: Callable[..., Any], num_workers: int) -> None:
+        self.num_workers = int(num_workers)
+        self.fn_name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        try:
+            self._fn_bytes = pickle.dumps(fn)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise ConfigurationError(
+                f"worker_type='process' needs a transform it can send to the worker processes, "
+                f"but {self.fn_name} cannot be pickled ({exc}). Fix: define it at module level "
+                "(a function, or an instance of a module-level class; not a lambda or a nested "
+                "function), or use worker_type='thread'."
+            ) from exc
+        self._with_index = takes_index(fn)
+        self._state: _Processes | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids (empty until started)."""
+        return [] if self._state is None else [p.pid for p in self._state.procs]
+
+    def start(self) -> None:
+        """Start the processes now (they start on first use otherwise)."""
+        self._start()
+
+    def _start(self) -> _Processes:
+        if self._state is not None and self._state.procs:
+            return self._state
+        context = _context()
+        state = _Processes(self.fn_name)
+        for i in range(self.num_workers):
+            parent, child = context.Pipe(duplex=True)
+            proc = context.Process(target=process_main, args=(child, self._fn_bytes,
+                                                              self._with_index),
+                                   name=f"feedline-worker-{i}", daemon=True)  # fmt: skip
+            proc.start()
+            child.close()
+            state.procs.append(proc)
+            state.conns.append(parent)
+            state.inputs.append(shm.Segments())
+            state.load.append(0)
+        self._state = state
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, state.close)
+        return state
+
+    def submit(self, columns: Mapping[str, Any], indices: np.ndarray, *, batched: bool,
+               seed: int, epoch: int) -> Pending:  # fmt: skip
+        state = self._start()
+        while min(state.load) >= PER_WORKER:
+            state.pump()
+        i = int(np.argmin(state.load))
+        arrays, objects = split_columns(columns)
+        arrays = {INDICES: np.ascontiguousarray(indices, dtype=np.int64), **arrays}
+        if objects:
+            arrays[OBJECTS] = np.frombuffer(pickle.dumps(objects, protocol=5), dtype=np.uint8)
+        layout, nbytes = shm.plan_layout(arrays)
+        segment = state.inputs[i].acquire(nbytes)
+        shm.write(segment, arrays, layout)
+        forget = state.inputs[i].take_retired()
+        task_id, state.next_id = state.next_id, state.next_id + 1
+        task = _Task(state, task_id, i, segment.name)
+        state.tasks[task_id] = task
+        state.load[i] += 1
+        conn = state.conns[i]
+        if forget:
+            for name in forget:
+                shm.unlink_name(name)
+            conn.send(("free", [], forget))
+        conn.send(("task", task_id, batched, seed, epoch, segment.name, layout))
+        return task
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self._state = None

@@ -1,0 +1,192 @@
+"""Loader checkpoints: where a restored loader stands and the epoch plan it implies.
+
+The state itself (a tiny JSON-safe dict) and its validation live in
+:mod:`feedline.loader.order.state`.
+
+An epoch may be split into *segments*: a resume under a different world layout (elastic)
+closes the old segment, recording how many samples each old rank had yielded, and the new
+world splits what remains (:func:`remaining_after` of every segment, each under its own
+layout, then :func:`~feedline.loader.order.sample_order.split_for_rank`: the semantics of
+:func:`~feedline.loader.order.sample_order.elastic_split`). The plan of any rank at any point is
+therefore a pure function of (order, segments, layout, batches yielded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from feedline.errors import ConfigurationError
+from feedline.loader.order.sample_order import EpochPlan, samples_seen, split_for_rank
+from feedline.loader.order.state import (
+    STATE_VERSION,
+    Segment,
+    State,
+    check_position,
+    parse_states,
+    real_samples,
+    remaining_samples,
+)
+
+__all__ = [
+    "STATE_VERSION",
+    "Position",
+    "Segment",
+    "epoch_plan",
+    "merge_states",
+    "remaining_after",
+    "restore",
+]
+
+
+def remaining_after(order: np.ndarray, segment: Segment) -> np.ndarray:
+    """The samples of ``order`` that no rank of ``segment`` yielded, in global order.
+
+    Examples
+    --------
+    >>> remaining_after(np.arange(8), Segment(2, 2, True, (2, 0))).tolist()
+    [2, 3, 4, 5, 6, 7]
+    """
+    seen = samples_seen(
+        order,
+        consumed_per_rank=segment.consumed,
+        world_size=segment.world_size,
+        batch_size=segment.batch_size,
+        drop_last=segment.drop_last,
+    )
+    arr = np.asarray(order, dtype=np.int64)
+    unseen = np.ones(int(arr.max()) + 1 if arr.size else 0, dtype=bool)  # by row index: O(n)
+    unseen[seen] = False
+    return arr[unseen[arr]]
+
+
+def epoch_plan(
+    order: np.ndarray,
+    segments: Sequence[Segment],
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+    pad_last: bool = True,
+) -> EpochPlan:
+    """This rank's plan for the rest of an epoch after the finished ``segments``.
+
+    ``pad_last=False`` leaves the padding repeats out: the rank's last batch is short (see
+    :func:`~feedline.loader.order.sample_order.split_for_rank`).
+
+    Examples
+    --------
+    >>> plan = epoch_plan(np.arange(12), [Segment(4, 1, True, (2, 2, 2, 2))], rank=0,
+    ...                   world_size=2, batch_size=2, drop_last=True)
+    >>> plan.indices.tolist()
+    [8, 9]
+    """
+    for segment in segments:  # each with its own layout (drop_last included)
+        order = remaining_after(order, segment)
+    return split_for_rank(
+        order, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
+        pad_last=pad_last,
+    )
+
+
+def merge_states(states: Any) -> tuple[State, list[int]]:
+    """One state (or one per old rank), validated, as ``(reference state, batches per rank)``.
+
+    A single state stands for every old rank having yielded the same number of batches,
+    which is what lock-step data-parallel training does; pass all ranks' states otherwise.
+
+    Examples
+    --------
+    >>> state = {"version": 2, "seed": 0, "epoch": 2, "batches": 3, "rank": 0,
+    ...          "world_size": 2, "batch_size": 4, "drop_last": True, "shuffle": True,
+    ...          "shuffle_window": None, "num_samples": 100, "history": [], "fingerprint": None}
+    >>> ref, counts = merge_states(state)
+    >>> ref.epoch, counts
+    (2, [3, 3])
+    """
+    items = parse_states(states)
+    if len(items) == 1:
+        return items[0], [items[0].batches] * items[0].world_size
+    return items[0], [s.batches for s in sorted(items, key=lambda s: s.rank)]
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a restored loader stands: the order's key and its progress through the epoch."""
+
+    seed: int
+    shuffle: bool
+    window: int | None
+    epoch: int
+    segments: tuple[Segment, ...]
+    batches: int
+
+
+def restore(
+    states: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    num_samples: int,
+    streaming: bool,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+    fingerprint: str | None = None,
+    seed: int | None = None,
+) -> Position:
+    """The position a loader with this layout resumes at from ``states`` (see merge_states).
+
+    Every state is validated (:mod:`feedline.loader.order.state`) and must have been taken on this
+    dataset (``fingerprint``, ``num_samples``). With the checkpoint's layout and equal
+    progress on every rank, the loader continues at the same batch; otherwise the old layout
+    becomes a finished segment and the new world starts the rest of the epoch at its batch 0
+    (elastic resume). The order (seed, shuffle, window) is always the checkpoint's; a
+    ``seed`` the loader was given explicitly must be the checkpoint's (another seed is another
+    order, so its positions would name other samples).
+
+    Examples
+    --------
+    >>> state = {"version": 2, "seed": 0, "epoch": 2, "batches": 3, "rank": 0,
+    ...          "world_size": 2, "batch_size": 4, "drop_last": True, "shuffle": True,
+    ...          "shuffle_window": None, "num_samples": 100, "history": [], "fingerprint": None}
+    >>> restore(state, num_samples=100, streaming=False, world_size=2, batch_size=4,
+    ...         drop_last=True).batches
+    3
+    >>> len(restore(state, num_samples=100, streaming=False, world_size=3, batch_size=4,
+    ...             drop_last=True).segments)
+    1
+    >>> restore(state, num_samples=100, streaming=False, world_size=2, batch_size=4,
+    ...         drop_last=True, seed=1)
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: Loader state field 'seed' differs: ... seed=0 but ...
+    """
+    items = parse_states(states)
+    for state in items:
+        check_position(state, num_samples=num_samples, fingerprint=fingerprint)
+    ref, counts = merge_states(items)
+    if seed is not None and seed != ref.seed:
+        raise ConfigurationError(
+            f"Loader state field 'seed' differs: the checkpoint was taken with seed={ref.seed} "
+            f"but this loader was given seed={seed}, whose shuffle order names other samples at "
+            f"the same positions. Fix: build the loader with seed={ref.seed} (or leave seed "
+            "unset to adopt the checkpoint's), or start the epoch over without the state."
+        )
+    if streaming and ref.shuffle_window is None and ref.shuffle:
+        raise ConfigurationError(
+            "The loader state was taken with an exact in-memory shuffle, but this loader "
+            "streams (the data is over memory_budget). Fix: pass cache='memory' or a larger "
+            "memory_budget to resume it."
+        )
+    layout = (ref.world_size, ref.batch_size, ref.drop_last)
+    if layout == (world_size, batch_size, drop_last) and len(set(counts)) <= 1:
+        segments, batches = ref.history, counts[0]
+    else:  # padding repeats left out of ``consumed``: a huge padded layout costs nothing
+        left, bs = remaining_samples(num_samples, ref.history), ref.batch_size
+        consumed = tuple(real_samples(left, r, c * bs, ref.world_size, bs)
+                         for r, c in enumerate(counts))  # fmt: skip
+        segments, batches = (*ref.history, Segment(*layout, consumed)), 0
+    return Position(ref.seed, ref.shuffle, ref.shuffle_window, ref.epoch, segments, batches)

@@ -1,0 +1,1 @@
+"""The logical plan: operators over one source, relational sources and their schemas."""

@@ -1,0 +1,1 @@
+"""Text preprocessing: tokenizers and token id arrays."""

@@ -1,0 +1,1 @@
+"""Image preprocessing: decoding, and load-time augmentation."""

@@ -1,0 +1,1 @@
+"""Descriptive statistics from mergeable partials, their sketches, HTML report and drift."""

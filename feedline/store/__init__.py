@@ -1,0 +1,1 @@
+"""The feedline dataset format: manifest, shards, footers, commit and the loader's shard source."""

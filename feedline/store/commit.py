@@ -1,0 +1,427 @@
+"""Committing a feedline write: old-or-new (never a mix), and one writer at a time.
+
+The commit protocol is part of the format's contract. A dataset folder holds::
+
+    _feedline.json                       the manifest: the ONLY thing that says what the data is
+    part-00000-<write id>.parquet ...    shards; the write id (12 hex digits) is new per write
+    _feedline.lock                       while a write runs: who writes (JSON)
+    .feedline-staging-<write id>/        while a write runs: its shards before the commit
+
+A write runs these steps; a crash (SIGKILL, power loss) at any point leaves the old
+dataset or the new one, and the next write cleans up whatever the crash left:
+
+1. **Lock.** Create ``_feedline.lock`` exclusively (local disk: ``os.link`` of a complete
+   temporary file, which fails if the name exists; object stores: a PUT with
+   ``If-None-Match: *``). The lock names the write id, host, pid and a heartbeat time that
+   a background thread refreshes every :data:`HEARTBEAT_S` seconds. A lock whose holder is
+   dead (same host, pid gone) or whose heartbeat is older than :data:`LOCK_TIMEOUT_S` is
+   stale and is broken; any other lock makes the write fail at once with
+   :class:`~feedline.errors.ConcurrentWriteError`. The write also notes the manifest it
+   started from (the sha256 of its bytes, and on S3 its ETag): optimistic concurrency on
+   top of the lock.
+2. **Stage.** Shards are written under their final names (new to this write) to
+   ``.feedline-staging-<write id>/`` (hidden from readers and from plain Parquet
+   listings). On object stores, where a rename is a full copy, the local engine writes
+   them straight into the dataset folder instead (:attr:`PendingWrite.shard_folder`);
+   no manifest names them yet, so readers ignore them.
+3. **Move in.** Check that the lock is still this write's and that the manifest is still
+   the one it started from, then move the staged shards into the folder, several at once
+   (local disk: ``fsync`` each shard, rename, ``fsync`` the folder; object stores: copy). The names
+   are new, so no file of the committed dataset is touched; the old manifest still
+   names only the old shards.
+4. **Commit.** Check lock and manifest again, then replace the manifest in one step
+   (local disk: temporary file, ``fsync``, ``os.replace``, ``fsync`` of the folder; object
+   stores: one PUT, which S3 makes visible atomically). This is the commit point. On S3 the
+   PUT is conditional on the manifest the write started from (``If-Match`` on its ETag, or
+   ``If-None-Match: *`` when there was none), so a writer that committed between the check
+   and the PUT is never overwritten: this write fails with ``ConcurrentWriteError`` instead.
+5. **Clean up.** Delete every shard file the new manifest does not name (older writes,
+   interrupted writes), every staging folder and temporary manifest, then the lock.
+   A failure here does not fail the write: the next write cleans up.
+
+Readers open only what the manifest names, so orphan files are invisible to them. A
+folder with no manifest but with a staging folder, a lock or write-id shards holds an
+interrupted first write and opens as :class:`~feedline.errors.IncompleteDatasetError`.
+A write that fails with an exception removes its staging folder, its moved shards and
+its lock, unless its manifest was committed.
+
+Readers that opened the old manifest lose its shards at step 5; they fail with a
+clear :class:`~feedline.errors.DataError` and must re-open. Backends other than local
+disk and S3 fall back to "check, then create" for the lock and "check, then write" for the
+manifest, which are not atomic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import re
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError
+from feedline.store.manifest import MANIFEST_NAME, Manifest
+from feedline.io.storage.nospace import out_of_space_as_storage_error
+from feedline.store.shards import shard_name
+from feedline.io.storage.paths import Location
+from feedline.store.write_lock import LOCK_NAME, WriterLock, conditional
+
+__all__ = [
+    "LOCK_NAME",
+    "STAGING_PREFIX",
+    "PendingWrite",
+    "begin_write",
+    "commit",
+    "fsync_dir",
+    "fsync_file",
+    "prepare_target",
+    "replace_manifest",
+    "writing",
+]
+
+logger = logging.getLogger(__name__)
+
+STAGING_PREFIX = ".feedline-staging-"
+_TEMP_MANIFEST = MANIFEST_NAME + ".tmp-"
+_WRITE_SHARD = re.compile(r"part-\d{5,}-([0-9a-f]{12})\.parquet")
+_OLD_SHARD = re.compile(r"part-\d{5,}\.parquet")
+#: shards moved in at once by a commit (step 3)
+_MOVERS = 16
+
+
+def is_write_leftover(name: str) -> bool:
+    """True for the names only a feedline write leaves behind (staging, lock, write-id shards).
+
+    Examples
+    --------
+    >>> [is_write_leftover(n) for n in ("part-00000-0a1b2c3d4e5f.parquet", "part-0.parquet")]
+    [True, False]
+    """
+    return (
+        name.startswith((LOCK_NAME, STAGING_PREFIX, _TEMP_MANIFEST))
+        or _WRITE_SHARD.fullmatch(name) is not None
+    )
+
+
+def _names(target: Location) -> list[str]:
+    return [posixpath.basename(p.rstrip("/")) for p in target.fs.ls(target.path, detail=False)]
+
+
+def prepare_target(target: Location) -> None:
+    """Check that ``target`` may be (over)written: empty, missing, or a feedline dataset."""
+    fs = target.fs
+    if not fs.exists(target.path):
+        fs.makedirs(target.path, exist_ok=True)
+        return
+    if not fs.isdir(target.path):
+        raise ConfigurationError(
+            f"{target.url!r} is a file; a feedline dataset is a folder. Fix: choose another path."
+        )
+    names = _names(target)
+    # part files belong to feedline only beside a manifest or an interrupted feedline write:
+    # a plain folder of part-*.parquet (pyarrow's default names) is the user's data
+    ours = any(n in (MANIFEST_NAME, LOCK_NAME) or n.startswith(STAGING_PREFIX) for n in names)
+    foreign = [
+        n
+        for n in names
+        if not (n == MANIFEST_NAME or is_write_leftover(n) or (ours and _OLD_SHARD.fullmatch(n)))
+    ]
+    if foreign:
+        raise ConfigurationError(
+            f"{target.url!r} holds files that are not part of a feedline dataset "
+            f"({', '.join(sorted(foreign)[:5])}). feedline only replaces its own datasets. "
+            "Fix: write to an empty or new folder."
+        )
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def _manifest_token(target: Location) -> str | None:
+    """The sha256 of the committed manifest's bytes (``None`` when there is none)."""
+    try:
+        return hashlib.sha256(target.fs.cat_file(target.join(MANIFEST_NAME))).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _manifest_base(target: Location) -> tuple[str | None, str | None]:
+    """:func:`_manifest_token` and the manifest's version (S3 ETag), from one read."""
+    if not conditional(target):
+        return _manifest_token(target), None
+    try:
+        data, version = target.fs.read_versioned(target.join(MANIFEST_NAME))
+    except FileNotFoundError:
+        return None, None
+    return hashlib.sha256(data).hexdigest(), version
+
+
+class PendingWrite:
+    """One write in progress at ``target``: its id, lock and staging folder.
+
+    Get one from :func:`begin_write` (or the :func:`writing` context manager), write the
+    shards named :meth:`shard_name` into :attr:`shard_folder` (or into :attr:`staging`),
+    then :func:`commit`.
+    """
+
+    def __init__(self, target: Location) -> None:
+        self.target = target
+        self.write_id = uuid.uuid4().hex[:12]
+        self.staging = target.child(STAGING_PREFIX + self.write_id)
+        self._lock = WriterLock(target, self.write_id)
+        self.base: str | None = None
+        self.base_version: str | None = None  # the S3 ETag of the manifest at ``base``
+        self.committed = False
+
+    @property
+    def shard_folder(self) -> Location:
+        """Where this write's shards go: the staging folder on local disk (renamed in at the
+        commit), the dataset folder itself on object stores (where a rename is a copy)."""
+        return self.staging if self.target.is_local else self.target
+
+    def shard_name(self, index: int) -> str:
+        """The file name of this write's shard ``index``."""
+        return shard_name(index, self.write_id)
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`ConcurrentWriteError` if another writer took over the dataset."""
+        if not self._lock.held():
+            raise ConcurrentWriteError(
+                f"The write {self.write_id} to {self.target.url!r} lost its lock "
+                f"{LOCK_NAME} (it was broken as stale, or another writer took it); nothing "
+                "was committed. Fix: make sure one writer at a time writes this path, and "
+                "re-run the write."
+            )
+        if _manifest_token(self.target) != self.base:
+            raise self.overtaken()
+
+    def overtaken(self) -> ConcurrentWriteError:
+        """The error of a write that another writer's commit overtook."""
+        return ConcurrentWriteError(
+            f"{self.target.url!r} was committed by another writer while the write "
+            f"{self.write_id} ran; that write was kept and this one was not committed. "
+            "Fix: make sure one writer at a time writes this path, and re-run the write."
+        )
+
+    def release(self) -> None:
+        """Release the writer lock (idempotent)."""
+        self._lock.release()
+
+    def abort(self) -> None:
+        """Remove what this write left (staging, moved shards) and release its lock."""
+        with contextlib.suppress(Exception):  # already failing: keep the first error
+            fs = self.target.fs
+            if fs.exists(self.staging.path):
+                fs.rm(self.staging.path, recursive=True)
+            if not self.committed and _committed_write(self.target) != self.write_id:
+                for name in _names(self.target):
+                    match = _WRITE_SHARD.fullmatch(name)
+                    if match and match.group(1) == self.write_id:
+                        fs.rm_file(self.target.join(name))
+        self.release()
+
+
+def _committed_write(target: Location) -> str | None:
+    try:
+        doc = json.loads(target.fs.cat_file(target.join(MANIFEST_NAME)))
+        return str(doc["write"]["id"])
+    except Exception:  # noqa: BLE001 - no (readable) manifest: no committed write id
+        return None
+
+
+def begin_write(target: Location) -> PendingWrite:
+    """Check ``target``, take its writer lock and note the manifest the write starts from."""
+    prepare_target(target)
+    write = PendingWrite(target)
+    write._lock.acquire()
+    try:
+        write.base, write.base_version = _manifest_base(target)
+    except BaseException:
+        write.release()
+        raise
+    return write
+
+
+@contextlib.contextmanager
+def writing(target: Location) -> Iterator[PendingWrite]:
+    """:func:`begin_write` as a context: anything but a committed write is aborted on exit.
+
+    A full disk (or quota, or file size limit) anywhere in the write is raised as a
+    :class:`~feedline.errors.StorageError` naming the dataset, after the abort.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa
+    >>> from feedline.io.storage.paths import resolve
+    >>> from feedline.store.shards import ShardWriter
+    >>> target = resolve(tempfile.mkdtemp() + "/ds")
+    >>> with writing(target) as write:
+    ...     shards = ShardWriter(write.staging, write_id=write.write_id)
+    ...     shards.write(pa.record_batch({"x": [1, 2]}))
+    ...     commit(write, Manifest(shards.schema, shards.close()))
+    >>> sorted(n.split("-")[0] for n in _names(target))
+    ['_feedline.json', 'part']
+    """
+    with out_of_space_as_storage_error(target.url):  # after the abort below cleaned up
+        write = begin_write(target)
+        try:
+            yield write
+        finally:
+            if write.committed:
+                write.release()
+            else:
+                write.abort()
+
+
+def commit(write: PendingWrite, manifest: Manifest) -> None:
+    """Make ``manifest`` the dataset; its shards are in ``write.staging`` or, on object
+    stores, may already be in the dataset folder (:attr:`PendingWrite.shard_folder`).
+
+    Steps 3 to 5 of the protocol in this module's docstring; the write's lock is released.
+    """
+    target, staging, fs = write.target, write.staging, write.target.fs
+    manifest.write = dict(manifest.write) | {"id": write.write_id}
+    staged = []
+    for shard in manifest.shards:
+        if fs.exists(staging.join(shard.path)):
+            staged.append(shard.path)
+        elif target.is_local or not fs.exists(target.join(shard.path)):
+            raise FormatError(
+                f"The shard {shard.path} of the write {write.write_id} is missing from "
+                f"{staging.url}; nothing was committed. Fix: re-run the write."
+            )
+    _reached("staged")
+    write.check_unchanged()
+
+    def move_in(name: str) -> None:
+        if target.is_local:
+            fsync_file(staging.join(name))
+        fs.mv(staging.join(name), target.join(name))
+        _reached("moved")
+
+    if staged:  # in parallel: an fsync waits on the disk, a move on S3 is a copy
+        with ThreadPoolExecutor(min(_MOVERS, len(staged))) as pool:
+            list(pool.map(move_in, staged))
+    _publish(write, manifest.to_json().encode())
+    _reached("committed")
+    logger.info(
+        "Committed %s: %d shard(s), %d rows, %d bytes (write %s)",
+        target.url, len(manifest.shards), manifest.rows, manifest.bytes, write.write_id,
+    )  # fmt: skip
+    with contextlib.suppress(Exception):  # the commit stands; the next write cleans up
+        _collect_garbage(target, {s.path for s in manifest.shards})
+    write.release()
+
+
+def _publish(write: PendingWrite, text: bytes) -> None:
+    """Step 4: replace the manifest in one step, after a last check of lock and manifest."""
+    target = write.target
+    if target.is_local:
+        fsync_dir(target.path)
+        temporary = target.join(f"{_TEMP_MANIFEST}{write.write_id}")
+        with open(temporary, "wb") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _reached("manifest-staged")
+        write.check_unchanged()
+        os.replace(temporary, target.join(MANIFEST_NAME))
+        fsync_dir(target.path)
+    elif conditional(target):
+        write.check_unchanged()
+        # the commit point: a PUT only if the manifest is still the one the write started from
+        if target.fs.write_if(target.join(MANIFEST_NAME), text, write.base_version) is None:
+            raise write.overtaken()
+    else:
+        write.check_unchanged()
+        target.fs.pipe_file(target.join(MANIFEST_NAME), text)  # the object store's commit point
+    write.committed = True
+
+
+def replace_manifest(target: Location, expected: Manifest, manifest: Manifest) -> None:
+    """Replace the committed manifest ``expected`` by ``manifest`` (same shards, new metadata).
+
+    Runs under the writer lock with the same atomic replace as a commit, so it never
+    overwrites a dataset that another write committed meanwhile
+    (:class:`ConcurrentWriteError`). Used to store statistics after a write.
+
+    Examples
+    --------
+    >>> import dataclasses, tempfile, feedline as fl
+    >>> from feedline.io.storage.paths import resolve
+    >>> out = tempfile.mkdtemp() + "/ds"
+    >>> _ = fl.range(3).write(out)
+    >>> old = fl.open(out).manifest
+    >>> replace_manifest(resolve(out), old, dataclasses.replace(old, statistics={"n": 3}))
+    >>> fl.open(out).manifest.statistics
+    {'n': 3}
+    """
+    with writing(target) as write:
+        where = f"{target.url.rstrip('/')}/{MANIFEST_NAME}"
+        try:
+            current = Manifest.from_json(target.fs.cat_file(target.join(MANIFEST_NAME)), where)
+        except FileNotFoundError:
+            current = None
+        if current is None or (current.shards, current.write.get("id")) != (
+            expected.shards,
+            expected.write.get("id"),
+        ):
+            raise ConcurrentWriteError(
+                f"{target.url!r} was rewritten after it was opened, so its manifest was not "
+                "replaced. Fix: open it again and retry."
+            )
+        if manifest.shards != expected.shards:
+            raise ConfigurationError(
+                "replace_manifest keeps the shards; only metadata may change. Fix: write the "
+                "dataset again to change its data."
+            )
+        _publish(write, manifest.to_json().encode())
+
+
+def _collect_garbage(target: Location, keep: set[str]) -> None:
+    """Delete the files of older and interrupted writes that the manifest does not name."""
+    fs = target.fs
+    for name in _names(target):
+        if name in keep or name in (MANIFEST_NAME, LOCK_NAME):
+            continue
+        path = target.join(name)
+        if name.startswith(STAGING_PREFIX):
+            fs.rm(path, recursive=True)
+        elif _is_file_to_collect(name):
+            fs.rm_file(path)
+        _reached("collected")
+
+
+def _reached(step: str) -> None:
+    """Called as a commit passes each step (a no-op; the crash tests pause the writer here)."""
+
+
+def _is_file_to_collect(name: str) -> bool:
+    # _OLD_SHARD: shards of datasets written before shard names carried write ids
+    return bool(
+        name.startswith((_TEMP_MANIFEST, LOCK_NAME + "."))
+        or _WRITE_SHARD.fullmatch(name)
+        or _OLD_SHARD.fullmatch(name)
+    )
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a local file's bytes to disk (raises ``OSError`` when that fails)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make renames inside a local folder durable; best effort (some filesystems refuse)."""
+    try:
+        fsync_file(path)
+    except OSError:
+        return

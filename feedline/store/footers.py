@@ -1,0 +1,291 @@
+"""Parquet footers of feedline shards: read once, hashed, checked against the manifest.
+
+A Parquet file ends with its footer: the Thrift ``FileMetaData`` (row groups, where every
+page is, the schema), its 4-byte length and the magic ``PAR1``. Page checksums (CRC-32,
+written by every feedline writer and verified on every read) cover the pages but not the
+footer, and a whole file swapped for another passes them too. So the writer records the
+sha256 of the footer bytes in the manifest (``ShardInfo.footer``), and whenever feedline
+reads a shard's footer it checks, before anything is allocated from it:
+
+- the file's size against the manifest's ``bytes``;
+- the footer's sha256 against ``footer`` (when recorded: older datasets have none);
+- the footer's row count and row-group sizes against ``rows`` and ``row_groups``;
+- (when asked) its Arrow schema against the manifest's, as the readers compare them.
+
+A footer is a few KiB read with one ranged read; hashing and parsing it takes tens of
+microseconds, so this runs on every open and every read (``bench/read_write.py`` measures
+it). A check of the whole file's sha256 is :func:`feedline.store.dataset_files.verify`'s job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from feedline.errors import DataError, IntegrityError, SchemaError
+from feedline.store.manifest import ShardInfo
+from feedline.arrow.parquet_types import same_stored_schema
+from feedline.io.storage.paths import Location
+
+__all__ = [
+    "FOOTER_PROBE",
+    "Footer",
+    "check_footer",
+    "check_identity",
+    "footer_digest",
+    "footer_of",
+    "footer_of_handle",
+    "parse_footer",
+    "read_footer_block",
+    "shard_footer",
+]
+
+#: bytes read from the end of a file at first; a longer footer costs a second read
+FOOTER_PROBE = 64 << 10
+_MAGIC = b"PAR1"
+_RESTORE = "Fix: restore the shard (fl.verify(path) checks every one) or re-run the write."
+
+
+def footer_digest(block: bytes) -> str:
+    """``"sha256:<hex>"`` of a footer block (metadata, its length and ``PAR1``).
+
+    Examples
+    --------
+    >>> footer_digest(b"")[:15]
+    'sha256:e3b0c442'
+    """
+    return "sha256:" + hashlib.sha256(block).hexdigest()
+
+
+def read_footer_block(read_at: Callable[[int, int], bytes], size: int, where: str) -> bytes:
+    """The footer block of a file of ``size`` bytes; ``read_at(offset, n)`` reads its bytes.
+
+    Raises :class:`DataError` naming ``where`` when the file is no Parquet file or its
+    footer claims more bytes than the file has.
+
+    Examples
+    --------
+    >>> data = b"PAR1" + b"meta" + (4).to_bytes(4, "little") + b"PAR1"
+    >>> read_footer_block(lambda at, n: data[at : at + n], len(data), "x.parquet")
+    b'meta\\x04\\x00\\x00\\x00PAR1'
+    """
+    if size < 12:
+        raise DataError(
+            f"{where} is {size} bytes, too short for a Parquet file. It is truncated or not "
+            f"Parquet. {_RESTORE}"
+        )
+    probe = min(size, FOOTER_PROBE)
+    tail = bytes(read_at(size - probe, probe))
+    if len(tail) != probe or tail[-4:] != _MAGIC:
+        raise DataError(
+            f"{where} does not end with the Parquet magic bytes: it is truncated, damaged or "
+            f"not Parquet. {_RESTORE}"
+        )
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 12 > size:
+        raise DataError(
+            f"The Parquet footer of {where} claims {length} bytes; the file has {size}. It is "
+            f"damaged or truncated. {_RESTORE}"
+        )
+    need = length + 8
+    if need > len(tail):
+        tail = bytes(read_at(size - need, need))
+        if len(tail) != need:
+            raise DataError(f"{where} ended while its Parquet footer was read. {_RESTORE}")
+    return tail[-need:]
+
+
+@dataclass(frozen=True)
+class Footer:
+    """A parsed Parquet footer: the file's size, the footer's digest and its metadata."""
+
+    size: int
+    digest: str
+    parsed: pq.ParquetFile
+
+    @property
+    def metadata(self) -> pq.FileMetaData:
+        return self.parsed.metadata
+
+    @cached_property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema pyarrow reads from the file (``ARROW:schema`` applied)."""
+        return self.parsed.schema_arrow
+
+    @property
+    def row_groups(self) -> tuple[int, ...]:
+        meta = self.metadata
+        return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+
+
+def parse_footer(block: bytes, size: int, where: str) -> Footer:
+    """Parse a footer block (see :func:`read_footer_block`) of a file of ``size`` bytes.
+
+    Examples
+    --------
+    >>> import io
+    >>> sink = io.BytesIO()
+    >>> pq.write_table(pa.table({"x": [1, 2, 3]}), sink)
+    >>> data = sink.getvalue()
+    >>> block = read_footer_block(lambda at, n: data[at : at + n], len(data), "x")
+    >>> footer = parse_footer(block, len(data), "x")
+    >>> footer.metadata.num_rows, footer.row_groups, footer.schema.names
+    (3, (3,), ['x'])
+    """
+    try:
+        parsed = pq.ParquetFile(pa.BufferReader(_MAGIC + block))
+        parsed.metadata.num_rows  # noqa: B018 - parsed here, so damage is reported here
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise DataError(
+            f"Cannot parse the Parquet footer of {where}: {str(exc)[:300]}. It is damaged or "
+            f"not Parquet. {_RESTORE}"
+        ) from exc
+    return Footer(size, footer_digest(block), parsed)
+
+
+def footer_of(location: Location, shard: ShardInfo | None = None) -> Footer:
+    """The footer of a stored file, read through fsspec with one ranged read (two at most).
+
+    With ``shard`` (its manifest entry), a file of another size raises
+    :class:`IntegrityError` before its footer is read. ``FileNotFoundError`` passes
+    through; other failures raise :class:`DataError`.
+    """
+    size, block = _footer_block_of(location, shard)
+    return parse_footer(block, size, repr(location.url))
+
+
+def _footer_block_of(location: Location, shard: ShardInfo | None) -> tuple[int, bytes]:
+    where = repr(location.url)
+    try:
+        with location.fs.open(location.path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            if shard is not None:
+                _check_size(size, shard, where)
+
+            def read_at(offset: int, n: int) -> bytes:
+                handle.seek(offset)
+                return handle.read(n)
+
+            block = read_footer_block(read_at, size, where)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise DataError(f"Cannot read the Parquet footer of {where}: {exc}. {_RESTORE}") from exc
+    return size, block
+
+
+def footer_of_handle(handle: pa.NativeFile, where: str, shard: ShardInfo | None = None) -> Footer:
+    """The footer of a file open as a pyarrow ``NativeFile`` (random access); ``shard`` as
+    in :func:`footer_of`."""
+    size = handle.size()
+    if shard is not None:
+        _check_size(size, shard, where)
+    block = read_footer_block(lambda offset, n: handle.read_at(n, offset), size, where)
+    return parse_footer(block, size, where)
+
+
+def check_footer(
+    footer: Footer, shard: ShardInfo, where: str, schema: pa.Schema | None = None
+) -> None:
+    """Raise unless ``footer`` is the one ``shard`` (a manifest entry) describes.
+
+    :class:`IntegrityError` for another size, footer digest, row count or row-group layout;
+    :class:`SchemaError` when ``schema`` is given and the file's differs from it.
+    """
+    _check_size(footer.size, shard, where)
+    if shard.footer and footer.digest != shard.footer:
+        raise IntegrityError(f"{_swapped(where, footer.digest, shard.footer)} {_RESTORE}")
+    groups = footer.row_groups
+    if footer.metadata.num_rows != shard.rows or groups != tuple(shard.row_groups):
+        raise IntegrityError(
+            f"The shard {where} holds {footer.metadata.num_rows} rows in row groups of "
+            f"{_sizes(groups)}; the manifest says {shard.rows} rows in "
+            f"{_sizes(shard.row_groups)}. It was replaced or the manifest is damaged. {_RESTORE}"
+        )
+    if schema is not None and not same_stored_schema(footer.schema, schema):
+        raise SchemaError(
+            f"The shard {where} has the schema {_fields(footer.schema)}; the manifest says "
+            f"{_fields(schema)}. The shard was replaced or the manifest is damaged. {_RESTORE}"
+        )
+
+
+def shard_footer(location: Location, shard: ShardInfo, schema: pa.Schema | None = None) -> Footer:
+    """Read the footer of ``shard`` at ``location`` and :func:`check_footer` it.
+
+    A missing shard raises :class:`IntegrityError`.
+
+    Examples
+    --------
+    >>> import feedline as fl, tempfile
+    >>> from feedline.io.storage.paths import resolve
+    >>> out = tempfile.mkdtemp() + "/ds"
+    >>> _ = fl.range(5).write(out)
+    >>> shard = fl.open(out).manifest.shards[0]
+    >>> shard_footer(resolve(out).child(shard.path), shard).metadata.num_rows
+    5
+    """
+    try:
+        footer = footer_of(location, shard)
+    except FileNotFoundError:
+        raise IntegrityError(
+            f"The shard {location.url!r} named by the manifest is missing. {_RESTORE}"
+        ) from None
+    check_footer(footer, shard, repr(location.url), schema)
+    return footer
+
+
+def check_identity(location: Location, shard: ShardInfo) -> None:
+    """Check that the file at ``location`` is still the one :func:`shard_footer` checked: its
+    size and footer digest (one ranged read, no parsing). For reads after the open; a shard
+    without a recorded digest is only size-checked.
+
+    Examples
+    --------
+    >>> import feedline as fl, tempfile
+    >>> from feedline.io.storage.paths import resolve
+    >>> out = tempfile.mkdtemp() + "/ds"
+    >>> _ = fl.range(5).write(out)
+    >>> shard = fl.open(out).manifest.shards[0]
+    >>> check_identity(resolve(out).child(shard.path), shard)
+    """
+    try:
+        _, block = _footer_block_of(location, shard)
+    except FileNotFoundError:
+        raise IntegrityError(
+            f"The shard {location.url!r} named by the manifest is missing. {_RESTORE}"
+        ) from None
+    if shard.footer and footer_digest(block) != shard.footer:
+        where, digest = repr(location.url), footer_digest(block)
+        raise IntegrityError(f"{_swapped(where, digest, shard.footer)} {_RESTORE}")
+
+
+def _swapped(where: str, digest: str, expected: str) -> str:
+    return (
+        f"The Parquet footer of the shard {where} is not the one the manifest recorded "
+        f"(sha256 {digest[7:19]}..., expected {expected[7:19]}...): the shard was replaced "
+        "by another file or its footer is damaged."
+    )
+
+
+def _check_size(size: int, shard: ShardInfo, where: str) -> None:
+    if size != shard.bytes:
+        raise IntegrityError(
+            f"The shard {where} is {size} bytes; the manifest says {shard.bytes}. It was "
+            f"truncated, extended or replaced. {_RESTORE}"
+        )
+
+
+def _sizes(groups: tuple[int, ...]) -> str:
+    text = str(list(groups))
+    return text if len(text) <= 80 else text[:77] + "...]"
+
+
+def _fields(schema: pa.Schema) -> str:
+    text = "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
+    return text if len(text) <= 300 else text[:297] + "...}"

@@ -1,0 +1,1 @@
+"""How feedline shows itself: reprs, notebook views, progress bars and charts."""
