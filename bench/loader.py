@@ -1015,7 +1015,7 @@ def w_run_feedline(spec: dict[str, Any], batches: int, prefetch: int = 2) -> dic
     import feedline as fl
     from feedline.loader.nodes.gather_threads import GatherThreads, batch_cuts, gather_threads
     from feedline.loader.pipeline import group_size
-    from feedline.loader.data.windows import gather_windows, strided_windows, window_blocks
+    from feedline.loader.data.window_gather import gather_windows, strided_windows, window_blocks
 
     holder: dict[str, Any] = {}
     windows = fl.Windows(W_SIZE, W_HORIZON, by="series", order_by="t",
@@ -1110,7 +1110,7 @@ def w_interleaved(loader: Any, batches: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from feedline.loader.data.windows import window_blocks
+    from feedline.loader.data.window_gather import window_blocks
 
     sampler, plan = loader._prepare().source, loader._plan()
     values = sampler.arrays["inputs"]
@@ -1148,7 +1148,7 @@ def w_memory_figures() -> dict[str, Any]:
     by memory access or by per-window work."""
     import numpy as np
 
-    from feedline.loader.data.windows import window_blocks
+    from feedline.loader.data.window_gather import window_blocks
 
     n = 256 << 20
     src, dst = np.ones(n, np.uint8), np.zeros(n, np.uint8)

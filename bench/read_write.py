@@ -119,7 +119,7 @@ def measure_checks(table: pa.Table, work: Path, repeat: int, record: Callable) -
     """
     from dataclasses import replace
 
-    from feedline.store.dataset_files import file_checksum
+    from feedline.store.shards import file_checksum
     from feedline.io.storage.paths import resolve
     from feedline.loader.data.memory_cache import load_cache
     from feedline.loader.data.columns import column_specs

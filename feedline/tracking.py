@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from feedline.errors import ConfigurationError, FormatError, MissingDependencyError
+from feedline.io.storage.paths import Location, resolve
+from feedline.store.dataset_files import read_manifest
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from feedline.dataset.dataset import Dataset
-    from feedline.store.dataset_files import Manifest
+    from feedline.store.manifest import Manifest
 
 __all__ = ["EpochLogger", "dataset_digest", "local_store", "log_dataset"]
 
@@ -161,20 +163,20 @@ class EpochLogger:
 
 
 def _manifest_of(ds_or_path: Any, storage_options: dict[str, Any] | None) -> tuple[Manifest, str]:
-    """The manifest of a written dataset and the URL it lives at."""
-    from feedline.dataset.dataset import Dataset
-    from feedline.dataset.readers import open as open_dataset
-
+    """The manifest of a written dataset and the URL it lives at (read from the folder for a
+    path: logging never needs the Dataset machinery)."""
     where = ds_or_path
-    if not isinstance(ds_or_path, Dataset):
-        if not isinstance(ds_or_path, str | os.PathLike):
-            raise ConfigurationError(
-                f"log_dataset takes a feedline Dataset or a path, got {type(ds_or_path).__name__}."
-                " Fix: pass fl.open(path) or the path of a written dataset."
-            )
-        ds_or_path = open_dataset(ds_or_path, storage_options=storage_options)
-    source = ds_or_path.plan.source
-    manifest, target = ds_or_path.manifest, getattr(source, "target", None)
+    if isinstance(ds_or_path, str | os.PathLike):
+        target: Location | None = resolve(ds_or_path, storage_options)
+        manifest = read_manifest(target)
+    elif hasattr(ds_or_path, "plan") and hasattr(ds_or_path, "manifest"):
+        manifest = ds_or_path.manifest
+        target = getattr(ds_or_path.plan.source, "target", None)
+    else:
+        raise ConfigurationError(
+            f"log_dataset takes a feedline Dataset or a path, got {type(ds_or_path).__name__}."
+            " Fix: pass fl.open(path) or the path of a written dataset."
+        )
     if manifest is None or target is None:
         raise FormatError(
             f"log_dataset: {where!r} is not a written feedline dataset (no {'_feedline.json'} "

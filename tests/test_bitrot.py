@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.store.dataset_files import MANIFEST_NAME
+from feedline.store.manifest import MANIFEST_NAME
 
 ROWS = 4_000
 LOADER_COLUMNS = ["id", "x", "label"]

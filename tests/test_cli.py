@@ -106,7 +106,7 @@ def assert_inert(text: str, shown: list[str]) -> None:
 
 
 def test_safe_text_escapes_controls_and_markup() -> None:
-    from feedline.cli.main import safe_text
+    from feedline.cli.text import safe_text
 
     assert safe_text("plain [b]x[/] ü 日本").plain == "plain [b]x[/] ü 日本"
     assert safe_text("\x1b[2J\x07\x00\u202e\u2028\ufeff\t").plain == \

@@ -27,7 +27,9 @@ import pytest
 import feedline as fl
 from feedline.store import commit as commit_mod
 from feedline.store import write_lock as writelock
-from feedline.store.dataset_files import LOCK_NAME, MANIFEST_NAME, STAGING_PREFIX
+from feedline.store.write_lock import LOCK_NAME
+from feedline.store.manifest import MANIFEST_NAME
+from feedline.store.commit import STAGING_PREFIX
 from feedline.io.storage.paths import resolve
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import pytest
 from faults import Fault, FaultPlan, FaultyFileSystem
 
 import feedline as fl
-from feedline.io.storage.retry import is_transient
+from feedline.io.storage.faults import is_transient
 from feedline.io.storage.retrying_fs import RetryingFileSystem
 
 #: retries fast enough for tests (the backoff itself is checked in test_backoff_*)

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import feedline as fl
-from feedline.store.dataset_files import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from feedline.store.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = settings(

@@ -418,7 +418,7 @@ def test_types_parquet_stores_as_others_come_back_as_written(tmp_path: Path, col
 
 
 def test_schema_drift_names_the_shard_and_the_manifest(tmp_path: Path) -> None:
-    from feedline.store.dataset_files import MANIFEST_NAME, Manifest
+    from feedline.store.manifest import MANIFEST_NAME, Manifest
 
     out = tmp_path / "ds"
     fl.from_arrow(pa.table({"x": [1, 2]})).write(out)

@@ -12,7 +12,7 @@ import pytest
 
 import feedline as fl
 from feedline.cli.main import main
-from feedline.stats.html_page import histogram, render_html, write_html
+from feedline.statistics.html_page import histogram, render_html, write_html
 
 HOSTILE = "<script>alert(1)</script>"
 VOID = {"meta", "br", "img", "hr", "input", "link"}

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.stats.compute import Stats
-from feedline.stats.html_page import histogram, log_scale, render_html
+from feedline.statistics.compute import Stats
+from feedline.statistics.html_page import histogram, log_scale, render_html
 
 NS = "{http://www.w3.org/2000/svg}"
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.stats.html_page import render_html
+from feedline.statistics.html_page import render_html
 
 matplotlib = pytest.importorskip("matplotlib")
 ImageFont = pytest.importorskip("PIL.ImageFont")
@@ -116,7 +116,7 @@ def test_rendered_offline_nothing_runs_off_the_edge(page: str) -> None:
 
 
 def test_width_estimate_is_never_narrower_than_the_font() -> None:
-    from feedline.stats.svg_charts import FONT_SIZE, text_width
+    from feedline.statistics.svg_charts import FONT_SIZE, text_width
 
     font = ImageFont.truetype(FONT_FILE, FONT_SIZE)
     samples = [

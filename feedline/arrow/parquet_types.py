@@ -34,8 +34,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from feedline.errors import SchemaError
 from feedline.arrow.tensor_codec import decode_array, encoded_type, is_tensor_type
+from feedline.errors import SchemaError
 
 __all__ = [
     "check_storable",

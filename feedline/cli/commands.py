@@ -219,8 +219,8 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from feedline.store.dataset_files import read_manifest, verify_manifest
     from feedline.io.storage.paths import resolve
+    from feedline.store.dataset_files import read_manifest, verify_manifest
 
     target = resolve(args.path, storage(args))
     manifest = read_manifest(target)
@@ -290,8 +290,8 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
     import json
 
     import feedline as fl
-    from feedline.stats.drift import compare
-    from feedline.stats.compute import stats, stored_stats
+    from feedline.statistics.compute import stats, stored_stats
+    from feedline.statistics.drift import compare
 
     columns = args.columns
 
@@ -331,7 +331,7 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
                 "file in a folder that exists and that you can write to."
             ) from exc
     if args.html:
-        from feedline.stats.html_page import write_html
+        from feedline.statistics.html_page import write_html
 
         page = write_html(result, args.html, title=f"feedline statistics: {args.path}")
         console.print(safe_text(f"Wrote {page}", style="green"))

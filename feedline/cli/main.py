@@ -16,8 +16,8 @@ from typing import Any
 
 from rich.console import Console
 
-from feedline.cli import commands
 from feedline._version import __version__
+from feedline.cli import commands
 from feedline.cli.arguments import (
     HelpFormatter,
     Parser,
@@ -27,12 +27,12 @@ from feedline.cli.arguments import (
     non_negative_float,
     positive_int,
 )
-from feedline.cli.text import print_error, safe_table, safe_text
-from feedline.config import config
+from feedline.cli.text import print_error
+from feedline.settings import config
 from feedline.errors import FeedlineError
 from feedline.store.shards import PARQUET_CODECS
 
-__all__ = ["build_parser", "main", "safe_table", "safe_text"]
+__all__ = ["build_parser", "main"]
 
 _STORAGE_HELP = (
     "fsspec storage option for remote URLs (repeatable; dotted keys nest, values may be "

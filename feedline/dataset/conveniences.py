@@ -153,8 +153,8 @@ class ConvenienceMethods:
         >>> ds.to_numpy(["s"])["s"].tolist()
         ['x', 'y']
         """
-        from feedline.engines.base import get_engine
         from feedline.dataset import to_numpy as st
+        from feedline.engines.base import get_engine
 
         resolved = get_engine(engine)
         schema = self.schema()

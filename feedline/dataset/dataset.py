@@ -10,26 +10,26 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from feedline.arrow.pandas_metadata import valid_pandas_schema
+from feedline.dataset.column_methods import RelationalMethods
 from feedline.dataset.conveniences import ConvenienceMethods
 from feedline.dataset.outputs import OutputMethods
 from feedline.engines.base import Engine, get_engine
 from feedline.engines.batch.fusion import rebatch
 from feedline.engines.schema import infer_schema
 from feedline.errors import ConfigurationError
-from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.io.source import ExecutionReport, Source
 from feedline.plan.plan import Filter, Limit, MapBatches, Plan, Sample, Select, Transform
-from feedline.ui.progress import bar as progress_bar
-from feedline.dataset.column_methods import RelationalMethods
 from feedline.plan.relational import RelationalSource, plan_lines
+from feedline.ui.progress import bar as progress_bar
 
 if TYPE_CHECKING:
     import pandas
 
-    from feedline.store.dataset_files import Manifest
     from feedline.preprocess.base import Preprocessor
+    from feedline.store.manifest import Manifest
 
-__all__ = ["Dataset", "infer_schema"]
+__all__ = ["Dataset"]
 
 T = TypeVar("T")
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from feedline.arrow.python_columns import arrays_from_columns
 from feedline.dataset.dataset import Dataset
 from feedline.errors import ConfigurationError, SchemaError
 from feedline.io.memory import ArrowSource, table_from_pandas
-from feedline.arrow.python_columns import arrays_from_columns
 
 if TYPE_CHECKING:
     import datasets

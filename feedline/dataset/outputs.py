@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from feedline.dataset.dataset import Dataset
+    from feedline.loader.data.windows import Windows
+    from feedline.loader.loader import Loader
     from feedline.store.shard_source import BatchStream, ShardSource
-    from feedline.loader import Loader, Windows
 
 __all__ = ["OutputMethods"]
 
@@ -80,7 +81,7 @@ class OutputMethods:
         committed last, so an interrupted write never leaves a dataset that opens.
         ``stats=True`` then stores ``fl.stats`` of the committed data in the manifest's
         ``statistics`` (a second, parallel read of the shards on the same engine, and an
-        atomic manifest replacement; see :func:`feedline.stats.compute.store_stats`).
+        atomic manifest replacement; see :func:`feedline.statistics.compute.store_stats`).
         ``progress`` shows a bar of the rows written (``None``: ``fl.config.progress``, by
         default only on a terminal or in a notebook; see :mod:`feedline.ui.progress`).
 
@@ -115,8 +116,8 @@ class OutputMethods:
                 preprocessors=states,
             )
         if stats:
+            from feedline.statistics.compute import store_stats
             from feedline.store.dataset_files import open_source
-            from feedline.stats.compute import store_stats
 
             written = type(self).from_source(open_source(path, storage_options=storage_options))
             store_stats(written, engine=engine)
@@ -173,7 +174,7 @@ class OutputMethods:
 
     def to_spark(self, spark: SparkSession | None = None) -> pyspark.sql.DataFrame:
         """This dataset as a lazy Spark DataFrame (see :func:`feedline.engines.spark.engine.to_spark`)."""
-        from feedline.engines.spark.engine import to_spark
+        from feedline.engines.spark.bridge import to_spark
 
         return to_spark(self, spark)
 
@@ -241,7 +242,7 @@ class OutputMethods:
         >>> [b["id"].tolist() for b in fl.range(5).loader(batch_size=2, shuffle=False)]
         [[0, 1], [2, 3], [4]]
         """
-        from feedline.loader import Loader
+        from feedline.loader.loader import Loader
 
         return Loader(
             self, batch_size, shuffle, seed, rank, world_size, drop_last, columns, cache,

@@ -14,16 +14,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from feedline.dataset.dataset import Dataset
-from feedline.dataset.from_memory import (
-    from_arrow,
-    from_dict,
-    from_huggingface,
-    from_numpy,
-    from_pandas,
-    from_polars,
-    from_ray,
-    from_spark,
-)
 from feedline.io.csv.reader import CsvSource
 from feedline.io.images import ImageFolderSource
 from feedline.io.jsonl import JsonlSource
@@ -34,26 +24,7 @@ from feedline.io.text import TextSource
 if TYPE_CHECKING:
     pass
 
-__all__ = [
-    "from_arrow",
-    "from_dict",
-    "from_huggingface",
-    "from_numpy",
-    "from_pandas",
-    "from_polars",
-    "from_ray",
-    "from_spark",
-    "open",
-    "range",
-    "read_csv",
-    "read_images",
-    "read_jsonl",
-    "read_parquet",
-    "read_petastorm",
-    "read_text",
-    "read_tfrecord",
-    "read_webdataset",
-]
+__all__ = ["open", "range", "read_csv", "read_images", "read_jsonl", "read_parquet", "read_petastorm", "read_text", "read_tfrecord", "read_webdataset"]
 
 PathsLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 

@@ -22,10 +22,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import feedline as fl
-from feedline.demo.synthetic import CATEGORIES, Catalog, make_catalog
 from feedline.demo import catalog as cat
 from feedline.demo import diamonds as dia
 from feedline.demo.report import PipelineResult, Tracker, loader_chart
+from feedline.demo.synthetic import CATEGORIES, Catalog, make_catalog
 from feedline.demo.train import fit
 from feedline.ui.progress import scope
 

@@ -39,19 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from feedline.io.npy_arrow import arrow_type_for, cells_to_arrow
-
-__all__ = [
-    "NPY_MAGIC",
-    "ZIP_MAGIC",
-    "Cells",
-    "arrow_type_for",
-    "cells_to_arrow",
-    "decode_npy",
-    "decode_npz",
-    "load_npy",
-    "read_header",
-]
+__all__ = ["NPY_MAGIC", "ZIP_MAGIC", "Cells", "decode_npy", "decode_npz", "load_npy", "read_header"]
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"

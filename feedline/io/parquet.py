@@ -11,11 +11,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from feedline.errors import DataError, SchemaError
 from feedline.arrow.parquet_types import restore_types, same_stored_schema
+from feedline.arrow.tensor_codec import logical_schema
+from feedline.errors import DataError, SchemaError
 from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, describe_files
 from feedline.io.storage.paths import Location, expand_paths
-from feedline.arrow.tensor_codec import logical_schema
 
 __all__ = ["PARQUET_SUFFIXES", "ParquetSource", "read_footer", "same_schema"]
 

@@ -33,9 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, IntegrityError
-from feedline.store.footers import check_identity
 from feedline.io.parquet import ParquetSource, _file_reader, read_footer
 from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.store.footers import check_identity
 
 __all__ = [
     "RowGroupChoice",

@@ -3,15 +3,15 @@
 Examples
 --------
 >>> import feedline as fl
->>> from feedline.loader import Loader
+>>> from feedline.loader.loader import Loader
 >>> [b["id"].tolist() for b in Loader(fl.range(4), batch_size=2, shuffle=False, format="numpy")]
 [[0, 1], [2, 3]]
 """
 
-from feedline.loader import nodes
 from feedline.cli.bench_loader import bench_loader
+from feedline.loader import nodes
+from feedline.loader.data.windows import Windows
 from feedline.loader.loader import Loader
 from feedline.loader.transforms import ImageTransform
-from feedline.loader.data.windows import Windows
 
 __all__ = ["ImageTransform", "Loader", "Windows", "bench_loader", "nodes"]

@@ -23,21 +23,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.data.backend import Backend, as_source, open_backend
-from feedline.loader.checkpoints import LoaderCheckpoints
-from feedline.loader.data.columns import parse_budget
-from feedline.loader.order.epochs import LoaderEpochs, int_option
 from feedline.loader.adapters.formats import FORMATS, can_pin
-from feedline.loader.nodes import Gather, Node, Order
-from feedline.loader.nodes.worker_pools import make_workers
-from feedline.loader.order.sample_order import EpochPlan
-from feedline.loader.order.ahead import OrderAhead
-from feedline.loader.pipeline import default_pipeline, group_size
-from feedline.loader.nodes.skips import Skips
-from feedline.loader.timing import Timing
 from feedline.loader.adapters.torch import distributed_defaults
-from feedline.loader.views import LoaderViews
+from feedline.loader.checkpoints import LoaderCheckpoints
+from feedline.loader.data.backend import Backend, as_source, open_backend
+from feedline.loader.data.columns import parse_budget
 from feedline.loader.data.windows import Windows, window_copier
+from feedline.loader.nodes.base import Node
+from feedline.loader.nodes.gather import Gather
+from feedline.loader.nodes.indices import Order
+from feedline.loader.nodes.skips import Skips
+from feedline.loader.nodes.worker_pools import make_workers
+from feedline.loader.order.ahead import OrderAhead
+from feedline.loader.order.epochs import LoaderEpochs, int_option
+from feedline.loader.order.sample_order import EpochPlan
+from feedline.loader.pipeline import default_pipeline, group_size
+from feedline.loader.timing import Timing
+from feedline.loader.views import LoaderViews
 
 if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset

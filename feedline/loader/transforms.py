@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from feedline.preprocess.vision.augment import (
+from feedline.preprocess.vision.augment import Compose
+from feedline.preprocess.vision.ops import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     CenterCrop,
-    Compose,
     Normalize,
     RandomHorizontalFlip,
     RandomResizedCrop,

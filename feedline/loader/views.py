@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from feedline.loader.nodes import Gather, Map, Order
+from feedline.loader.nodes.gather import Gather
+from feedline.loader.nodes.indices import Order
+from feedline.loader.nodes.map import Map
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -55,18 +55,8 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, MissingDependencyError, UserFunctionError
-from feedline.arrow.python_columns import is_torch_tensor as is_torch_tensor  # re-exported
 
-__all__ = [
-    "Predictor",
-    "TorchPredictor",
-    "accepts_device",
-    "add_passthrough",
-    "check_device",
-    "check_model_options",
-    "is_torch_tensor",
-    "validate_device",
-]
+__all__ = ["Predictor", "TorchPredictor", "accepts_device", "add_passthrough", "check_device", "check_model_options", "validate_device"]
 
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
 

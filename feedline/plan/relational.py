@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 from feedline.errors import ConfigurationError
 from feedline.io.source import ReadTask, Source, fingerprint_of
 from feedline.plan.plan import Plan, RowHash
-from feedline.plan.rowhash import ROW_HASH_COLUMN
 from feedline.plan.relational_schema import output_schema
+from feedline.plan.rowhash import ROW_HASH_COLUMN
 
 __all__ = [
     "AGG_FUNCTIONS",
@@ -114,7 +114,7 @@ class RelationalSource(Source):
         raise ConfigurationError(
             f"{self.describe()} is a relational operator; it has no read tasks of its own. "
             "Fix: execute it with an engine (local, spark, ray) that runs relational operators "
-            "(it dispatches on feedline.relational.RelationalSource)."
+            "(it dispatches on feedline.plan.relational.RelationalSource)."
         )
 
     def describe(self) -> str:

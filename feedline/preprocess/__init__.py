@@ -5,17 +5,17 @@ Importing this package registers the built-in preprocessors with :func:`from_sta
 
 from feedline.preprocess.base import Preprocessor, from_state, register
 from feedline.preprocess.chain import Chain, Concat
-from feedline.preprocess.text.clip_bpe import ClipTokenizer
 from feedline.preprocess.discretize import Bucketizer, QuantileDiscretizer
 from feedline.preprocess.encoders import OneHotEncoder, StringIndexer
 from feedline.preprocess.hashing import HashingEncoder
-from feedline.preprocess.vision.preprocessors import DecodeImages, Normalize
 from feedline.preprocess.imputer import Imputer
 from feedline.preprocess.list_tensor import ListToTensor
 from feedline.preprocess.ndarray import DecodeNdarray
 from feedline.preprocess.scalers import MinMaxScaler, RobustScaler, StandardScaler
-from feedline.stats.quantile_sketch import QuantileSketch
+from feedline.preprocess.text.clip_bpe import ClipTokenizer
 from feedline.preprocess.text.tokenize import Tokenize
+from feedline.preprocess.vision.preprocessors import DecodeImages, Normalize
+from feedline.statistics.quantile_sketch import QuantileSketch
 
 __all__ = [
     "Bucketizer",

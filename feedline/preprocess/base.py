@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from feedline.errors import ConfigurationError, DataError, FeedlineError, FormatError
 from feedline.dataset.fit import fit_data
+from feedline.errors import ConfigurationError, DataError, FeedlineError, FormatError
 from feedline.preprocess.state_checks import check_fitted, invalid_state, non_finite
 from feedline.ui.progress import bar as progress_bar
 from feedline.ui.progress import counting

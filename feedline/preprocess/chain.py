@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from feedline.dataset.fit import fit_data
 from feedline.errors import ConfigurationError, DataError, FormatError, SchemaError
 from feedline.preprocess.base import Preprocessor, from_state, register
-from feedline.dataset.fit import fit_data
 from feedline.preprocess.scalers import float_values, is_numeric, tensor_array
 from feedline.preprocess.state_checks import invalid_state
 from feedline.ui.progress import bar as progress_bar
@@ -42,7 +42,7 @@ class Chain(Preprocessor):
     Examples
     --------
     >>> import feedline as fl, pyarrow as pa
-    >>> from feedline.preprocess import from_state
+    >>> from feedline.preprocess.base import from_state
     >>> from feedline.preprocess.chain import Chain
     >>> from feedline.preprocess.imputer import Imputer
     >>> from feedline.preprocess.scalers import StandardScaler

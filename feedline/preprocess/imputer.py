@@ -30,7 +30,7 @@ from feedline.preprocess.scalers import (
     output_float,
     put_column,
 )
-from feedline.stats.quantile_sketch import QuantileSketch
+from feedline.statistics.quantile_sketch import QuantileSketch
 
 __all__ = ["Imputer"]
 

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from feedline.errors import ConfigurationError, SchemaError
 from feedline.arrow.list_tensors import check_ragged, level_sizes, list_levels, list_to_numpy
+from feedline.errors import ConfigurationError, SchemaError
 from feedline.preprocess.base import Preprocessor, register
 
 __all__ = ["ListToTensor"]

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
-from feedline.io.npy import cells_to_arrow, decode_npy, decode_npz
+from feedline.io.npy import decode_npy, decode_npz
+from feedline.io.npy_arrow import cells_to_arrow
 from feedline.preprocess.base import Preprocessor, register
 
 __all__ = ["DecodeNdarray"]

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.preprocess.base import Preprocessor, register
-from feedline.stats.quantile_sketch import QuantileSketch
+from feedline.statistics.quantile_sketch import QuantileSketch
 
 __all__ = ["MinMaxScaler", "RobustScaler", "StandardScaler"]
 
@@ -320,7 +320,7 @@ class MinMaxScaler(ColumnwisePreprocessor):
 class RobustScaler(ColumnwisePreprocessor):
     """Center on the median and scale by an inter-quantile range (robust to outliers).
 
-    Quantiles come from a mergeable :class:`~feedline.stats.quantile_sketch.QuantileSketch`:
+    Quantiles come from a mergeable :class:`~feedline.statistics.quantile_sketch.QuantileSketch`:
     exact (numpy's linear interpolation, as scikit-learn) up to 100,000 fitted values per
     column, within the sketch's stated rank error beyond. A zero range gives scale 1.
 

@@ -65,24 +65,13 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError
-from feedline.store.manifest import MANIFEST_NAME, Manifest
 from feedline.io.storage.nospace import out_of_space_as_storage_error
-from feedline.store.shards import shard_name
 from feedline.io.storage.paths import Location
+from feedline.store.manifest import MANIFEST_NAME, Manifest
+from feedline.store.shards import shard_name
 from feedline.store.write_lock import LOCK_NAME, WriterLock, conditional
 
-__all__ = [
-    "LOCK_NAME",
-    "STAGING_PREFIX",
-    "PendingWrite",
-    "begin_write",
-    "commit",
-    "fsync_dir",
-    "fsync_file",
-    "prepare_target",
-    "replace_manifest",
-    "writing",
-]
+__all__ = ["STAGING_PREFIX", "PendingWrite", "begin_write", "commit", "fsync_dir", "fsync_file", "prepare_target", "replace_manifest", "writing"]
 
 logger = logging.getLogger(__name__)
 

@@ -30,61 +30,24 @@ from typing import Any
 import pyarrow as pa
 
 from feedline.errors import DataError, FormatError, IncompleteDatasetError, IntegrityError
+from feedline.io.parquet import ParquetSource, read_footer
+from feedline.io.source import ExecutionReport, ReadTask
+from feedline.io.storage.paths import Location, resolve
 from feedline.store.commit import (
-    STAGING_PREFIX,
-    PendingWrite,
-    begin_write,
     commit,
     is_write_leftover,
-    prepare_target,
-    replace_manifest,
     writing,
 )
 from feedline.store.footers import check_identity, shard_footer
 from feedline.store.manifest import (
-    FORMAT_VERSION,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     Manifest,
     ShardInfo,
-    schema_from_json,
-    schema_to_json,
 )
-from feedline.io.parquet import ParquetSource, read_footer
-from feedline.store.shards import ShardWriter, dictionary_columns, file_checksum, shard_name
-from feedline.io.source import ExecutionReport, ReadTask
-from feedline.io.storage.paths import Location, resolve
-from feedline.store.write_lock import LOCK_NAME
+from feedline.store.shards import ShardWriter, file_checksum
 
-__all__ = [
-    "FORMAT_VERSION",
-    "LOCK_NAME",
-    "MANIFEST_NAME",
-    "MAX_MANIFEST_BYTES",
-    "STAGING_PREFIX",
-    "FeedlineSource",
-    "Manifest",
-    "PendingWrite",
-    "ShardInfo",
-    "ShardWriter",
-    "begin_write",
-    "check_footers",
-    "commit",
-    "dictionary_columns",
-    "file_checksum",
-    "open_source",
-    "prepare_target",
-    "read_footer",
-    "read_manifest",
-    "replace_manifest",
-    "schema_from_json",
-    "schema_to_json",
-    "shard_name",
-    "verify",
-    "verify_manifest",
-    "write_batches",
-    "writing",
-]
+__all__ = ["FeedlineSource", "check_footers", "open_source", "read_manifest", "verify", "verify_manifest", "write_batches"]
 
 _REWRITE = "Fix: re-run the write that produced this dataset."
 #: shard footers read at once when a dataset is opened (remote reads are latency-bound)

@@ -27,10 +27,10 @@ from functools import cached_property
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from feedline.errors import DataError, IntegrityError, SchemaError
-from feedline.store.manifest import ShardInfo
 from feedline.arrow.parquet_types import same_stored_schema
+from feedline.errors import DataError, IntegrityError, SchemaError
 from feedline.io.storage.paths import Location
+from feedline.store.manifest import ShardInfo
 
 __all__ = [
     "FOOTER_PROBE",

@@ -32,8 +32,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from feedline.errors import FormatError
 from feedline.arrow.pandas_metadata import valid_pandas_schema
+from feedline.errors import FormatError
 
 __all__ = [
     "FORMAT_VERSION",

@@ -33,14 +33,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from feedline.arrow.tensor_codec import decode_batch
 from feedline.errors import DataError
-from feedline.store.footers import Footer, check_footer, footer_of_handle
-from feedline.store.dataset_files import open_source, plain_parquet_shards
-from feedline.store.manifest import ShardInfo
 from feedline.io.parquet import ParquetSource
 from feedline.io.source import check_columns
 from feedline.io.storage.paths import Location
-from feedline.arrow.tensor_codec import decode_batch
+from feedline.store.dataset_files import open_source, plain_parquet_shards
+from feedline.store.footers import Footer, check_footer, footer_of_handle
+from feedline.store.manifest import ShardInfo
 
 __all__ = ["READ_BATCH_ROWS", "READ_BUFFER", "BatchStream", "ShardSource", "open_shard_source"]
 

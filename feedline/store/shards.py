@@ -9,13 +9,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from feedline.errors import ConfigurationError, SchemaError
-from feedline.store.footers import footer_digest, read_footer_block
-from feedline.store.manifest import ShardInfo
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.arrow.parquet_types import check_storable
-from feedline.io.storage.paths import Location
 from feedline.arrow.tensor_codec import TensorStorage
+from feedline.errors import ConfigurationError, SchemaError
+from feedline.io.storage.paths import Location
+from feedline.store.footers import footer_digest, read_footer_block
+from feedline.store.manifest import ShardInfo
 
 __all__ = [
     "PARQUET_CODECS",

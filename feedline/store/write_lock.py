@@ -35,8 +35,8 @@ import uuid
 from typing import Any
 
 from feedline.errors import ConcurrentWriteError
-from feedline.io.storage.retrying_fs import RetryingFileSystem
 from feedline.io.storage.paths import Location
+from feedline.io.storage.retrying_fs import RetryingFileSystem
 
 __all__ = ["HEARTBEAT_S", "LOCK_NAME", "LOCK_TIMEOUT_S", "WriterLock"]
 

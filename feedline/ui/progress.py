@@ -68,33 +68,12 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _display: Progress | None = None  # the live display shared by all bars showing now
 _users = 0
-_default_console: Console | None = None
 #: the ``progress=`` of the enclosing call, inherited by the bars of the calls it makes
 _inherited: ContextVar[bool | None] = ContextVar("feedline_progress", default=None)
 
 
 def noop(n: int) -> None:
     """``advance`` when progress is off (does nothing)."""
-
-
-def console() -> Console:
-    """Where bars and feedline's log lines go: ``fl.config.console``, else standard error.
-
-    Examples
-    --------
-    >>> console().stderr
-    True
-    """
-    global _default_console
-    from feedline.config import config
-
-    if config.console is not None:
-        return config.console
-    if _default_console is None:
-        from rich.console import Console
-
-        _default_console = Console(stderr=True)
-    return _default_console
 
 
 def _in_notebook() -> bool:
@@ -117,7 +96,7 @@ def interactive() -> bool:
     >>> interactive() in (True, False)  # True in a terminal or notebook
     True
     """
-    from feedline.config import config
+    from feedline.settings import config
 
     if config.console is not None:
         return bool(config.console.is_terminal or (config.console.is_jupyter and _in_notebook()))
@@ -141,7 +120,7 @@ def enabled(progress: bool | None = None) -> bool:
         progress = _inherited.get()
     if progress is not None:
         return bool(progress)
-    from feedline.config import config
+    from feedline.settings import config
 
     if config.progress is not None:
         return config.progress

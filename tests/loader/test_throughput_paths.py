@@ -183,7 +183,7 @@ def test_window_batches_are_fresh_arrays_the_caller_may_keep() -> None:
 
 
 def test_gather_windows_into_a_buffer_refuses_windows_past_the_data() -> None:
-    from feedline.loader.data.windows import gather_windows, strided_windows
+    from feedline.loader.data.window_gather import gather_windows, strided_windows
 
     values = np.arange(20.0).reshape(10, 2)
     np.testing.assert_array_equal(strided_windows(values, 3)[[7]], values[None, 7:10])

@@ -17,7 +17,8 @@ import feedline as fl
 from feedline.errors import ConfigurationError, SchemaError
 from feedline.loader import Windows
 from feedline.loader.order.sample_order import epoch_permutation
-from feedline.loader.data.windows import gather_windows, window_counts, window_starts
+from feedline.loader.data.window_gather import gather_windows
+from feedline.loader.data.windows import window_counts, window_starts
 
 
 def series_table(seed: int = 0) -> pa.Table:

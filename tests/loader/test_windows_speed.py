@@ -10,13 +10,8 @@ import pytest
 import feedline as fl
 from feedline.loader.order.sample_order import global_order
 from feedline.loader.order.ahead import MIN_ROWS
-from feedline.loader.data.windows import (
-    Windows,
-    WindowSampler,
-    strided_windows,
-    window_blocks,
-    window_starts,
-)
+from feedline.loader.data.windows import Windows, WindowSampler, window_starts
+from feedline.loader.data.window_gather import strided_windows, window_blocks
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedline.errors import ConfigurationError
-from feedline.stats.quantile_sketch import DEFAULT_K, EXACT_LIMIT, QuantileSketch
+from feedline.statistics.quantile_sketch import DEFAULT_K, EXACT_LIMIT, QuantileSketch
 
 QS = np.linspace(0, 1, 201)
 

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from feedline.errors import FeedlineError, SchemaError, UserFunctionError
 from feedline.arrow.python_columns import arrays_from_columns
-from feedline.arrow.python_columns import to_arrow_array as to_arrow_array  # re-exported
+from feedline.errors import FeedlineError, SchemaError, UserFunctionError
 from feedline.io.source import ExecutionReport
 from feedline.plan.plan import (
     Cast,

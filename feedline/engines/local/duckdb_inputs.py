@@ -30,8 +30,8 @@ import pyarrow as pa
 
 from feedline.engines.local.duckdb_sql import quote
 from feedline.io.memory import ArrowSource
-from feedline.plan.plan import Select
 from feedline.plan.direct_inputs import plain_parquet
+from feedline.plan.plan import Select
 
 if TYPE_CHECKING:
     from feedline.io.source import ExecutionReport

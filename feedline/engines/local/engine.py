@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from feedline.arrow.sizes import parse_bytes
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.fusion import (
     BatchPipeline,
@@ -32,14 +33,13 @@ from feedline.engines.batch.fusion import (
 from feedline.engines.batch.partials import TreeMerger, fold
 from feedline.engines.local.executor import run_stage, run_tasks
 from feedline.errors import ConfigurationError
-from feedline.store import dataset_files as fmt
-from feedline.arrow.sizes import parse_bytes
 from feedline.io.source import ExecutionReport, ReadTask
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import MapBatches, Operator, Plan, Pushdown, callable_name, pushdown
 from feedline.plan.relational import RelationalSource
+from feedline.store import dataset_files as fmt
 
-__all__ = ["LocalEngine", "parse_bytes"]
+__all__ = ["LocalEngine"]
 
 logger = logging.getLogger(__name__)
 

@@ -67,7 +67,6 @@ from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.fusion import BatchPipeline, InstancePool, apply_limit, split_at_limits
 from feedline.engines.ray.dataset import build_dataset
 from feedline.engines.ray.errors import (
-    RemoteTraceback,
     release_failed_executions,
     surface_errors,
 )
@@ -77,7 +76,7 @@ from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan, pushdown
 
-__all__ = ["RayEngine", "RemoteTraceback", "surface_errors"]
+__all__ = ["RayEngine"]
 
 logger = logging.getLogger(__name__)
 

@@ -52,10 +52,10 @@ from feedline.engines.ray.bridge import RaySource
 from feedline.engines.ray.errors import surface_errors
 from feedline.engines.ray.groupby import ARROW_BATCHES, HIDDEN, aggregate, hash_partitions
 from feedline.errors import ConfigurationError
-from feedline.store.shards import conform
 from feedline.plan.plan import Limit, Plan, Pushdown, pushdown
 from feedline.plan.relational import RelationalSource, split_bounds
 from feedline.plan.rowhash import ROW_HASH_COLUMN, column_hash
+from feedline.store.shards import conform
 
 if TYPE_CHECKING:
     from feedline.engines.ray.engine import RayEngine

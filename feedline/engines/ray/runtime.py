@@ -26,7 +26,6 @@ A working directory the workers should see can still be given the documented Ray
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from pathlib import Path

@@ -37,9 +37,9 @@ import pyarrow.compute as pc
 
 from feedline.engines.batch.fusion import BatchPipeline, InstancePool
 from feedline.errors import FeedlineError
-from feedline.store.shards import conform
 from feedline.io.source import ExecutionReport, ReadTask
 from feedline.plan.plan import MapBatches, Operator, Transform
+from feedline.store.shards import conform
 
 __all__ = [
     "TASK_COLUMN",

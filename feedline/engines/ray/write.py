@@ -40,11 +40,11 @@ import pyarrow as pa
 
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.fusion import split_at_limits
-from feedline.store import dataset_files as fmt
-from feedline.store.shards import conform, writable_schema
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan, pushdown
+from feedline.store import dataset_files as fmt
+from feedline.store.shards import conform, writable_schema
 
 if TYPE_CHECKING:
     from feedline.engines.ray.engine import RayEngine
@@ -149,7 +149,7 @@ def write_plan(
 ) -> WriteInfo:
     """Write ``plan`` as a feedline dataset at ``target``: shards written in Ray tasks."""
     from feedline.engines.local.engine import lineage_of
-    from feedline.engines.ray.engine import surface_errors
+    from feedline.engines.ray.errors import surface_errors
     from feedline.engines.schema import infer_schema
 
     start = time.perf_counter()

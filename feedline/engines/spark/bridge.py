@@ -133,8 +133,8 @@ class SparkFrameSource(Source):
         """The cached feedline dataset's source, writing it with Spark if it is missing."""
         from feedline.engines.base import WriteOptions
         from feedline.engines.spark.engine import SparkEngine
-        from feedline.store import dataset_files as fmt
         from feedline.plan.plan import Plan
+        from feedline.store import dataset_files as fmt
 
         with self._lock:
             loc = self.cache_location

@@ -67,11 +67,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from feedline.engines.base import WriteInfo, WriteOptions
-from feedline.engines.spark.bridge import (
-    SparkFrameSource,
-    clear_spark_cache,
-    to_spark,
-)
 from feedline.engines.spark.cluster import (
     check_executors,
     python_for_executors,
@@ -85,13 +80,7 @@ from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan
 
-__all__ = [
-    "SparkEngine",
-    "SparkFrameSource",
-    "clear_spark_cache",
-    "spark_session",
-    "to_spark",
-]
+__all__ = ["SparkEngine", "spark_session"]
 
 if TYPE_CHECKING:
     import pyspark.sql

@@ -1,7 +1,7 @@
 """Relational operators on the Spark engine: a plan's ``RelationalSource`` as Spark DataFrame ops.
 
 A relational operator (sort, aggregate, join, union, unique, random_shuffle, split,
-repartition) is the *source* of a plan (see :mod:`feedline.relational`). The Spark engine
+repartition) is the *source* of a plan (see :mod:`feedline.plan.relational`). The Spark engine
 runs it with Spark's own operators, never with a shuffle of its own:
 
 1. every input plan becomes a DataFrame through the engine's usual path
@@ -143,7 +143,7 @@ def is_relational(plan: Plan) -> bool:
     >>> is_relational(fl.range(3).plan), is_relational(fl.range(3).sort("id").plan)
     (False, True)
     """
-    from feedline.relational import RelationalSource
+    from feedline.plan.relational import RelationalSource
 
     return isinstance(plan.source, RelationalSource)
 
@@ -365,7 +365,7 @@ def _split(frames: list[Any], relational: Any, source: Any) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from feedline.relational import split_bounds
+    from feedline.plan.relational import split_bounds
     from feedline.plan.rowhash import ROW_HASH_COLUMN
 
     index = int(relational.param("index"))

@@ -333,7 +333,7 @@ class Stage:
     def _write(self, outputs, report: ExecutionReport) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        from feedline.store.dataset_files import ShardWriter
+        from feedline.store.shards import ShardWriter
 
         context = TaskContext.get()
         part = context.partitionId() if context else 0

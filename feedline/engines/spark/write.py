@@ -36,12 +36,12 @@ from feedline.engines.base import WriteOptions
 from feedline.engines.spark.plan import build_job, quiet_pandas_warning, spark_errors
 from feedline.engines.spark.worker import WriteSpec
 from feedline.errors import ConfigurationError
-from feedline.store import dataset_files as fmt
-from feedline.store.footers import footer_of
-from feedline.store.shards import writable_schema
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan
+from feedline.store import dataset_files as fmt
+from feedline.store.footers import footer_of
+from feedline.store.shards import writable_schema
 
 if TYPE_CHECKING:
     from feedline.engines.spark.engine import SparkEngine

@@ -28,16 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import MissingDependencyError
-from feedline.io.npy import (
-    NPY_MAGIC,
-    ZIP_MAGIC,
-    Cells,
-    arrow_type_for,
-    cells_to_arrow,
-    decode_npy,
-    decode_npz,
-    load_npy,
-)
+from feedline.io.npy import NPY_MAGIC, ZIP_MAGIC, Cells, decode_npy, decode_npz, load_npy
+from feedline.io.npy_arrow import arrow_type_for, cells_to_arrow
 from feedline.io.petastorm.unischema import PetastormField
 
 __all__ = ["ColumnPlan", "decode_column", "plan_from_field", "sniff_plan"]

@@ -29,20 +29,11 @@ from typing import Any, TypeVar
 
 from feedline.errors import ConfigurationError, FeedlineError
 from feedline.io.storage.faults import (
-    backend_attempts,
     is_transient,
-    precondition_failed,
     storage_error,
 )
 
-__all__ = [
-    "RetryPolicy",
-    "backend_attempts",
-    "call_with_timeout",
-    "is_transient",
-    "precondition_failed",
-    "storage_error",
-]  # the classifiers are re-exported from feedline.io.storage.faults
+__all__ = ["RetryPolicy", "call_with_timeout"]  # the classifiers are re-exported from feedline.io.storage.faults
 
 logger = logging.getLogger(__name__)
 

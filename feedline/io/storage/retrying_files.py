@@ -16,7 +16,7 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING, Any
 
-from feedline.io.storage.retry import storage_error
+from feedline.io.storage.faults import storage_error
 
 if TYPE_CHECKING:
     from feedline.io.storage.retrying_fs import RetryingFileSystem

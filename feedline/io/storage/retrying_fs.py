@@ -46,7 +46,8 @@ from typing import Any, TypeVar
 import fsspec
 
 from feedline.errors import FeedlineError, StorageError
-from feedline.io.storage.retry import RetryPolicy, backend_attempts, precondition_failed, storage_error
+from feedline.io.storage.faults import backend_attempts, precondition_failed, storage_error
+from feedline.io.storage.retry import RetryPolicy
 
 __all__ = ["RetryingFileSystem"]
 

@@ -37,19 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-__all__ = [
-    "BYTES",
-    "EMPTY",
-    "FLOAT",
-    "INT64",
-    "KIND_NAMES",
-    "MISSING",
-    "Parsed",
-    "bytes_values",
-    "float_values",
-    "int64_values",
-    "walk_records",
-]
+__all__ = ["KIND_NAMES", "Parsed", "bytes_values", "float_values", "int64_values", "walk_records"]
 
 MISSING, BYTES, FLOAT, INT64, EMPTY = 0, 1, 2, 3, 4
 KIND_NAMES = {MISSING: "missing", BYTES: "bytes_list", FLOAT: "float_list",

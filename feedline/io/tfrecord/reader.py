@@ -65,9 +65,9 @@ from feedline.io.tfrecord.decode import (
 )
 from feedline.io.tfrecord.frames import Block, Compression, iter_blocks, resolve_compression
 from feedline.io.tfrecord.scan import parse_records
-from feedline.io.tfrecord.spec import FixedLen, Spec, VarLen, as_specs, infer_spec
+from feedline.io.tfrecord.spec import Spec, as_specs, infer_spec
 
-__all__ = ["INFER_RECORDS", "FixedLen", "TfRecordSource", "VarLen"]
+__all__ = ["INFER_RECORDS", "TfRecordSource"]
 
 #: records read (from the first files, in order) to infer the specs when none are given
 INFER_RECORDS = 1000

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
-from feedline.loader.data.memory_cache import as_batch_value, take_rows
-from feedline.loader.data.columns import ColumnSpec, chunk_to_numpy, column_specs
 from feedline.loader.adapters.formats import FORMATS, to_format
+from feedline.loader.data.columns import ColumnSpec, chunk_to_numpy, column_specs
+from feedline.loader.data.memory_cache import as_batch_value, take_rows
 
 __all__ = ["record_to_tensors"]
 

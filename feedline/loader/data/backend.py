@@ -32,15 +32,22 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError
-from feedline.store.shard_source import BatchStream, ShardSource, open_shard_source
-from feedline.loader.data.memory_cache import CacheSession, FileLayout, file_layout, known_rows, load_cache
-from feedline.loader.data.columns import ColumnSpec, column_specs, infer_shapes, with_dtypes
+from feedline.loader.data.column_dtypes import with_dtypes
+from feedline.loader.data.columns import ColumnSpec, column_specs, infer_shapes
+from feedline.loader.data.memory_cache import (
+    CacheSession,
+    FileLayout,
+    file_layout,
+    known_rows,
+    load_cache,
+)
 from feedline.loader.data.node_cache import NodeCache, open_node_cache
-from feedline.loader.order.sample_order import block_shuffle_pools
 from feedline.loader.data.packed_columns import Packing, plan_packing
-from feedline.loader.data.shard_cache import ShardCache
 from feedline.loader.data.row_group_stream import PoolReader, StreamStats, sequential_pools
+from feedline.loader.data.shard_cache import ShardCache
 from feedline.loader.data.windows import Windows, WindowSampler
+from feedline.loader.order.sample_order import block_shuffle_pools
+from feedline.store.shard_source import BatchStream, ShardSource, open_shard_source
 
 __all__ = ["Backend", "as_source", "open_backend"]
 

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.arrow.list_tensors import (
     check_ragged,
     level_sizes,
@@ -48,17 +47,9 @@ from feedline.arrow.list_tensors import (
     needs_shape,
     schema_shape,
 )
-from feedline.loader.data.column_dtypes import with_dtypes
+from feedline.errors import ConfigurationError, DataError, SchemaError
 
-__all__ = [
-    "ColumnSpec",
-    "chunk_to_numpy",
-    "column_specs",
-    "estimate_bytes",
-    "infer_shapes",
-    "parse_budget",
-    "with_dtypes",
-]
+__all__ = ["ColumnSpec", "chunk_to_numpy", "column_specs", "estimate_bytes", "infer_shapes", "parse_budget"]
 
 #: bytes per row assumed for a string column read as a Python list (object + text)
 STRING_ROW_BYTES = 80

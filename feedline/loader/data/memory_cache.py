@@ -22,23 +22,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from feedline.errors import ConfigurationError, DataError
-from feedline.store.shard_source import BatchStream, ShardSource
 from feedline.arrow.tensor_codec import is_tensor_type
+from feedline.errors import ConfigurationError, DataError
 from feedline.loader.data.bulk_arrays import prefault
 from feedline.loader.data.columns import ColumnSpec, chunk_to_numpy, estimate_bytes
 from feedline.loader.data.file_footers import FileFooters
 from feedline.loader.data.packed_columns import Packing, column_views, gather_packed, plan_packing
 from feedline.loader.data.page_fill import OpenFiles, PageFill
 from feedline.loader.data.page_tasks import PageTask, PageTasks
+from feedline.store.shard_source import BatchStream, ShardSource
 from feedline.ui.progress import bar as progress_bar
 from feedline.ui.progress import noop
 
 if TYPE_CHECKING:
-    from feedline.store.footers import Footer
-    from feedline.store.manifest import ShardInfo
     from feedline.io.storage.paths import Location
     from feedline.loader.data.shard_cache import ShardCache
+    from feedline.store.footers import Footer
+    from feedline.store.manifest import ShardInfo
 
 __all__ = [
     "ColumnCache",

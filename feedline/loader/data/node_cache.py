@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError, IntegrityError, StorageError
-from feedline.store.commit import fsync_dir
 from feedline.loader.data.memory_cache import ColumnCache, FileLayout, load_cache
 from feedline.loader.data.packed_columns import Packing
 from feedline.loader.data.shard_cache import default_cache_dir
+from feedline.store.commit import fsync_dir
 
 __all__ = ["NodeCache", "cache_key", "node_cache_dir", "open_node_cache"]
 

@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from feedline.store.page_copy import chunk_copy, chunk_pages, copy_chunk
 from feedline.arrow.tensor_codec import is_tensor_type
 from feedline.loader.data.page_tasks import PageTask
+from feedline.store.page_copy import chunk_copy, chunk_pages, copy_chunk
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-    from feedline.store.footers import Footer
-    from feedline.loader.data.memory_cache import FileLayout
     from feedline.loader.data.columns import ColumnSpec
+    from feedline.loader.data.memory_cache import FileLayout
+    from feedline.store.footers import Footer
 
 __all__ = ["OpenFiles", "PageFill", "copyable_widths"]
 

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from feedline.errors import DataError
-from feedline.store.page_copy import ChunkCopy, PageCopy, copy_page
 from feedline.loader.data.bulk_arrays import prefault
+from feedline.store.page_copy import ChunkCopy, PageCopy, copy_page
 
 __all__ = ["PageTask", "PageTasks"]
 

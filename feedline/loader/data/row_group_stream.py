@@ -24,8 +24,14 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.loader.data.bulk_arrays import prefault
-from feedline.loader.data.memory_cache import ColumnCache, FileLayout, _checked, fill_arrays, read_rows
 from feedline.loader.data.columns import ColumnSpec
+from feedline.loader.data.memory_cache import (
+    ColumnCache,
+    FileLayout,
+    _checked,
+    fill_arrays,
+    read_rows,
+)
 from feedline.loader.data.packed_columns import Packing, column_views, plan_packing
 
 __all__ = ["PoolReader", "StreamStats", "sequential_pools"]

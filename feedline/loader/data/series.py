@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import DataError
+from feedline.loader.data.columns import ColumnSpec, chunk_to_numpy
 from feedline.loader.data.memory_cache import (
     MAX_READ_THREADS,
     READ_BATCH_ROWS,
@@ -32,7 +33,6 @@ from feedline.loader.data.memory_cache import (
     FileLayout,
     read_table,
 )
-from feedline.loader.data.columns import ColumnSpec, chunk_to_numpy
 
 if TYPE_CHECKING:
     from feedline.store.shard_source import BatchStream, ShardSource

@@ -43,8 +43,8 @@ from feedline.store.commit import fsync_dir
 from feedline.ui.progress import bar as progress_bar
 
 if TYPE_CHECKING:
-    from feedline.store.dataset_files import ShardInfo
     from feedline.io.storage.paths import Location
+    from feedline.store.manifest import ShardInfo
 
 __all__ = ["CacheStats", "ShardCache", "ShardKey", "default_cache_dir", "write_chunk"]
 

@@ -41,7 +41,8 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, SchemaError
-from feedline.loader.data.columns import ColumnSpec, column_specs, with_dtypes
+from feedline.loader.data.column_dtypes import with_dtypes
+from feedline.loader.data.columns import ColumnSpec, column_specs
 from feedline.loader.data.series import load_series
 from feedline.loader.data.window_gather import (
     gather_windows,
@@ -52,19 +53,10 @@ from feedline.loader.data.window_gather import (
 )
 
 if TYPE_CHECKING:
-    from feedline.store.shard_source import BatchStream, ShardSource
     from feedline.loader.data.memory_cache import FileLayout
+    from feedline.store.shard_source import BatchStream, ShardSource
 
-__all__ = [
-    "WindowSampler",
-    "Windows",
-    "gather_windows",
-    "strided_windows",
-    "window_blocks",
-    "window_copier",
-    "window_counts",
-    "window_starts",
-]
+__all__ = ["WindowSampler", "Windows", "window_copier", "window_counts", "window_starts"]
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:

@@ -32,8 +32,8 @@ from feedline.loader.nodes.base import Batch, Node, Stage
 from feedline.loader.nodes.collate import Collate, Format
 from feedline.loader.nodes.device import AwaitDevice, CopyToDevice, Pin, ToDevice
 from feedline.loader.nodes.gather import Gather
-from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.indices import Order
+from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.prefetch import Prefetch
 from feedline.loader.nodes.samples import SampleRngs
 

@@ -18,7 +18,7 @@ there; ``reset(None)`` starts the source's current epoch from its first batch. `
 Examples
 --------
 >>> import numpy as np
->>> from feedline.loader.nodes import Order
+>>> from feedline.loader.nodes.indices import Order
 >>> from feedline.loader.order.sample_order import split_for_rank
 >>> node = Order(split_for_rank(np.arange(6), rank=0, world_size=1, batch_size=2,
 ...                             drop_last=True))

@@ -25,7 +25,7 @@ class Collate(Stage):
 
     Examples
     --------
-    >>> from feedline.loader.nodes import Order
+    >>> from feedline.loader.nodes.indices import Order
     >>> class Samples(Stage):  # a node producing sample dicts
     ...     def produce(self):
     ...         b = self.source.next()

@@ -199,7 +199,8 @@ class CopyToDevice(Stage):
     Examples
     --------
     >>> import feedline as fl
-    >>> from feedline.loader.nodes import Format, Prefetch
+    >>> from feedline.loader.nodes.collate import Format
+    >>> from feedline.loader.nodes.prefetch import Prefetch
     >>> loader = fl.range(8).loader(batch_size=2, shuffle=False, format="torch")
     >>> node = AwaitDevice(Prefetch(CopyToDevice(loader.source_node(), "cpu")), "cpu")
     >>> [b.data["id"].tolist() for b in node]
@@ -282,7 +283,7 @@ class ToDevice(Stage):
     Examples
     --------
     >>> import feedline as fl
-    >>> from feedline.loader.nodes import Format
+    >>> from feedline.loader.nodes.collate import Format
     >>> loader = fl.range(4).loader(batch_size=2)
     >>> node = ToDevice(Format(loader.source_node(), "torch"), "cpu")
     >>> [b.data["id"].device.type for b in node]

@@ -23,7 +23,7 @@ import numpy as np
 from feedline.loader.nodes import shm
 from feedline.loader.nodes.samples import apply_batch, apply_samples, collate_samples
 
-__all__ = ["INDICES", "OBJECTS", "Chunk", "process_main", "run_chunk", "split_columns"]
+__all__ = ["Chunk", "process_main", "run_chunk", "split_columns"]
 
 #: input/output keys in a segment: the row indices, and the pickle of the non-array values
 INDICES, OBJECTS = "__indices__", "__objects__"

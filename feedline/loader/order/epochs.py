@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.order.sample_order import EpochPlan
 from feedline.loader.order.ahead import OrderAhead
 from feedline.loader.order.resume import epoch_plan
+from feedline.loader.order.sample_order import EpochPlan
 
 __all__ = ["LoaderEpochs", "int_option"]
 

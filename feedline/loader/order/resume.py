@@ -22,7 +22,6 @@ import numpy as np
 from feedline.errors import ConfigurationError
 from feedline.loader.order.sample_order import EpochPlan, samples_seen, split_for_rank
 from feedline.loader.order.state import (
-    STATE_VERSION,
     Segment,
     State,
     check_position,
@@ -31,15 +30,7 @@ from feedline.loader.order.state import (
     remaining_samples,
 )
 
-__all__ = [
-    "STATE_VERSION",
-    "Position",
-    "Segment",
-    "epoch_plan",
-    "merge_states",
-    "remaining_after",
-    "restore",
-]
+__all__ = ["Position", "epoch_plan", "merge_states", "remaining_after", "restore"]
 
 
 def remaining_after(order: np.ndarray, segment: Segment) -> np.ndarray:

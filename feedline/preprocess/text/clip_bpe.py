@@ -39,11 +39,10 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError, DataError, MissingDependencyError
-from feedline.preprocess.text.token_arrays import frame, pack, pack_chunks, tensor_array
+from feedline.preprocess.text.token_arrays import frame, pack_chunks
 from feedline.preprocess.text.token_files import read_source
 
-__all__ = ["PRESETS", "WORDS_PATTERN", "ClipTokenizer", "bytes_to_unicode", "clean_text", "frame",
-           "pack", "pack_chunks", "read_source", "tensor_array"]
+__all__ = ["PRESETS", "WORDS_PATTERN", "ClipTokenizer", "bytes_to_unicode", "clean_text"]
 
 #: OpenAI's names of the start/end tokens
 SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>")

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError, DataError
-from feedline.preprocess.vision.preprocessors import DEFAULT_MAX_PIXELS, _choose
 from feedline.preprocess.vision.decode import (
     Undecodable,
     failure_reason,
@@ -48,8 +47,6 @@ from feedline.preprocess.vision.decode import (
     render,
 )
 from feedline.preprocess.vision.ops import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     CenterCrop,
     Normalize,
     RandomHorizontalFlip,
@@ -59,20 +56,9 @@ from feedline.preprocess.vision.ops import (
     View,
     is_geometry,
 )
+from feedline.preprocess.vision.preprocessors import DEFAULT_MAX_PIXELS, _choose
 
-__all__ = [
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "CenterCrop",
-    "Compose",
-    "Normalize",
-    "RandomHorizontalFlip",
-    "RandomResizedCrop",
-    "Resize",
-    "Skipped",
-    "ToArray",
-    "View",
-]
+__all__ = ["Compose", "Skipped"]
 
 _MODES = {"RGB": 3, "L": 1, "RGBA": 4}
 _RESAMPLE = ("bilinear", "bicubic", "lanczos", "hamming", "box", "nearest")

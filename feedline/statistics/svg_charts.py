@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from feedline.stats.numbers import decade, number, ticks
+from feedline.statistics.numbers import decade, number, ticks
 
-__all__ = ["WIDTH", "histogram_svg", "shown_value", "text_width", "top_svg"]
+__all__ = ["histogram_svg", "shown_value", "text_width", "top_svg"]
 
 WIDTH, HEIGHT = 520, 210  # chart size (pixels)
 FONT_SIZE = 11

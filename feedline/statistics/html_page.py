@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.stats.numbers import fixed, number
-from feedline.stats.svg_charts import histogram_svg, shown_value, top_svg
+from feedline.statistics.numbers import fixed, number
+from feedline.statistics.svg_charts import histogram_svg, shown_value, top_svg
 
 if TYPE_CHECKING:
-    from feedline.stats.compute import Stats
+    from feedline.statistics.compute import Stats
 
 __all__ = ["histogram", "log_scale", "render_html", "write_html"]
 
@@ -63,7 +63,7 @@ def _e(value: Any) -> str:
 
 
 def _num(value: Any) -> str:
-    """A number for a table cell (:func:`~feedline.stats.numbers.number`), HTML-escaped."""
+    """A number for a table cell (:func:`~feedline.statistics.numbers.number`), HTML-escaped."""
     return _e(number(value, "–"))
 
 

@@ -1,6 +1,6 @@
 """The mergeable core of :func:`feedline.stats` for one schema (see :class:`Profiler`).
 
-Columns are profiled by kind with the accumulators of :mod:`feedline.stats.accumulators`;
+Columns are profiled by kind with the accumulators of :mod:`feedline.statistics.accumulators`;
 numeric columns also feed pairwise co-moments (Pearson), and a second pass turns their values
 into ranks by the merged sketches (Spearman).
 """
@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.stats.accumulators import Categorical, CoMoments, Images, Numeric, Other
-from feedline.stats.tensor_accumulator import Tensor, is_tensor
+from feedline.statistics.accumulators import Categorical, CoMoments, Images, Numeric, Other
+from feedline.statistics.tensor_accumulator import Tensor, is_tensor
 
 if TYPE_CHECKING:
-    from feedline.stats.compute import Stats
+    from feedline.statistics.compute import Stats
 
 __all__ = ["Profiler"]
 
@@ -138,7 +138,7 @@ class Profiler:
         return CoMoments.of(np.column_stack(ranks))
 
     def finish(self, merged: _Partial, ranks: CoMoments | None = None) -> Stats:
-        from feedline.stats.compute import Stats
+        from feedline.statistics.compute import Stats
 
         columns = {
             name: {"type": _type_name(self.schema.field(name).type)}

@@ -10,7 +10,7 @@ pass turns values into ranks for the Spearman matrix. Estimators:
 - ``skewness``/``kurtosis``: population moments, ``g1 = m3 / m2**1.5`` and the *excess*
   ``g2 = m4 / m2**2 - 3`` (``scipy.stats.skew``/``kurtosis`` with ``bias=True``). Central
   moments are merged with the Chan/Pébay pairwise formulas (numerically stable).
-- quantiles ``p01 … p99``: a mergeable :class:`~feedline.stats.quantile_sketch.QuantileSketch`
+- quantiles ``p01 … p99``: a mergeable :class:`~feedline.statistics.quantile_sketch.QuantileSketch`
   (compactor levels of ``DEFAULT_K`` = 8192 items); exact (NumPy's default ``linear``
   method) while a column holds at most ``EXACT_LIMIT`` (100,000) values. Beyond that each
   compaction at level ``h`` moves any rank by at most ``2**h``; the sum is tracked and
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from feedline.errors import FormatError
-from feedline.stats.accumulators import QUANTILES, CoMoments
-from feedline.stats.profiler import Profiler
+from feedline.statistics.accumulators import QUANTILES, CoMoments
+from feedline.statistics.profiler import Profiler
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset
     from feedline.engines.base import Engine
 
-__all__ = ["Profiler", "Stats", "stats", "store_stats", "stored_stats"]
+__all__ = ["Stats", "stats", "store_stats", "stored_stats"]
 
 STATS_VERSION = 1
 
@@ -98,7 +98,7 @@ def stats(
     >>> result["x"]["mean"], result["x"]["nulls"], result["c"]["top"][0]
     (2.0, 1, ['a', 2])
     """
-    from feedline.stats.indexed import indexed_labels, indexed_outputs
+    from feedline.statistics.indexed import indexed_labels, indexed_outputs
 
     if columns is not None:
         ds = ds.select(list(columns))
@@ -160,7 +160,7 @@ def store_stats(ds: Dataset, *, engine: str | Engine | None = None) -> Stats:
 
 def _fmt(value: Any) -> str:
     """Numbers for tables: thousands separators, about four significant digits, no ``-0``."""
-    from feedline.stats.numbers import number
+    from feedline.statistics.numbers import number
 
     return number(value)
 
@@ -200,8 +200,8 @@ class Stats:
 
     def _repr_html_(self) -> str:
         """The notebook view: one row per column (at most 20), kind, counts and a summary."""
+        from feedline.statistics.html_page import summary_line
         from feedline.ui.notebook import Markup, table, view
-        from feedline.stats.html_page import summary_line
 
         rows = [
             [name, c.get("kind"), c.get("type", ""), _fmt(c.get("count")),
@@ -217,8 +217,8 @@ class Stats:
 
     def write_html(self, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
         """Write the statistics page (histograms, top values, correlations) to ``path``; see
-        :func:`feedline.stats.html_page.write_html`."""
-        from feedline.stats.html_page import write_html
+        :func:`feedline.statistics.html_page.write_html`."""
+        from feedline.statistics.html_page import write_html
 
         return write_html(self, path, title=title)
 
@@ -281,7 +281,7 @@ class Stats:
             for name, c in numeric.items():
                 table.add_row(name, *(_fmt(c.get(k, c["quantiles"].get(k))) for k in keys))
             out.append(table)
-        from feedline.stats.numbers import fixed
+        from feedline.statistics.numbers import fixed
 
         names = self.correlation["columns"]
         for method in ("pearson", "spearman"):
@@ -311,7 +311,7 @@ def _describe(c: dict[str, Any]) -> str:
         shapes = ", ".join(k for k, _ in c["shapes"][:2])
         return f"shape {shapes or '-'}; elements: " + _describe(c["elements"])
     if c["kind"] == "categorical":
-        from feedline.stats.svg_charts import shown_value
+        from feedline.statistics.svg_charts import shown_value
 
         labels = c.get("labels") or {}
         top = ", ".join(

@@ -138,8 +138,6 @@ def _attach_handler(name: str | None) -> None:
         return
     from rich.logging import RichHandler
 
-    from feedline.ui.progress import console
-
     handler = RichHandler(console=console(), show_path=False, rich_tracebacks=False)
     handler.set_name(_HANDLER_NAME)
     _ROOT.addHandler(handler)
@@ -148,3 +146,22 @@ def _attach_handler(name: str | None) -> None:
 
 #: the process-wide settings
 config = Config()
+_default_console: Console | None = None
+
+
+def console() -> Console:
+    """Where bars and feedline's log lines go: ``fl.config.console``, else standard error.
+
+    Examples
+    --------
+    >>> console().stderr
+    True
+    """
+    global _default_console
+    if config.console is not None:
+        return config.console
+    if _default_console is None:
+        from rich.console import Console as RichConsole
+
+        _default_console = RichConsole(stderr=True)
+    return _default_console

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from feedline.dataset.dataset import Dataset
     from feedline.engines.base import Engine
-    from feedline.stats.compute import Stats
+    from feedline.statistics.compute import Stats
 
 __all__ = ["DriftReport", "compare", "ks_pvalue"]
 
@@ -180,7 +180,7 @@ class DriftReport:
 
     def _rows(self, drifted_first: bool = False) -> list[list[Any]]:
         """One row per column for the tables (flagged ones first if ``drifted_first``)."""
-        from feedline.stats.numbers import fixed
+        from feedline.statistics.numbers import fixed
 
         def fmt(v: float | None, spec: str = ".3f") -> str:
             return "" if v is None else fixed(v) if spec == ".3f" else format(v, spec)
@@ -226,7 +226,7 @@ class DriftReport:
         """A rich table: one row per column, with a DRIFT flag."""
         from rich.text import Text
 
-        from feedline.stats.compute import _table
+        from feedline.statistics.compute import _table
 
         table = _table(
             f"drift: {self.rows_new:,} new rows vs {self.rows_ref:,} reference",
@@ -258,7 +258,7 @@ def compare(
     """Compare ``new`` against the reference ``ref`` per column (rules in the module docstring).
 
     Either side may be a dataset (statistics are computed, without Spearman), a
-    :class:`~feedline.stats.compute.Stats`, or its ``to_dict()`` (as in a manifest).
+    :class:`~feedline.statistics.compute.Stats`, or its ``to_dict()`` (as in a manifest).
 
     Examples
     --------
@@ -269,7 +269,7 @@ def compare(
     >>> compare(new, ref).drifted, compare(ref, ref).drifted
     (['x'], [])
     """
-    from feedline.stats.compute import Stats, stats
+    from feedline.statistics.compute import Stats, stats
 
     def as_stats(side: Any) -> Stats:
         if isinstance(side, Stats):

@@ -1,10 +1,10 @@
 """Mergeable per-column accumulators behind :func:`feedline.stats` (estimators documented in
-:mod:`feedline.stats.compute`), and the pairwise co-moments behind its correlations.
+:mod:`feedline.statistics.compute`), and the pairwise co-moments behind its correlations.
 
 Each accumulator has ``of(arr, x)`` (one batch: the Arrow column and, for numeric columns,
 its float64 values), ``merge`` (associative and commutative) and ``summary`` (a JSON-safe
 dict): :class:`Numeric` (moments, extremes and a
-:class:`~feedline.stats.quantile_sketch.QuantileSketch`), :class:`Categorical` (Misra-Gries
+:class:`~feedline.statistics.quantile_sketch.QuantileSketch`), :class:`Categorical` (Misra-Gries
 counters and a HyperLogLog), :class:`Images` (sizes and modes from headers) and
 :class:`Other` (counts). :class:`CoMoments` holds pairwise-complete co-moments.
 
@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.stats.hll import hash_values, hll_estimate, hll_registers
-from feedline.stats.quantile_sketch import QuantileSketch
+from feedline.statistics.hll import hash_values, hll_estimate, hll_registers
+from feedline.statistics.quantile_sketch import QuantileSketch
 
 __all__ = [
     "CDF_POINTS",

@@ -4,7 +4,7 @@ A tensor column is an ``arrow.fixed_shape_tensor`` column or a (fixed-size or va
 list column whose innermost values are numbers. :class:`Tensor` keeps each row's shape
 (``4×3``; a variable list's length: ``5``, ``5×3`` with fixed inner sizes, ``5×…`` without)
 as counted categories, and the statistics of every element of every row pooled together
-(a :class:`~feedline.stats.accumulators.Numeric`: mean, std, min, max, quantiles).
+(a :class:`~feedline.statistics.accumulators.Numeric`: mean, std, min, max, quantiles).
 
 Examples
 --------
@@ -23,8 +23,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.stats.hll import hash_values, hll_registers
-from feedline.stats.accumulators import Categorical, Numeric
+from feedline.statistics.accumulators import Categorical, Numeric
+from feedline.statistics.hll import hash_values, hll_registers
 
 __all__ = ["Tensor", "is_tensor"]
 
