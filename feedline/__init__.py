@@ -59,8 +59,8 @@ if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from feedline.engines.ray.engine import RayEngine
     from feedline.engines.spark.bridge import clear_spark_cache
     from feedline.engines.spark.engine import SparkEngine, spark_session
+    from feedline.io import tfrecord
     from feedline.io.storage.retry import RetryPolicy
-    from feedline.io.tfrecord import reader as tfrecord
     from feedline.loader.adapters.records import record_to_tensors
     from feedline.loader.data.windows import Windows
     from feedline.loader.loader import Loader
@@ -77,8 +77,9 @@ if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from feedline.preprocess.text.tokenize import Tokenize
     from feedline.preprocess.vision.preprocessors import DecodeImages, Normalize
     from feedline.settings import config
-    from feedline.statistics.compute import Stats, stats
+    from feedline.statistics.compute import stats
     from feedline.statistics.drift import DriftReport, compare
+    from feedline.statistics.result import Stats
     from feedline.store.dataset_files import verify
     from feedline.ui import charts
 
@@ -107,7 +108,7 @@ _LAZY: dict[str, str] = {
     "RobustScaler": "feedline.preprocess.scalers",
     "SparkEngine": "feedline.engines.spark.engine",
     "StandardScaler": "feedline.preprocess.scalers",
-    "Stats": "feedline.statistics.compute",
+    "Stats": "feedline.statistics.result",
     "StringIndexer": "feedline.preprocess.encoders",
     "Tokenize": "feedline.preprocess.text.tokenize",
     "Windows": "feedline.loader.data.windows",
@@ -139,7 +140,7 @@ _LAZY: dict[str, str] = {
     "record_to_tensors": "feedline.loader.adapters.records",
     "spark_session": "feedline.engines.spark.engine",
     "stats": "feedline.statistics.compute",
-    "tfrecord": "feedline.io.tfrecord.reader",
+    "tfrecord": "feedline.io.tfrecord",
     "tracking": "feedline.tracking",
     "verify": "feedline.store.dataset_files",
 }

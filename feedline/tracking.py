@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from feedline.errors import ConfigurationError, FormatError, MissingDependencyError
+from feedline.io.source import fingerprint_of
 from feedline.io.storage.paths import Location, resolve
 from feedline.store.dataset_files import read_manifest
 
@@ -199,7 +200,6 @@ def dataset_digest(manifest: Manifest) -> str:
     >>> dataset_digest(ds.manifest) == ds.plan.source.fingerprint()
     True
     """
-    from feedline.io.source import fingerprint_of
 
     return fingerprint_of(*(s.checksum for s in manifest.shards))
 

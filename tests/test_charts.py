@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import feedline as fl
+from feedline.cli.bench_loader import bench_loader
 from feedline.ui.charts import DPI, FIGSIZE, bin_timeline, plot_loader_timeline
 from feedline.cli.main import main
 
@@ -89,7 +90,7 @@ def test_bad_timelines_raise_clear_errors(tmp_path: Path) -> None:
 
 def test_bench_loader_and_cli_write_the_chart(tmp_path: Path) -> None:
     fl.range(5000).write(tmp_path / "ds")
-    result = fl.loader.bench_loader(
+    result = bench_loader(
         tmp_path / "ds", batch_size=100, epochs=2, chart=tmp_path / "b.png", format="numpy"
     )
     assert result["chart"] == str(tmp_path / "b.png")

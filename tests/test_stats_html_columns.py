@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.statistics.compute import Stats
+from feedline.statistics.result import Stats
 from feedline.statistics.html_page import histogram, log_scale, render_html
 
 NS = "{http://www.w3.org/2000/svg}"

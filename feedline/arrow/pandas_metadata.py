@@ -71,13 +71,11 @@ def _pruned(document: dict[str, Any], schema: pa.Schema) -> dict[str, Any] | Non
     """The pandas metadata ``document`` without its entries that ``schema`` contradicts."""
     columns = [c for c in document["columns"] if _entry_holds(c, schema)]
     kept_names = {c.get("field_name", c.get("name")) for c in columns}
-    index = [
-        i for i in document.get("index_columns", [])
-        if isinstance(i, dict) or i in kept_names
-    ]
+    index = [i for i in document.get("index_columns", []) if isinstance(i, dict) or i in kept_names]
     stored_index = {i for i in index if isinstance(i, str)}
-    if not index and not any(c.get("field_name", c.get("name")) not in stored_index
-                             for c in columns):
+    if not index and not any(
+        c.get("field_name", c.get("name")) not in stored_index for c in columns
+    ):
         return None
     if len(columns) == len(document["columns"]) and index == document.get("index_columns", []):
         return document

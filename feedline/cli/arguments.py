@@ -11,9 +11,18 @@ import sys
 from typing import NoReturn
 
 from feedline.cli.text import print_error
+from feedline.errors import ConfigurationError
+from feedline.io.csv.options import check_delimiter
 
-__all__ = ["HelpFormatter", "Parser", "column_list", "delimiter", "image_size",
-           "non_negative_float", "positive_int"]
+__all__ = [
+    "HelpFormatter",
+    "Parser",
+    "column_list",
+    "delimiter",
+    "image_size",
+    "non_negative_float",
+    "positive_int",
+]
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -27,8 +36,11 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if (action.option_strings and "default" not in text
-                and not any(action.default is v for v in (None, False, argparse.SUPPRESS))):
+        if (
+            action.option_strings
+            and "default" not in text
+            and not any(action.default is v for v in (None, False, argparse.SUPPRESS))
+        ):
             text += " (default: %(default)s)"
         return text
 
@@ -62,8 +74,9 @@ def positive_int(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1. "
-                                         "Fix: e.g. 256.")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of at least 1. Fix: e.g. 256."
+        )
     return value
 
 
@@ -84,8 +97,9 @@ def non_negative_float(text: str) -> float:
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of at least 0. "
-                                         "Fix: e.g. 0 or 12.5.")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of at least 0. Fix: e.g. 0 or 12.5."
+        )
     return value
 
 
@@ -103,14 +117,14 @@ def column_list(text: str) -> list[str]:
     """
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
-        raise argparse.ArgumentTypeError(f"{text!r} names no column. "
-                                         "Fix: e.g. --columns image,label.")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names no column. Fix: e.g. --columns image,label."
+        )
     return names
 
 
 #: names for delimiters a shell makes awkward to type
-_DELIMITERS = {"\\t": "\t", "tab": "\t", "comma": ",", "semicolon": ";", "pipe": "|",
-               "space": " "}
+_DELIMITERS = {"\\t": "\t", "tab": "\t", "comma": ",", "semicolon": ";", "pipe": "|", "space": " "}
 
 
 def delimiter(text: str) -> str:
@@ -126,8 +140,6 @@ def delimiter(text: str) -> str:
     ...
     argparse.ArgumentTypeError: delimiter='::' cannot be used to read CSV: ...
     """
-    from feedline.errors import ConfigurationError
-    from feedline.io.csv.options import check_delimiter
 
     value = _DELIMITERS.get(text.lower(), text)
     try:
@@ -156,6 +168,7 @@ def image_size(text: str) -> tuple[int, int]:
     except ValueError:
         w = h = 0
     if w < 1 or h < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT. "
-                                         "Fix: e.g. --resize 224x224.")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not WIDTHxHEIGHT. Fix: e.g. --resize 224x224."
+        )
     return h, w

@@ -10,6 +10,12 @@ import sys
 import time
 from typing import Any
 
+from feedline.loader.adapters.tf import import_tensorflow
+from feedline.loader.adapters.torch import import_torch
+from feedline.loader.loader import Loader
+from feedline.store.shard_source import open_shard_source
+from feedline.ui.charts import plot_loader_timeline
+
 __all__ = ["bench_loader"]
 
 
@@ -68,21 +74,14 @@ def bench_loader(
     >>> r["samples"], r["batches"], 0 <= r["wait_fraction"] <= 1
     (1000, 10, True)
     """
-    from feedline.loader.loader import Loader
 
     fmt = loader_kwargs.get("format", "torch")
     if fmt == "torch":  # a training script has its framework imported before it starts
-        from feedline.loader.adapters.torch import import_torch
-
         import_torch()
     elif fmt == "tf":
-        from feedline.loader.adapters.tf import import_tensorflow
-
         import_tensorflow()
     start = time.perf_counter()
     if storage_options is not None and isinstance(path, str | os.PathLike):
-        from feedline.store.shard_source import open_shard_source
-
         path = open_shard_source(path, storage_options)
     loader = Loader(path, batch_size=batch_size, **loader_kwargs)  # a path is opened here
     step_s = max(0.0, float(step_ms)) / 1000
@@ -131,9 +130,6 @@ def bench_loader(
         "peak_rss_bytes": _peak_rss_bytes(),
     }
     if chart is not None:
-        from feedline.ui.charts import plot_loader_timeline
-
         title = f"feedline loader: batch {batch_size}, step {float(step_ms):g} ms, {stats['cache']}"
         result["chart"] = str(plot_loader_timeline(loader.timeline(), chart, title=title))
     return result
-

@@ -16,11 +16,28 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 from rich.text import Text
 
+import feedline as fl
+from feedline.cli.bench_loader import bench_loader
 from feedline.cli.text import count, percent, rate, safe_table, safe_text, seconds, size
+from feedline.demo import run_demo
 from feedline.errors import ConfigurationError, FeedlineError
+from feedline.io.images import IMAGE_SUFFIXES
+from feedline.io.storage.paths import parse_storage_options, resolve
+from feedline.preprocess.vision.preprocessors import DecodeImages
+from feedline.statistics.compute import stats, stored_stats
+from feedline.statistics.drift import compare
+from feedline.statistics.html_page import write_html
+from feedline.store.dataset_files import read_manifest, verify_manifest
 
-__all__ = ["READERS", "cmd_bench_loader", "cmd_convert", "cmd_demo", "cmd_inspect", "cmd_stats",
-           "cmd_verify"]
+__all__ = [
+    "READERS",
+    "cmd_bench_loader",
+    "cmd_convert",
+    "cmd_demo",
+    "cmd_inspect",
+    "cmd_stats",
+    "cmd_verify",
+]
 
 READERS = ("csv", "images", "jsonl", "parquet", "text")
 
@@ -48,7 +65,6 @@ def guess_format(path: str) -> str:
                 return name
         if any(n.endswith((".tsv", ".tsv.gz")) for n in names):
             return "csv"
-        from feedline.io.images import IMAGE_SUFFIXES
 
         if any(n.endswith(IMAGE_SUFFIXES) for n in names):
             return "images"
@@ -57,7 +73,6 @@ def guess_format(path: str) -> str:
 
 def read(fmt: str, src: str, storage_options: dict[str, Any] | None = None, **options: Any):
     """``fl.read_<fmt>(src, ...)``."""
-    import feedline as fl
 
     reader = {
         "parquet": fl.read_parquet,
@@ -71,13 +86,11 @@ def read(fmt: str, src: str, storage_options: dict[str, Any] | None = None, **op
 
 def storage(args: argparse.Namespace) -> dict[str, Any] | None:
     """The ``--storage-option KEY=VALUE`` pairs as ``storage_options`` (None when none)."""
-    from feedline.io.storage.paths import parse_storage_options
 
     return parse_storage_options(getattr(args, "storage_option", None)) or None
 
 
 def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
-    import feedline as fl
 
     ds = fl.open(args.path, storage_options=storage(args))
     manifest = ds.manifest
@@ -92,8 +105,13 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
         summary.add_row("size", size(manifest.bytes))
         summary.add_row("format version", safe_text(manifest.format_version))
         summary.add_row("created", safe_text(manifest.created))
-        for key in ("source", "source_fingerprint", "plan_fingerprint", "engine",
-                    "feedline_version"):
+        for key in (
+            "source",
+            "source_fingerprint",
+            "plan_fingerprint",
+            "engine",
+            "feedline_version",
+        ):
             if key in manifest.lineage:
                 summary.add_row(f"lineage.{key}", safe_text(manifest.lineage[key]))
         if manifest.lineage.get("plan"):
@@ -101,8 +119,10 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
             steps = plan if isinstance(plan, list) else [plan]
             summary.add_row("lineage.plan", safe_text(" -> ".join(map(str, steps))))
         skipped = manifest.write.get("report", {}).get("records_skipped", 0)
-        summary.add_row("records skipped at write",
-                        count(skipped) if isinstance(skipped, int) else safe_text(skipped))
+        summary.add_row(
+            "records skipped at write",
+            count(skipped) if isinstance(skipped, int) else safe_text(skipped),
+        )
     else:
         summary.add_row("rows", count(ds.count()))
         summary.add_row("manifest", "none (plain Parquet folder)")
@@ -148,8 +168,10 @@ def _convert_options(fmt: str, args: argparse.Namespace) -> tuple[dict[str, Any]
         "--image-mode": args.image_mode, "--resize-mode": args.resize_mode,
         "--layout": args.layout,
     }  # fmt: skip
-    applies = {"csv": {*_CSV_ONLY, "--on-error"},
-               "images": {"--decode", *_DECODE_ONLY, "--on-error"}}.get(fmt, set())
+    applies = {
+        "csv": {*_CSV_ONLY, "--on-error"},
+        "images": {"--decode", *_DECODE_ONLY, "--on-error"},
+    }.get(fmt, set())
     wrong = [name for name, value in given.items() if value is not None and name not in applies]
     if wrong:
         raise ConfigurationError(
@@ -166,16 +188,16 @@ def _convert_options(fmt: str, args: argparse.Namespace) -> tuple[dict[str, Any]
         )
     if fmt == "csv":
         options: dict[str, Any] = {"on_error": args.on_error or "raise"}
-        if args.delimiter is not None or args.src.lower().rstrip("/").endswith((".tsv",
-                                                                                ".tsv.gz")):
+        if args.delimiter is not None or args.src.lower().rstrip("/").endswith((".tsv", ".tsv.gz")):
             options["delimiter"] = args.delimiter or "\t"
         return options, None
     if decode:
-        from feedline.preprocess.vision.preprocessors import DecodeImages
-
         return {}, DecodeImages(
-            "bytes", size=args.resize or (224, 224), mode=args.image_mode or "RGB",
-            resize=args.resize_mode or "shorter+center_crop", layout=args.layout or "HWC",
+            "bytes",
+            size=args.resize or (224, 224),
+            mode=args.image_mode or "RGB",
+            resize=args.resize_mode or "shorter+center_crop",
+            layout=args.layout or "HWC",
             on_error=args.on_error or "raise",
         )
     return {}, None
@@ -207,20 +229,26 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
             storage_options=storage(args),
             progress=False,  # this command draws its own bar
         )
-    console.print(Text.assemble(
-        f"Wrote {count(info.rows)} rows in {count(info.shards)} shard(s), {size(info.bytes)}, "
-        f"in {seconds(info.seconds)} ({rate(info.rows_per_second, 'rows')}) → ",
-        safe_text(info.path), style="green"))
+    console.print(
+        Text.assemble(
+            f"Wrote {count(info.rows)} rows in {count(info.shards)} shard(s), {size(info.bytes)}, "
+            f"in {seconds(info.seconds)} ({rate(info.rows_per_second, 'rows')}) → ",
+            safe_text(info.path),
+            style="green",
+        )
+    )
     skipped = info.report.get("records_skipped", 0)
     if skipped:
-        console.print(safe_text(f"{count(skipped)} record(s) skipped; see `feedline inspect "
-                                f"{args.dst}`", style="yellow"))
+        console.print(
+            safe_text(
+                f"{count(skipped)} record(s) skipped; see `feedline inspect {args.dst}`",
+                style="yellow",
+            )
+        )
     return 0
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from feedline.io.storage.paths import resolve
-    from feedline.store.dataset_files import read_manifest, verify_manifest
 
     target = resolve(args.path, storage(args))
     manifest = read_manifest(target)
@@ -238,9 +266,13 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     ) as progress:
         task = progress.add_task("verify", total=len(manifest.shards))
         verify_manifest(target, manifest, on_shard=lambda _s: progress.advance(task))
-    console.print(safe_text(
-        f"OK: {count(len(manifest.shards))} shard(s), {count(manifest.rows)} rows, "
-        f"{size(manifest.bytes)}, checksums match", style="green"))
+    console.print(
+        safe_text(
+            f"OK: {count(len(manifest.shards))} shard(s), {count(manifest.rows)} rows, "
+            f"{size(manifest.bytes)}, checksums match",
+            style="green",
+        )
+    )
     return 0
 
 
@@ -264,7 +296,6 @@ BENCH_ROWS: dict[str, tuple[str, Any]] = {
 
 
 def cmd_bench_loader(args: argparse.Namespace, console: Console) -> int:
-    from feedline.cli.bench_loader import bench_loader
 
     result = bench_loader(
         args.path,
@@ -289,17 +320,14 @@ def cmd_bench_loader(args: argparse.Namespace, console: Console) -> int:
 def cmd_stats(args: argparse.Namespace, console: Console) -> int:
     import json
 
-    import feedline as fl
-    from feedline.statistics.compute import stats, stored_stats
-    from feedline.statistics.drift import compare
-
     columns = args.columns
 
     def load(path: str):
         fmt = guess_format(path)
         options = storage(args)
-        ds = fl.open(path, storage_options=options) if fmt == "parquet" else read(fmt, path,
-                                                                                  options)
+        ds = (
+            fl.open(path, storage_options=options) if fmt == "parquet" else read(fmt, path, options)
+        )
         found = None if args.recompute else stored_stats(ds, columns)
         if found is not None:
             console.print(safe_text(f"{path}: statistics stored in the manifest", style="dim"))
@@ -314,8 +342,10 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
         console.print(safe_table(report.table()))
         drifted = report.drifted
         console.print(
-            safe_text(f"DRIFT in {len(drifted)} of {len(report.columns)} column(s): "
-                      f"{', '.join(drifted)}", style="bold red")
+            safe_text(
+                f"DRIFT in {len(drifted)} of {len(report.columns)} column(s): {', '.join(drifted)}",
+                style="bold red",
+            )
             if drifted
             else safe_text(f"No drift in {len(report.columns)} column(s)", style="green")
         )
@@ -331,15 +361,12 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
                 "file in a folder that exists and that you can write to."
             ) from exc
     if args.html:
-        from feedline.statistics.html_page import write_html
-
         page = write_html(result, args.html, title=f"feedline statistics: {args.path}")
         console.print(safe_text(f"Wrote {page}", style="green"))
     return status
 
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
-    from feedline.demo import run_demo
 
     run_demo(
         args.out,

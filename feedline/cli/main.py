@@ -28,8 +28,8 @@ from feedline.cli.arguments import (
     positive_int,
 )
 from feedline.cli.text import print_error
-from feedline.settings import config
 from feedline.errors import FeedlineError
+from feedline.settings import config
 from feedline.store.shards import PARQUET_CODECS
 
 __all__ = ["build_parser", "main"]
@@ -71,117 +71,236 @@ def build_parser() -> argparse.ArgumentParser:
     20
     """
     parser = Parser(prog="feedline", description=_DESCRIPTION, formatter_class=HelpFormatter)
-    parser.add_argument("-V", "--version", action="version", version=f"feedline {__version__}",
-                        help="print feedline's version and exit")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log what feedline does on standard error (-v: info, -vv: debug)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="what to do (each takes --help)")
+    parser.add_argument(
+        "-V",
+        "--version",
+        action="version",
+        version=f"feedline {__version__}",
+        help="print feedline's version and exit",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log what feedline does on standard error (-v: info, -vv: debug)",
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="what to do (each takes --help)"
+    )
     defaults = HelpFormatter
 
-    p = sub.add_parser("inspect", formatter_class=defaults,
-                       help="schema, rows, shards, sizes and lineage of a dataset",
-                       description="Show a dataset's schema, rows, shards, sizes and lineage.")
+    p = sub.add_parser(
+        "inspect",
+        formatter_class=defaults,
+        help="schema, rows, shards, sizes and lineage of a dataset",
+        description="Show a dataset's schema, rows, shards, sizes and lineage.",
+    )
     p.add_argument("path", help="a feedline dataset or Parquet folder (path or fsspec URL)")
-    p.add_argument("--max-shards", type=positive_int, default=20, metavar="N",
-                   help="list at most N shards")
+    p.add_argument(
+        "--max-shards", type=positive_int, default=20, metavar="N", help="list at most N shards"
+    )
     _add_storage_option(p)
     p.set_defaults(run=commands.cmd_inspect)
 
-    p = sub.add_parser("convert", formatter_class=defaults,
-                       help="convert csv/jsonl/parquet/images/text to a feedline dataset",
-                       description="Read files and write them as a feedline dataset.")
+    p = sub.add_parser(
+        "convert",
+        formatter_class=defaults,
+        help="convert csv/jsonl/parquet/images/text to a feedline dataset",
+        description="Read files and write them as a feedline dataset.",
+    )
     p.add_argument("src", help="input file, folder, glob or fsspec URL")
     p.add_argument("dst", help="output dataset folder or fsspec URL")
-    p.add_argument("--format", choices=commands.READERS, default=None,
-                   help="input format (guessed from the path when omitted)")
-    p.add_argument("--rows-per-shard", type=positive_int, default=None, metavar="N",
-                   help="rows in each output shard (default: about 1 GB per shard)")
-    p.add_argument("--compression", default="zstd", choices=PARQUET_CODECS,
-                   help="Parquet compression codec of the shards")
-    p.add_argument("--delimiter", type=delimiter, default=None, metavar="CHAR",
-                   help="CSV field separator: one character, or tab, comma, semicolon, pipe, "
-                   "space (default: ',', a tab for .tsv files)")
-    p.add_argument("--on-error", choices=("raise", "skip"), default=None,
-                   help="bad CSV rows or undecodable images: stop with an error naming them "
-                   "(raise, the default) or drop and count them (skip)")
+    p.add_argument(
+        "--format",
+        choices=commands.READERS,
+        default=None,
+        help="input format (guessed from the path when omitted)",
+    )
+    p.add_argument(
+        "--rows-per-shard",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="rows in each output shard (default: about 1 GB per shard)",
+    )
+    p.add_argument(
+        "--compression",
+        default="zstd",
+        choices=PARQUET_CODECS,
+        help="Parquet compression codec of the shards",
+    )
+    p.add_argument(
+        "--delimiter",
+        type=delimiter,
+        default=None,
+        metavar="CHAR",
+        help="CSV field separator: one character, or tab, comma, semicolon, pipe, "
+        "space (default: ',', a tab for .tsv files)",
+    )
+    p.add_argument(
+        "--on-error",
+        choices=("raise", "skip"),
+        default=None,
+        help="bad CSV rows or undecodable images: stop with an error naming them "
+        "(raise, the default) or drop and count them (skip)",
+    )
     images = p.add_argument_group("images (with --format images or a folder of images)")
-    images.add_argument("--decode", action="store_true",
-                        help="store decoded uint8 pixels (fl.DecodeImages) instead of the "
-                        "encoded files; implied by the options below")
-    images.add_argument("--resize", type=image_size, default=None, metavar="WxH",
-                        help="decoded size, WIDTHxHEIGHT or one number for a square "
-                        "(default with --decode: 224x224)")
-    images.add_argument("--resize-mode", choices=("shorter+center_crop", "stretch"),
-                        default=None, help="keep the aspect ratio and crop the centre "
-                        "(shorter+center_crop, the default) or stretch to the size")
-    images.add_argument("--image-mode", choices=("RGB", "L", "RGBA"), default=None,
-                        help="channels of the decoded pixels (default: RGB)")
-    images.add_argument("--layout", choices=("HWC", "CHW"), default=None,
-                        help="pixel order: HWC (NumPy, TF, JAX; the default) or CHW (PyTorch)")
+    images.add_argument(
+        "--decode",
+        action="store_true",
+        help="store decoded uint8 pixels (fl.DecodeImages) instead of the "
+        "encoded files; implied by the options below",
+    )
+    images.add_argument(
+        "--resize",
+        type=image_size,
+        default=None,
+        metavar="WxH",
+        help="decoded size, WIDTHxHEIGHT or one number for a square "
+        "(default with --decode: 224x224)",
+    )
+    images.add_argument(
+        "--resize-mode",
+        choices=("shorter+center_crop", "stretch"),
+        default=None,
+        help="keep the aspect ratio and crop the centre "
+        "(shorter+center_crop, the default) or stretch to the size",
+    )
+    images.add_argument(
+        "--image-mode",
+        choices=("RGB", "L", "RGBA"),
+        default=None,
+        help="channels of the decoded pixels (default: RGB)",
+    )
+    images.add_argument(
+        "--layout",
+        choices=("HWC", "CHW"),
+        default=None,
+        help="pixel order: HWC (NumPy, TF, JAX; the default) or CHW (PyTorch)",
+    )
     _add_quiet(p)
     _add_storage_option(p)
     p.set_defaults(run=commands.cmd_convert)
 
-    p = sub.add_parser("verify", formatter_class=defaults,
-                       help="check every shard against the manifest's checksums",
-                       description="Read every shard and check it against the manifest.")
+    p = sub.add_parser(
+        "verify",
+        formatter_class=defaults,
+        help="check every shard against the manifest's checksums",
+        description="Read every shard and check it against the manifest.",
+    )
     p.add_argument("path", help="a feedline dataset (path or fsspec URL)")
     _add_quiet(p)
     _add_storage_option(p)
     p.set_defaults(run=commands.cmd_verify)
 
-    p = sub.add_parser("bench-loader", formatter_class=defaults,
-                       help="samples/s and data wait of the training loader",
-                       description="Run the training loader over a dataset with a simulated "
-                       "training step; report throughput, time to first batch and data wait.")
+    p = sub.add_parser(
+        "bench-loader",
+        formatter_class=defaults,
+        help="samples/s and data wait of the training loader",
+        description="Run the training loader over a dataset with a simulated "
+        "training step; report throughput, time to first batch and data wait.",
+    )
     p.add_argument("path", help="a feedline dataset or Parquet folder (path or fsspec URL)")
-    p.add_argument("--batch-size", type=positive_int, default=256, metavar="N",
-                   help="samples per batch")
-    p.add_argument("--step-ms", type=non_negative_float, default=0.0, metavar="MS",
-                   help="simulated training step after each batch, in milliseconds")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=256, metavar="N", help="samples per batch"
+    )
+    p.add_argument(
+        "--step-ms",
+        type=non_negative_float,
+        default=0.0,
+        metavar="MS",
+        help="simulated training step after each batch, in milliseconds",
+    )
     p.add_argument("--epochs", type=positive_int, default=1, metavar="N", help="epochs to run")
-    p.add_argument("--columns", type=column_list, default=None, metavar="A,B",
-                   help="comma-separated columns to load (default: all)")
-    p.add_argument("--format", choices=("torch", "numpy"), default="torch",
-                   help="what batches hold: torch tensors or NumPy arrays")
-    p.add_argument("--chart", default=None, metavar="PNG",
-                   help="also write a PNG of throughput and data wait (feedline[plots])")
+    p.add_argument(
+        "--columns",
+        type=column_list,
+        default=None,
+        metavar="A,B",
+        help="comma-separated columns to load (default: all)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("torch", "numpy"),
+        default="torch",
+        help="what batches hold: torch tensors or NumPy arrays",
+    )
+    p.add_argument(
+        "--chart",
+        default=None,
+        metavar="PNG",
+        help="also write a PNG of throughput and data wait (feedline[plots])",
+    )
     _add_storage_option(p)
     p.set_defaults(run=commands.cmd_bench_loader)
 
-    p = sub.add_parser("stats", formatter_class=defaults,
-                       help="column statistics; with --against, drift from a reference",
-                       description="Column statistics of a dataset or files; with --against, "
-                       "drift from a reference (KS and PSI).")
+    p = sub.add_parser(
+        "stats",
+        formatter_class=defaults,
+        help="column statistics; with --against, drift from a reference",
+        description="Column statistics of a dataset or files; with --against, "
+        "drift from a reference (KS and PSI).",
+    )
     p.add_argument("path", help="a dataset, or files any reader takes (path or fsspec URL)")
-    p.add_argument("--columns", type=column_list, default=None, metavar="A,B",
-                   help="comma-separated column names (default: all)")
-    p.add_argument("--json", default=None, metavar="FILE",
-                   help="also write the statistics to this JSON file")
-    p.add_argument("--html", default=None, metavar="FILE",
-                   help="also write an HTML page with histograms")
-    p.add_argument("--against", default=None, metavar="REF",
-                   help="reference dataset to check drift against")
+    p.add_argument(
+        "--columns",
+        type=column_list,
+        default=None,
+        metavar="A,B",
+        help="comma-separated column names (default: all)",
+    )
+    p.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the statistics to this JSON file"
+    )
+    p.add_argument(
+        "--html", default=None, metavar="FILE", help="also write an HTML page with histograms"
+    )
+    p.add_argument(
+        "--against", default=None, metavar="REF", help="reference dataset to check drift against"
+    )
     p.add_argument("--fail-on-drift", action="store_true", help="exit with 1 when a column drifted")
     p.add_argument("--recompute", action="store_true", help="ignore statistics in the manifest")
     _add_storage_option(p)
     p.set_defaults(run=commands.cmd_stats)
 
-    p = sub.add_parser("demo", formatter_class=defaults,
-                       help="the end-to-end demo: preprocess, train, infer, track",
-                       description="Generate data, preprocess it, train two models through "
-                       "the loader, run batch inference and track it all in MLflow.")
-    p.add_argument("--out", "--output", dest="out", default="demo-output", metavar="DIR",
-                   help="folder for the datasets, models and MLflow store")
-    p.add_argument("--engine", choices=["local", "spark", "ray"], default="local",
-                   help="engine of the preprocessing writes")
-    p.add_argument("--size", choices=["small", "full"], default="full",
-                   help="small: a quick run; full: the whole demo")
-    p.add_argument("--rows", type=positive_int, default=None, metavar="N",
-                   help="catalog products (overrides --size)")
-    p.add_argument("--epochs", type=positive_int, default=None, metavar="N",
-                   help="epochs (overrides --size)")
+    p = sub.add_parser(
+        "demo",
+        formatter_class=defaults,
+        help="the end-to-end demo: preprocess, train, infer, track",
+        description="Generate data, preprocess it, train two models through "
+        "the loader, run batch inference and track it all in MLflow.",
+    )
+    p.add_argument(
+        "--out",
+        "--output",
+        dest="out",
+        default="demo-output",
+        metavar="DIR",
+        help="folder for the datasets, models and MLflow store",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["local", "spark", "ray"],
+        default="local",
+        help="engine of the preprocessing writes",
+    )
+    p.add_argument(
+        "--size",
+        choices=["small", "full"],
+        default="full",
+        help="small: a quick run; full: the whole demo",
+    )
+    p.add_argument(
+        "--rows",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="catalog products (overrides --size)",
+    )
+    p.add_argument(
+        "--epochs", type=positive_int, default=None, metavar="N", help="epochs (overrides --size)"
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed of the data and training")
     p.set_defaults(run=commands.cmd_demo)
     return parser

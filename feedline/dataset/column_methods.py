@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from feedline.dataset.grouped import GroupedDataset
+from feedline.engines.local.engine import plan_schema
 from feedline.errors import ConfigurationError
 from feedline.plan.plan import Cast, Drop, Plan, Rename, WithColumns
 from feedline.plan.relational import JOIN_HOWS, Relational, RelationalSource
@@ -36,7 +38,7 @@ class RelationalMethods:
 
     def _relational(self, op: str, params: dict[str, Any], *others: Dataset) -> Dataset:
         inputs = (self._plan, *(other.plan for other in others))
-        source = RelationalSource(Relational(op, tuple(params.items())), inputs)
+        source = RelationalSource(Relational(op, tuple(params.items())), inputs, plan_schema)
         return checked(type(self)(Plan(source)))  # type: ignore[call-arg]
 
     # ------------------------------------------------------------------ relational
@@ -87,7 +89,6 @@ class RelationalMethods:
         >>> out.to_arrow().to_pydict()
         {'k': ['a', 'b'], 'n': [2, 1], 'total': [4, 2]}
         """
-        from feedline.dataset.grouped import GroupedDataset
 
         names = () if isinstance(keys, Sequence) and not keys else names_of(keys, "groupby()")
         return GroupedDataset(self, names)  # type: ignore[arg-type]

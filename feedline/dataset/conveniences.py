@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from feedline.dataset import to_numpy as st
+from feedline.engines.base import get_engine
 from feedline.errors import ConfigurationError, MissingDependencyError
+from feedline.ui.display import print_table, to_html
 
 if TYPE_CHECKING:
     import polars
@@ -91,7 +94,6 @@ class ConvenienceMethods:
         └────────┘
         """
         table = self.head(n, engine)
-        from feedline.ui.display import print_table
 
         print_table(table, None, console)
 
@@ -153,8 +155,6 @@ class ConvenienceMethods:
         >>> ds.to_numpy(["s"])["s"].tolist()
         ['x', 'y']
         """
-        from feedline.dataset import to_numpy as st
-        from feedline.engines.base import get_engine
 
         resolved = get_engine(engine)
         schema = self.schema()
@@ -178,6 +178,5 @@ class ConvenienceMethods:
 
     def _repr_html_(self) -> str:
         """The notebook view: plan, schema table, and the row count when metadata knows it."""
-        from feedline.ui.display import to_html
 
         return to_html(self._plan)

@@ -16,11 +16,15 @@ from feedline.dataset.conveniences import ConvenienceMethods
 from feedline.dataset.outputs import OutputMethods
 from feedline.engines.base import Engine, get_engine
 from feedline.engines.batch.fusion import rebatch
-from feedline.engines.schema import infer_schema
+from feedline.engines.local.engine import plan_schema
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport, Source
-from feedline.plan.plan import Filter, Limit, MapBatches, Plan, Sample, Select, Transform
+from feedline.plan.inference import check_model_options
+from feedline.plan.plan import Filter, Limit, MapBatches, Plan, Sample, Select, Transform, pushdown
 from feedline.plan.relational import RelationalSource, plan_lines
+from feedline.preprocess.base import from_state
+from feedline.preprocess.chain import Chain
+from feedline.ui.display import describe
 from feedline.ui.progress import bar as progress_bar
 
 if TYPE_CHECKING:
@@ -32,7 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["Dataset"]
 
 T = TypeVar("T")
-
 
 
 class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
@@ -93,17 +96,14 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         manifest = self.manifest
         if manifest is None or not manifest.preprocessors:
             return None
-        from feedline.preprocess.base import from_state
 
         steps = [from_state(entry.get("state")) for entry in manifest.preprocessors]
         if len(steps) == 1:
             return steps[0]
-        from feedline.preprocess.chain import Chain
 
         return Chain(steps)
 
     def __repr__(self) -> str:
-        from feedline.ui.display import describe
 
         return describe(self._plan)
 
@@ -187,7 +187,6 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         >>> ds.to_arrow()["twice"].to_pylist()
         [0, 2, 4, 6]
         """
-        from feedline.plan.inference import check_model_options
 
         if not callable(fn):
             raise ConfigurationError(
@@ -273,14 +272,13 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
 
         Its ``pandas`` metadata keeps only what is still true of the columns.
         """
-        return valid_pandas_schema(infer_schema(self._resolved_plan()))
+        return valid_pandas_schema(plan_schema(self._resolved_plan()))
 
     def explain(self, analyze: bool = False, engine: str | Engine | None = None) -> str:
         """The plan, one operator per line, with what is pushed into the reader.
 
         With ``analyze=True`` the plan runs (output discarded) and the counters are shown.
         """
-        from feedline.plan.plan import pushdown
 
         lines = ["Logical plan:"]
         lines += [f"  {line}" for line in plan_lines(self._plan)]
@@ -319,7 +317,7 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
             # a relational source types itself from its inputs: fit their preprocessors first
             relational = isinstance(self._plan.source, RelationalSource)
             plan = self._resolved_plan(engine) if relational else self._plan
-            infer_schema(plan)  # validates selected columns without reading data
+            plan_schema(plan)  # validates selected columns without reading data
             total = plan.known_rows()
             if total is not None:
                 return total

@@ -13,6 +13,8 @@ import pyarrow as pa
 
 from feedline.arrow.python_columns import arrays_from_columns
 from feedline.dataset.dataset import Dataset
+from feedline.engines.ray.source import RaySource
+from feedline.engines.spark.bridge import SparkFrameSource
 from feedline.errors import ConfigurationError, SchemaError
 from feedline.io.memory import ArrowSource, table_from_pandas
 
@@ -107,8 +109,10 @@ def from_numpy(
 
     if isinstance(arrays, np.ndarray):
         arrays = {"data": arrays}
-    elif isinstance(arrays, list | tuple) and arrays and all(
-        isinstance(a, np.ndarray) for a in arrays
+    elif (
+        isinstance(arrays, list | tuple)
+        and arrays
+        and all(isinstance(a, np.ndarray) for a in arrays)
     ):
         arrays = {"data": np.concatenate(arrays)}
     if not isinstance(arrays, Mapping) or not all(
@@ -150,8 +154,10 @@ def from_huggingface(dataset: datasets.Dataset) -> Dataset:
             f"from_huggingface() needs one split, got a {kind} with splits "
             f"{list(dataset)}. Fix: pick one, e.g. fl.from_huggingface(dd['train'])."
         )
-    if kind == "IterableDataset" or not hasattr(dataset, "data") or not hasattr(
-        dataset, "with_format"
+    if (
+        kind == "IterableDataset"
+        or not hasattr(dataset, "data")
+        or not hasattr(dataset, "with_format")
     ):
         raise ConfigurationError(
             f"from_huggingface() needs a map-style datasets.Dataset, got {kind}. Fix: load it "
@@ -237,7 +243,6 @@ def from_spark(
     >>> ds.write("out/").rows  # doctest: +SKIP
     100
     """
-    from feedline.engines.spark.bridge import SparkFrameSource
 
     return Dataset.from_source(SparkFrameSource(df, cache=cache, cache_dir=cache_dir))
 
@@ -253,6 +258,5 @@ def from_ray(dataset: ray.data.Dataset, name: str = "ray dataset") -> Dataset:
     [0, 1, 2, 3, 4]
     >>> info = ds.write("/tmp/out", engine="ray")  # doctest: +SKIP
     """
-    from feedline.engines.ray.bridge import RaySource
 
     return Dataset.from_source(RaySource(dataset, name))

@@ -13,10 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from feedline.arrow.sizes import parse_bytes
 from feedline.engines.base import Engine, WriteInfo, WriteOptions, get_engine
+from feedline.engines.ray.bridge import streaming_split, to_ray
+from feedline.engines.spark.bridge import to_spark
+from feedline.io.parquet import ParquetSource
 from feedline.io.source import ExecutionReport, Source
 from feedline.io.storage.paths import resolve
+from feedline.io.tfrecord.writer import write_tfrecord
+from feedline.loader.loader import Loader
 from feedline.plan.plan import Plan, Select, Transform
+from feedline.statistics.compute import store_stats
+from feedline.store.dataset_files import open_source
+from feedline.store.shard_source import BatchStream, ShardSource
 from feedline.ui.progress import also
 from feedline.ui.progress import bar as progress_bar
 
@@ -92,7 +101,6 @@ class OutputMethods:
         >>> info.rows, info.shards
         (1000, 3)
         """
-        from feedline.arrow.sizes import parse_bytes
 
         options = WriteOptions(
             rows_per_shard=rows_per_shard,
@@ -116,9 +124,6 @@ class OutputMethods:
                 preprocessors=states,
             )
         if stats:
-            from feedline.statistics.compute import store_stats
-            from feedline.store.dataset_files import open_source
-
             written = type(self).from_source(open_source(path, storage_options=storage_options))
             store_stats(written, engine=engine)
         return info
@@ -152,9 +157,6 @@ class OutputMethods:
         """
         import time
 
-        from feedline.arrow.sizes import parse_bytes
-        from feedline.io.tfrecord.writer import write_tfrecord
-
         started = time.perf_counter()
         report = ExecutionReport()
         resolved = get_engine(engine)
@@ -174,16 +176,14 @@ class OutputMethods:
 
     def to_spark(self, spark: SparkSession | None = None) -> pyspark.sql.DataFrame:
         """This dataset as a lazy Spark DataFrame (see :func:`feedline.engines.spark.engine.to_spark`)."""
-        from feedline.engines.spark.bridge import to_spark
 
         return to_spark(self, spark)
 
     def to_ray(self, engine: str | Engine | None = None) -> ray.data.Dataset:
         """This dataset as a lazy ``ray.data.Dataset`` (see
         :func:`feedline.engines.ray.bridge.to_ray`)."""
-        from feedline.engines.ray.bridge import to_ray
 
-        return to_ray(self, engine)
+        return to_ray(self._resolved_plan(), engine)
 
     def streaming_split(
         self, n: int, *, equal: bool = True, engine: str | Engine | None = None
@@ -191,9 +191,8 @@ class OutputMethods:
         """``n`` disjoint streams of this dataset for ``n`` Ray consumers (Ray Train workers),
         computed on Ray as they are read, nothing written first (see
         :func:`feedline.engines.ray.bridge.streaming_split`)."""
-        from feedline.engines.ray.bridge import streaming_split
 
-        return streaming_split(self, n, equal=equal, engine=engine)
+        return streaming_split(self._resolved_plan(), n, equal=equal, engine=engine)
 
     def loader(
         self,
@@ -242,7 +241,6 @@ class OutputMethods:
         >>> [b["id"].tolist() for b in fl.range(5).loader(batch_size=2, shuffle=False)]
         [[0, 1], [2, 3], [4]]
         """
-        from feedline.loader.loader import Loader
 
         return Loader(
             self, batch_size, shuffle, seed, rank, world_size, drop_last, columns, cache,
@@ -268,8 +266,6 @@ class OutputMethods:
         >>> fl.range(10).limit(4)._loader_source().num_rows
         4
         """
-        from feedline.io.parquet import ParquetSource
-        from feedline.store.shard_source import BatchStream, ShardSource
 
         if columns is not None:
             return self.select(list(columns))._loader_source()

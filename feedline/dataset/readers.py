@@ -19,12 +19,27 @@ from feedline.io.images import ImageFolderSource
 from feedline.io.jsonl import JsonlSource
 from feedline.io.memory import RangeSource
 from feedline.io.parquet import ParquetSource
+from feedline.io.petastorm.reader import PetastormSource
 from feedline.io.text import TextSource
+from feedline.io.tfrecord.reader import TfRecordSource
+from feedline.io.webdataset.reader import WebDatasetSource
+from feedline.store.dataset_files import open_source
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["open", "range", "read_csv", "read_images", "read_jsonl", "read_parquet", "read_petastorm", "read_text", "read_tfrecord", "read_webdataset"]
+__all__ = [
+    "open",
+    "range",
+    "read_csv",
+    "read_images",
+    "read_jsonl",
+    "read_parquet",
+    "read_petastorm",
+    "read_text",
+    "read_tfrecord",
+    "read_webdataset",
+]
 
 PathsLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -160,7 +175,6 @@ def read_petastorm(
     >>> ds.schema().field("m").type
     FixedShapeTensorType(extension<arrow.fixed_shape_tensor[value_type=float, shape=[2,2]]>)
     """
-    from feedline.io.petastorm.reader import PetastormSource
 
     source = PetastormSource(path, on_error=on_error, storage_options=storage_options)
     ds = Dataset.from_source(source)
@@ -230,7 +244,6 @@ def read_tfrecord(
     >>> fl.read_tfrecord(out, features=spec).schema().types
     [DataType(uint8), ListType(list<item: int32>)]
     """
-    from feedline.io.tfrecord.reader import TfRecordSource
 
     source = TfRecordSource(
         paths,
@@ -308,7 +321,6 @@ def read_webdataset(
     >>> fl.read_webdataset(path).to_arrow().select(["__key__", "cls", "txt"]).to_pylist()
     [{'__key__': 'a', 'cls': 1, 'txt': 'hi'}, {'__key__': 'b', 'cls': 2, 'txt': None}]
     """
-    from feedline.io.webdataset.reader import WebDatasetSource
 
     source = WebDatasetSource(
         urls,
@@ -319,6 +331,7 @@ def read_webdataset(
     )
     ds = Dataset.from_source(source)
     return ds.select(columns) if columns is not None else ds
+
 
 def range(n: int, *, rows_per_task: int = 64 * 1024) -> Dataset:  # noqa: A001
     """A dataset of ``n`` rows with an ``id`` column ``0..n-1``, generated lazily.
@@ -353,6 +366,5 @@ def open(  # noqa: A001
     >>> fl.open(out, verify=True).count()
     5
     """
-    from feedline.store.dataset_files import open_source
 
     return Dataset.from_source(open_source(path, verify=verify, storage_options=storage_options))

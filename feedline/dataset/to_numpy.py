@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
+from feedline.io.parquet import ParquetSource
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan, Select
 
@@ -354,7 +355,6 @@ def stored_files(plan: Plan, schema: pa.Schema, columns: Sequence[str]) -> list[
     reads are checked against its manifest) read as stored (column selections at most) whose
     ``columns`` are all numeric.
     """
-    from feedline.io.parquet import ParquetSource
 
     source = plan.source
     if type(source) is not ParquetSource or not all(isinstance(op, Select) for op in plan.ops):

@@ -37,14 +37,17 @@ CANDIDATES = 50  # held-out texts each image is ranked against
 @contextmanager
 def _progress(console: Console) -> Iterator[Progress]:
     """The demo's own bars; feedline's automatic ones are off meanwhile (one live display)."""
-    with scope(False), Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
+    with (
+        scope(False),
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress,
+    ):
         yield progress
 
 

@@ -17,7 +17,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from feedline import tracking
 from feedline.demo.train import EpochResult
+from feedline.ui.charts import plot_loader_timeline
 
 __all__ = ["EXPERIMENT", "PipelineResult", "Tracker", "summary_table"]
 
@@ -64,8 +66,6 @@ class Tracker:
         elif not _available("mlflow"):
             self.reason = "mlflow is not installed (pip install 'feedline[mlflow]')"
         else:
-            from feedline import tracking
-
             self.uri = tracking.local_store(store)
 
     @property
@@ -99,8 +99,6 @@ class Tracker:
         if self.enabled:
             import warnings
 
-            from feedline import tracking
-
             with warnings.catch_warnings():  # MLflow: "source can be interpreted in multiple
                 warnings.simplefilter("ignore", UserWarning)  # ways" for a local folder
                 tracking.log_dataset(path, name=name, context=context)
@@ -118,7 +116,6 @@ def loader_chart(loader: Any, path: Path, title: str) -> str | None:
         return None
     if not hasattr(loader, "timeline"):
         return None
-    from feedline.ui.charts import plot_loader_timeline
 
     path.parent.mkdir(parents=True, exist_ok=True)
     return str(plot_loader_timeline(loader.timeline(), path, title=title) or path)

@@ -15,6 +15,8 @@ from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan
+from feedline.store.shards import parquet_codec
+from feedline.ui.notebook import size, table, view
 
 __all__ = ["Engine", "WriteInfo", "WriteOptions", "get_engine", "register_engine"]
 
@@ -30,7 +32,6 @@ class WriteOptions:
     compression: str | None = "zstd"
 
     def __post_init__(self) -> None:
-        from feedline.store.shards import parquet_codec
 
         parquet_codec(self.compression)  # an unknown codec fails before any file is written
 
@@ -78,7 +79,6 @@ class WriteInfo:
 
     def _repr_html_(self) -> str:
         """The notebook view: where, how much, how fast, and the non-zero report counters."""
-        from feedline.ui.notebook import size, table, view
 
         rate = self.rows_per_second
         rows = [

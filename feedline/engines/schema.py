@@ -6,10 +6,14 @@ writers' manifest schema for empty results) without importing :mod:`feedline.dat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 
+from feedline.engines.batch.column_edits import edit_schema
 from feedline.engines.batch.fusion import BatchPipeline
 from feedline.errors import ConfigurationError
+from feedline.io.source import check_columns
 from feedline.plan.plan import (
     Cast,
     Drop,
@@ -23,14 +27,18 @@ from feedline.plan.plan import (
     Transform,
     WithColumns,
 )
+from feedline.plan.relational import RelationalSource
 
-__all__ = ["SCHEMA_SAMPLE_ROWS", "infer_schema"]
+__all__ = ["SCHEMA_SAMPLE_ROWS", "Sampler", "infer_schema"]
+
+#: runs a plan and returns its first batch (``None`` when it yields no rows)
+Sampler = Callable[[Plan], "pa.RecordBatch | None"]
 
 #: rows of the first input batch used to learn the output schema of user functions
 SCHEMA_SAMPLE_ROWS = 16
 
 
-def infer_schema(plan: Plan) -> pa.Schema:
+def infer_schema(plan: Plan, sample: Sampler) -> pa.Schema:
     """The plan's output schema.
 
     Derived from metadata while the operators allow it; a user function without an
@@ -38,6 +46,10 @@ def infer_schema(plan: Plan) -> pa.Schema:
     non-empty input batch (on an empty batch when the input is empty). A later
     ``map_batches`` with an ``output_schema`` decides the schema from there on, so the
     functions before it are not run at all.
+
+    ``sample`` runs a plan for its first rows (an engine's job: the local engine's
+    :meth:`~feedline.engines.local.engine.LocalEngine.first_rows`), so this module needs no
+    engine of its own.
     """
     typed = [
         i
@@ -50,15 +62,11 @@ def infer_schema(plan: Plan) -> pa.Schema:
         if position < skip_to:
             continue
         if isinstance(op, Select):
-            from feedline.io.source import check_columns
-
             check_columns(schema, op.columns, "the dataset")
             schema = pa.schema([schema.field(c) for c in op.columns])
         elif isinstance(op, MapBatches) and op.output_schema is not None:
             schema = op.output_schema
         elif isinstance(op, WithColumns | Rename | Drop | Cast):
-            from feedline.engines.batch.column_edits import edit_schema
-
             schema = edit_schema(op, schema)
         elif isinstance(op, RowHash):
             schema = schema.append(pa.field(op.column, pa.int64(), nullable=False))
@@ -71,20 +79,16 @@ def infer_schema(plan: Plan) -> pa.Schema:
             if later:
                 skip_to = later[-1]
                 continue
-            return _schema_by_sampling(plan, position, schema)
+            return _schema_by_sampling(plan, position, schema, sample)
     return schema
 
 
-def _schema_by_sampling(plan: Plan, position: int, schema: pa.Schema) -> pa.Schema:
-    from feedline.engines.local.engine import LocalEngine
+def _schema_by_sampling(
+    plan: Plan, position: int, schema: pa.Schema, sample_rows: Sampler
+) -> pa.Schema:
 
     head = _on_samples(Plan(plan.source, tuple(plan.ops[:position])))
-    sample = None
-    # one read task at a time: a Spark/Ray driver should not read a row group per core here
-    engine = LocalEngine(parallelism=1, memory_budget="64MB")
-    for batch in engine.execute(head.then(Limit(SCHEMA_SAMPLE_ROWS))):
-        sample = batch
-        break
+    sample = sample_rows(head.then(Limit(SCHEMA_SAMPLE_ROWS)))
     if sample is None:
         sample = schema.empty_table().to_batches() or [
             pa.RecordBatch.from_pylist([], schema=schema)
@@ -104,7 +108,6 @@ def _on_samples(plan: Plan) -> Plan:
     """``plan`` with every relational operator in it (sort, join, groupby...) run over the
     first ``SCHEMA_SAMPLE_ROWS`` rows of each of its inputs: rows of the same schema, without
     running the operator on all the data just to learn a user function's output types."""
-    from feedline.plan.relational import RelationalSource
 
     source = plan.source
     if not isinstance(source, RelationalSource):

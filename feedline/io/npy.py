@@ -20,6 +20,7 @@ Examples
 >>> cells = decode_npy(column)
 >>> cells.stacked.shape, cells.present.tolist()
 ((2, 2, 3), [True, False, True])
+>>> from feedline.io.npy_arrow import cells_to_arrow
 >>> array, bad = cells_to_arrow(cells, (2, 3), np.dtype(np.int16))
 >>> array.type
 FixedShapeTensorType(extension<arrow.fixed_shape_tensor[value_type=int16, shape=[2,3]]>)
@@ -81,8 +82,9 @@ class Cells:
         """Cells from one array (or ``None``) per row; stacked when they all agree."""
         present = np.array([v is not None for v in values], dtype=bool)
         arrays = [v for v in values if v is not None]
-        if arrays and all(a.dtype == arrays[0].dtype and a.shape == arrays[0].shape
-                          for a in arrays):
+        if arrays and all(
+            a.dtype == arrays[0].dtype and a.shape == arrays[0].shape for a in arrays
+        ):
             return cls(len(values), present, failed, stacked=np.stack(arrays))
         if not arrays:
             return cls(len(values), present, failed, stacked=None, arrays=[])
@@ -161,11 +163,16 @@ def _binary_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     if pa.types.is_binary_view(column.type) or pa.types.is_fixed_size_binary(column.type):
         column = column.cast(pa.large_binary())
     n = len(column)
-    valid = np.ones(n, bool) if column.null_count == 0 else ~np.asarray(
-        column.is_null().to_numpy(zero_copy_only=False))
+    valid = (
+        np.ones(n, bool)
+        if column.null_count == 0
+        else ~np.asarray(column.is_null().to_numpy(zero_copy_only=False))
+    )
     buffers = column.buffers()
     kind = np.int64 if pa.types.is_large_binary(column.type) else np.int32
-    offsets = np.frombuffer(buffers[1], kind)[column.offset: column.offset + n + 1].astype(np.int64)
+    offsets = np.frombuffer(buffers[1], kind)[column.offset : column.offset + n + 1].astype(
+        np.int64
+    )
     data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
     return valid, offsets, data
 
@@ -191,7 +198,7 @@ def decode_npy(column: pa.Array) -> Cells:
     values: list[np.ndarray | None] = [None] * n
     failed: dict[int, str] = {}
     for row in rows.tolist():
-        blob = memoryview(data)[offsets[row]: offsets[row + 1]]
+        blob = memoryview(data)[offsets[row] : offsets[row + 1]]
         try:
             values[row] = load_npy(blob)
         except (ValueError, OSError, EOFError, TypeError) as exc:
@@ -207,7 +214,7 @@ def _fast_path(data: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
     if size < 10 or not bool((offsets[1:] - offsets[:-1] == size).all()):
         return None
     start = int(offsets[0])
-    head = data[start: start + size]
+    head = data[start : start + size]
     if bytes(head[:6]) != NPY_MAGIC:
         return None
     try:
@@ -216,7 +223,7 @@ def _fast_path(data: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
         return None
     if header + dtype.itemsize * math.prod(shape) != size:
         return None
-    matrix = data[start: start + count * size].reshape(count, size)
+    matrix = data[start : start + count * size].reshape(count, size)
     if not bool((matrix[:, :header] == matrix[0, :header]).all()):
         return None
     payload = np.ascontiguousarray(matrix[:, header:]).view(dtype)
@@ -234,10 +241,17 @@ def decode_npz(column: pa.Array) -> Cells:
     values: list[np.ndarray | None] = [None] * len(valid)
     failed: dict[int, str] = {}
     for row in np.flatnonzero(valid).tolist():
-        blob = memoryview(data)[offsets[row]: offsets[row + 1]]
+        blob = memoryview(data)[offsets[row] : offsets[row + 1]]
         try:
             values[row] = _load_npz(blob)
-        except (ValueError, OSError, EOFError, TypeError, zipfile.BadZipFile,
-                NotImplementedError, RuntimeError) as exc:
+        except (
+            ValueError,
+            OSError,
+            EOFError,
+            TypeError,
+            zipfile.BadZipFile,
+            NotImplementedError,
+            RuntimeError,
+        ) as exc:
             failed[row] = f"not a readable .npz value ({type(exc).__name__}: {exc})"
     return Cells.from_values(values, failed)

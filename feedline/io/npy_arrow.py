@@ -73,8 +73,9 @@ def _fits(array: np.ndarray, shape: Shape | None) -> bool:
     return all(w is None or w == d for w, d in zip(shape, array.shape, strict=True))
 
 
-def cells_to_arrow(cells: Cells, shape: Shape | None, dtype: np.dtype | None
-                   ) -> tuple[pa.Array, dict[int, str]]:
+def cells_to_arrow(
+    cells: Cells, shape: Shape | None, dtype: np.dtype | None
+) -> tuple[pa.Array, dict[int, str]]:
     """``cells`` as an Arrow column, plus the rows that failed (decoding, dtype or shape).
 
     ``shape`` (``None`` dimensions vary) and ``dtype`` are what the values must be; ``None``
@@ -85,8 +86,11 @@ def cells_to_arrow(cells: Cells, shape: Shape | None, dtype: np.dtype | None
     present = cells.present.copy()
     stacked = cells.stacked
     arrays = [] if stacked is not None else list(cells.arrays or [])
-    sample = (stacked[0] if len(stacked) else None) if stacked is not None else (
-        arrays[0] if arrays else None)
+    sample = (
+        (stacked[0] if len(stacked) else None)
+        if stacked is not None
+        else (arrays[0] if arrays else None)
+    )
     if dtype is None:
         dtype = sample.dtype if sample is not None else np.dtype(np.float64)
     if shape is None:
@@ -104,21 +108,28 @@ def cells_to_arrow(cells: Cells, shape: Shape | None, dtype: np.dtype | None
             if cast is not None and _fits(array, shape):
                 kept.append(cast)
                 continue
-            failed[row] = (f"its dtype {array.dtype} cannot be cast to {dtype}" if cast is None
-                           else f"its shape {array.shape} does not fit {_show(shape)}")
+            failed[row] = (
+                f"its dtype {array.dtype} cannot be cast to {dtype}"
+                if cast is None
+                else f"its shape {array.shape} does not fit {_show(shape)}"
+            )
             present[row] = False
         arrays = kept
     if isinstance(kind, pa.FixedShapeTensorType):
         if block is None:
             block = np.stack(arrays) if arrays else np.empty((0, *shape), dtype)
         return _tensor(block, present, kind, dtype), failed
-    return _nested(list(block) if block is not None else arrays, present, len(shape), kind,
-                   dtype), failed
+    return _nested(
+        list(block) if block is not None else arrays, present, len(shape), kind, dtype
+    ), failed
 
 
 def _show(shape: Shape) -> str:
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + (",)" if len(
-        shape) == 1 else ")")
+    return (
+        "("
+        + ", ".join("None" if d is None else str(d) for d in shape)
+        + (",)" if len(shape) == 1 else ")")
+    )
 
 
 def _cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
@@ -131,8 +142,9 @@ def _cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
     return array.astype(dtype)
 
 
-def _tensor(block: np.ndarray, present: np.ndarray, kind: pa.FixedShapeTensorType,
-            dtype: np.dtype) -> pa.Array:
+def _tensor(
+    block: np.ndarray, present: np.ndarray, kind: pa.FixedShapeTensorType, dtype: np.dtype
+) -> pa.Array:
     n = len(present)
     complete = bool(present.all())
     if complete:
@@ -147,8 +159,9 @@ def _tensor(block: np.ndarray, present: np.ndarray, kind: pa.FixedShapeTensorTyp
     return pa.ExtensionArray.from_storage(kind, storage)
 
 
-def _nested(arrays: list[np.ndarray], present: np.ndarray, depth: int, kind: pa.DataType,
-            dtype: np.dtype) -> pa.Array:
+def _nested(
+    arrays: list[np.ndarray], present: np.ndarray, depth: int, kind: pa.DataType, dtype: np.dtype
+) -> pa.Array:
     """Nested lists (``depth`` levels) from one array per present row; others are null."""
     n = len(present)
     if depth == 0:
@@ -159,15 +172,19 @@ def _nested(arrays: list[np.ndarray], present: np.ndarray, depth: int, kind: pa.
     shapes = np.zeros((n, depth), np.int64)
     if arrays:
         shapes[present] = np.array([a.shape for a in arrays], np.int64).reshape(-1, depth)
-    flat = (np.concatenate([np.ascontiguousarray(a).reshape(-1) for a in arrays])
-            if arrays else np.empty(0, dtype))
+    flat = (
+        np.concatenate([np.ascontiguousarray(a).reshape(-1) for a in arrays])
+        if arrays
+        else np.empty(0, dtype)
+    )
     values: pa.Array = pa.array(flat, _innermost(kind))
     for level in range(depth - 1, 0, -1):
         counts = np.prod(shapes[:, :level], axis=1)
         lengths = np.repeat(shapes[:, level], counts)
         values = pa.ListArray.from_arrays(_offsets(lengths), values)
-    outer = pa.ListArray.from_arrays(_offsets(shapes[:, 0]), values,
-                                     mask=None if present.all() else pa.array(~present))
+    outer = pa.ListArray.from_arrays(
+        _offsets(shapes[:, 0]), values, mask=None if present.all() else pa.array(~present)
+    )
     return outer.cast(kind) if outer.type != kind else outer
 
 

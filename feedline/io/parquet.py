@@ -14,7 +14,14 @@ import pyarrow.parquet as pq
 from feedline.arrow.parquet_types import restore_types, same_stored_schema
 from feedline.arrow.tensor_codec import logical_schema
 from feedline.errors import DataError, SchemaError
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, describe_files
+from feedline.io.source import (
+    ExecutionReport,
+    ReadTask,
+    Source,
+    check_columns,
+    describe_files,
+    fingerprint_of,
+)
 from feedline.io.storage.paths import Location, expand_paths
 
 __all__ = ["PARQUET_SUFFIXES", "ParquetSource", "read_footer", "same_schema"]
@@ -93,7 +100,6 @@ class ParquetSource(Source):
         return describe_files("parquet", [f.url for f in self._files])
 
     def fingerprint(self) -> str:
-        from feedline.io.source import fingerprint_of
 
         infos = []
         for loc in self._files:

@@ -210,15 +210,20 @@ class RowGroupSample(Source):
                 tasks.append(
                     ReadTask(
                         label,
-                        _sampled(read, label, (self.seed, f, g), choice.keep, checked,
-                                 rows if predicate is None else None),
+                        _sampled(
+                            read,
+                            label,
+                            (self.seed, f, g),
+                            choice.keep,
+                            checked,
+                            rows if predicate is None else None,
+                        ),
                     )
                 )
         return tasks
 
 
-def _sampled(read, label: str, seed: tuple[int, ...], keep: float, checked: Any,
-             rows: int | None):
+def _sampled(read, label: str, seed: tuple[int, ...], keep: float, checked: Any, rows: int | None):
     """``read``'s batches, rows kept with probability ``keep``; checked like a shard read."""
 
     def run(report: ExecutionReport) -> Iterator[pa.RecordBatch]:

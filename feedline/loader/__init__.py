@@ -8,10 +8,9 @@ Examples
 [[0, 1], [2, 3]]
 """
 
-from feedline.cli.bench_loader import bench_loader
 from feedline.loader import nodes
 from feedline.loader.data.windows import Windows
 from feedline.loader.loader import Loader
 from feedline.loader.transforms import ImageTransform
 
-__all__ = ["ImageTransform", "Loader", "Windows", "bench_loader", "nodes"]
+__all__ = ["ImageTransform", "Loader", "Windows", "nodes"]

@@ -28,6 +28,7 @@ from feedline.loader.adapters.torch import distributed_defaults
 from feedline.loader.checkpoints import LoaderCheckpoints
 from feedline.loader.data.backend import Backend, as_source, open_backend
 from feedline.loader.data.columns import parse_budget
+from feedline.loader.data.shard_cache import default_cache_dir
 from feedline.loader.data.windows import Windows, window_copier
 from feedline.loader.nodes.base import Node
 from feedline.loader.nodes.gather import Gather
@@ -40,6 +41,7 @@ from feedline.loader.order.sample_order import EpochPlan
 from feedline.loader.pipeline import default_pipeline, group_size
 from feedline.loader.timing import Timing
 from feedline.loader.views import LoaderViews
+from feedline.tracking import EpochLogger
 
 if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset
@@ -269,8 +271,6 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
         self.windows, self.strings = windows, strings
         self.device = self._check_device(device)
         if cache_dir is True or cache_dir is None:
-            from feedline.loader.data.shard_cache import default_cache_dir
-
             cache_dir = default_cache_dir()
         elif cache_dir is not False and not os.fspath(cache_dir):
             raise ConfigurationError(
@@ -294,8 +294,6 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
         self._skips = Skips()
         self._tracker = None
         if track is not False:
-            from feedline.tracking import EpochLogger
-
             self._tracker = EpochLogger(track)
 
     def _source(self) -> ShardSource | BatchStream:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from feedline.loader.adapters.tf import import_tensorflow, tf_dataset
+from feedline.loader.adapters.torch import import_torch
 from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.indices import Order
 from feedline.loader.nodes.map import Map
@@ -38,7 +40,6 @@ class LoaderViews:
         >>> ds.element_spec  # doctest: +SKIP
         {'id': TensorSpec(shape=(16,), dtype=tf.int64, name='id')}
         """
-        from feedline.loader.adapters.tf import import_tensorflow, tf_dataset
 
         import_tensorflow()
         whole = not self._segments and (self._consumed == 0 or self._consumed >= len(self))
@@ -80,7 +81,6 @@ class LoaderViews:
         >>> [b["id"].tolist() for b in DataLoader(ds, batch_size=None)]
         [[0, 1, 2], [3, 4, 5]]
         """
-        from feedline.loader.adapters.torch import import_torch
 
         import_torch()
         from feedline.loader.adapters.torch_dataset import LoaderDataset
@@ -103,7 +103,6 @@ class LoaderViews:
         >>> [b["id"].tolist() for b in dl], len(dl)
         ([[0, 1, 2], [3, 4, 5]], 2)
         """
-        from feedline.loader.adapters.torch import import_torch
 
         import_torch()
         from feedline.loader.adapters.torch_dataset import LoaderDataLoader

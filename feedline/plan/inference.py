@@ -56,7 +56,15 @@ import pyarrow as pa
 
 from feedline.errors import ConfigurationError, MissingDependencyError, UserFunctionError
 
-__all__ = ["Predictor", "TorchPredictor", "accepts_device", "add_passthrough", "check_device", "check_model_options", "validate_device"]
+__all__ = [
+    "Predictor",
+    "TorchPredictor",
+    "accepts_device",
+    "add_passthrough",
+    "check_device",
+    "check_model_options",
+    "validate_device",
+]
 
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
 

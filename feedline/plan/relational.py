@@ -10,7 +10,8 @@ Examples
 --------
 >>> from feedline.io.memory import RangeSource
 >>> from feedline.plan.plan import Plan
->>> source = RelationalSource(Relational("sort", (("by", ("id",)),)), (Plan(RangeSource(3)),))
+>>> schema_of = lambda plan: plan.source.schema()  # how an input plan's schema is learnt
+>>> source = RelationalSource(Relational("sort", (("by", ("id",)),)), (Plan(RangeSource(3)),), schema_of)
 >>> source.schema().names
 ['id']
 >>> source.describe()
@@ -19,7 +20,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -91,20 +92,25 @@ class RelationalSource(Source):
 
     kind = "relational"
 
-    def __init__(self, relational: Relational, inputs: Sequence[Plan]) -> None:
+    def __init__(
+        self,
+        relational: Relational,
+        inputs: Sequence[Plan],
+        schema_of: Callable[[Plan], pa.Schema],
+    ) -> None:
         if relational.op not in OPERATORS:
             raise ConfigurationError(
                 f"Unknown relational operator {relational.op!r}. Fix: use one of {OPERATORS}."
             )
         self.relational = relational
         self.inputs = tuple(inputs)
+        #: the schema of an input plan (injected: learning one may run a sample of it)
+        self.schema_of = schema_of
         self._schema: pa.Schema | None = None
 
     def schema(self) -> pa.Schema:
         if self._schema is None:
-            from feedline.engines.schema import infer_schema
-
-            schemas = [infer_schema(plan) for plan in self.inputs]
+            schemas = [self.schema_of(plan) for plan in self.inputs]
             self._schema = output_schema(self.relational, schemas)
         return self._schema
 
@@ -131,7 +137,7 @@ class RelationalSource(Source):
 
     def with_inputs(self, inputs: Sequence[Plan]) -> RelationalSource:
         """The same operator over other input plans (e.g. with fitted preprocessors)."""
-        return RelationalSource(self.relational, inputs)
+        return RelationalSource(self.relational, inputs, self.schema_of)
 
     def engine_inputs(self) -> tuple[Plan, ...]:
         """The input plans an engine runs: ``random_shuffle`` and ``split`` get the row key
@@ -170,7 +176,7 @@ def plan_lines(plan: Plan, indent: int = 0) -> list[str]:
     >>> from feedline.io.memory import RangeSource
     >>> from feedline.plan.plan import Limit
     >>> p = Plan(RangeSource(3))
-    >>> s = RelationalSource(Relational("union"), (p, p.then(Limit(2))))
+    >>> s = RelationalSource(Relational("union"), (p, p.then(Limit(2))), lambda p: p.source.schema())
     >>> print("\\n".join(plan_lines(Plan(s).then(Limit(1)))))
     union()
       input 0: Read(range: 3 rows)
@@ -191,5 +197,3 @@ def plan_lines(plan: Plan, indent: int = 0) -> list[str]:
         lines = [f"{pad}Read({source.describe()})"]
     lines += [f"{pad}{'  ' * (i + 1)}{op.describe()}" for i, op in enumerate(plan.ops)]
     return lines
-
-

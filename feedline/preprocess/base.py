@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 from feedline.dataset.fit import fit_data
-from feedline.errors import ConfigurationError, DataError, FeedlineError, FormatError
+from feedline.errors import ConfigurationError, DataError, FeedlineError, FormatError, SchemaError
 from feedline.preprocess.state_checks import check_fitted, invalid_state, non_finite
 from feedline.ui.progress import bar as progress_bar
 from feedline.ui.progress import counting
@@ -60,9 +60,7 @@ def from_state(state: dict[str, Any]) -> Preprocessor:
             f"A saved preprocessor state has type={kind!r}, not a class name. Fix: pass the "
             "dict from `.state` unedited (re-fit and save it again)."
         )
-    if kind not in _REGISTRY:
-        import feedline.preprocess  # noqa: F401 - registers the built-in preprocessors
-
+    # importing this module ran feedline/preprocess/__init__.py, which registers the built-ins
     if kind not in _REGISTRY:
         raise FormatError(
             f"Unknown preprocessor type {kind!r} in a saved state (known: {sorted(_REGISTRY)}). "
@@ -221,8 +219,6 @@ class Preprocessor(ABC):
             raise self._not_fitted_error()
         missing = [c for c in self.columns if batch.schema.get_field_index(c) < 0]
         if missing:
-            from feedline.errors import SchemaError
-
             raise SchemaError(
                 f"{type(self).__name__} needs column(s) {missing}, which are not in {where} "
                 f"(columns: {batch.schema.names}). Fix: check the column names."
@@ -310,6 +306,9 @@ class Preprocessor(ABC):
         return obj
 
     def __repr__(self) -> str:
-        status = "fitted" if self.fitted is not None else ("stateless" if not self.needs_fit
-                                                          else "unfitted")
+        status = (
+            "fitted"
+            if self.fitted is not None
+            else ("stateless" if not self.needs_fit else "unfitted")
+        )
         return f"{type(self).__name__}({', '.join(self.columns)}; {status})"

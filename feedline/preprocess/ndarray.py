@@ -64,9 +64,16 @@ class DecodeNdarray(Preprocessor):
 
     needs_fit: ClassVar[bool] = False
 
-    def __init__(self, column: str, shape: Sequence[int | None] | None = None,
-                 dtype: str | None = None, *, format: str = "npy",  # noqa: A002
-                 on_error: str = "raise", output: str | None = None) -> None:
+    def __init__(
+        self,
+        column: str,
+        shape: Sequence[int | None] | None = None,
+        dtype: str | None = None,
+        *,
+        format: str = "npy",  # noqa: A002
+        on_error: str = "raise",
+        output: str | None = None,
+    ) -> None:
         super().__init__(column, output)
         if len(self.columns) != 1 or len(self.output) != 1:
             raise ConfigurationError(
@@ -82,17 +89,22 @@ class DecodeNdarray(Preprocessor):
         self.format, self.on_error = format, on_error
 
     def params(self) -> dict[str, Any]:
-        return {"column": self.columns[0],
-                "shape": None if self.shape is None else list(self.shape),
-                "dtype": None if self.dtype is None else self.dtype.name,
-                "format": self.format, "on_error": self.on_error,
-                "output": None if self.output == self.columns else self.output[0]}
+        return {
+            "column": self.columns[0],
+            "shape": None if self.shape is None else list(self.shape),
+            "dtype": None if self.dtype is None else self.dtype.name,
+            "format": self.format,
+            "on_error": self.on_error,
+            "output": None if self.output == self.columns else self.output[0],
+        }
 
     def _transform(self, batch: pa.RecordBatch, report: Any, where: str) -> pa.RecordBatch:
         name = self.columns[0]
         column = batch.column(name)
-        if not any(check(column.type) for check in (
-                pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)):
+        if not any(
+            check(column.type)
+            for check in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
+        ):
             raise SchemaError(
                 f"DecodeNdarray needs a binary column of .npy bytes; {name!r} in {where} is "
                 f"{column.type}. Fix: pass the column holding np.save output (list columns "
@@ -114,8 +126,12 @@ class DecodeNdarray(Preprocessor):
                 if report is not None:
                     report.record_skip(f"{where} row {row} column {name!r}", failed[row])
             if report is None:  # called outside an engine: still never silent
-                warnings.warn(f"DecodeNdarray skipped {len(rows)} row(s) of {where}, e.g. row "
-                              f"{rows[0]}: {failed[rows[0]]}", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"DecodeNdarray skipped {len(rows)} row(s) of {where}, e.g. row "
+                    f"{rows[0]}: {failed[rows[0]]}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             keep = pa.array(np.setdiff1d(np.arange(batch.num_rows), np.asarray(rows)))
             batch, array = batch.take(keep), array.take(keep)
         target = self.output[0]
@@ -129,8 +145,9 @@ def _shape(shape: Sequence[int | None] | None) -> tuple[int | None, ...] | None:
     if shape is None:
         return None
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    if len(dims) > 32 or not all(d is None or (isinstance(d, int) and not isinstance(d, bool)
-                                               and d >= 0) for d in dims):
+    if len(dims) > 32 or not all(
+        d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in dims
+    ):
         raise ConfigurationError(
             f"shape={shape!r} is not a tuple of sizes. Fix: e.g. shape=(3, 64, 64), or "
             "(None, 3) for a first dimension that varies."

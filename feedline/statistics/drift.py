@@ -36,13 +36,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.statistics.compute import stats
+from feedline.statistics.numbers import fixed
+from feedline.statistics.result import Stats, rich_table
+from feedline.ui.notebook import Markup, names, table, view
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from feedline.dataset.dataset import Dataset
     from feedline.engines.base import Engine
-    from feedline.statistics.compute import Stats
+    from feedline.statistics.result import Stats
 
 __all__ = ["DriftReport", "compare", "ks_pvalue"]
 
@@ -169,7 +173,6 @@ class DriftReport:
         return [name for name, c in self.columns.items() if c["drift"]]
 
     def __repr__(self) -> str:
-        from feedline.ui.notebook import names
 
         drifted = self.drifted
         return (
@@ -180,7 +183,6 @@ class DriftReport:
 
     def _rows(self, drifted_first: bool = False) -> list[list[Any]]:
         """One row per column for the tables (flagged ones first if ``drifted_first``)."""
-        from feedline.statistics.numbers import fixed
 
         def fmt(v: float | None, spec: str = ".3f") -> str:
             return "" if v is None else fixed(v) if spec == ".3f" else format(v, spec)
@@ -199,7 +201,6 @@ class DriftReport:
 
     def _repr_html_(self) -> str:
         """The notebook view: flagged columns first, at most 20 rows."""
-        from feedline.ui.notebook import Markup, table, view
 
         rows = [
             [*row[:5], Markup("<b style='color:#cf222e'>DRIFT</b>" if row[5] else "ok"), row[6]]
@@ -226,9 +227,7 @@ class DriftReport:
         """A rich table: one row per column, with a DRIFT flag."""
         from rich.text import Text
 
-        from feedline.statistics.compute import _table
-
-        table = _table(
+        table = rich_table(
             f"drift: {self.rows_new:,} new rows vs {self.rows_ref:,} reference",
             "column",
             "KS",
@@ -269,7 +268,6 @@ def compare(
     >>> compare(new, ref).drifted, compare(ref, ref).drifted
     (['x'], [])
     """
-    from feedline.statistics.compute import Stats, stats
 
     def as_stats(side: Any) -> Stats:
         if isinstance(side, Stats):

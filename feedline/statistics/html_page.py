@@ -36,7 +36,7 @@ from feedline.statistics.numbers import fixed, number
 from feedline.statistics.svg_charts import histogram_svg, shown_value, top_svg
 
 if TYPE_CHECKING:
-    from feedline.statistics.compute import Stats
+    from feedline.statistics.result import Stats
 
 __all__ = ["histogram", "log_scale", "render_html", "write_html"]
 
@@ -155,9 +155,7 @@ def histogram(
     return edges, np.diff(cumulative) * count
 
 
-def _table(
-    rows: Sequence[Sequence[Any]], head: Sequence[str] | None = None, css: str = ""
-) -> str:
+def _table(rows: Sequence[Sequence[Any]], head: Sequence[str] | None = None, css: str = "") -> str:
     out = [f'<table class="{css}">' if css else "<table>"]
     if head:
         out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>")
@@ -250,7 +248,8 @@ def summary_line(c: dict[str, Any]) -> str:
     if kind == "categorical":
         labels = c.get("labels") or {}
         top = ", ".join(
-            _category(k) + (f" · {_category(labels[str(k)])}" if str(k) in labels else "")
+            _category(k)
+            + (f" · {_category(labels[str(k)])}" if str(k) in labels else "")
             + f" ({v:,})"
             for k, v in c["top"][:3]
         )

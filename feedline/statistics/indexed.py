@@ -19,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from feedline.preprocess.chain import Chain
+from feedline.preprocess.encoders import StringIndexer
+
 if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset
     from feedline.engines.base import Engine
@@ -27,8 +30,6 @@ __all__ = ["indexed_labels", "indexed_outputs"]
 
 
 def _indexers(step: Any) -> Iterator[Any]:
-    from feedline.preprocess.chain import Chain
-    from feedline.preprocess.encoders import StringIndexer
 
     if isinstance(step, Chain):
         for inner in step.steps:

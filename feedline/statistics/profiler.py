@@ -17,10 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.statistics.accumulators import Categorical, CoMoments, Images, Numeric, Other
+from feedline.statistics.result import Stats
 from feedline.statistics.tensor_accumulator import Tensor, is_tensor
+from feedline.ui.display import short_type
 
 if TYPE_CHECKING:
-    from feedline.statistics.compute import Stats
+    from feedline.statistics.result import Stats
 
 __all__ = ["Profiler"]
 
@@ -63,8 +65,6 @@ def _kind(field: pa.Field, image_columns: Sequence[str], categorical: Sequence[s
 def _type_name(t: pa.DataType) -> str:
     """The type as statistics record it: Arrow's name, tensors short (``tensor<float, 4×3>``)."""
     if isinstance(t, pa.FixedShapeTensorType):
-        from feedline.ui.display import short_type
-
         return short_type(t)
     return str(t)
 
@@ -138,7 +138,6 @@ class Profiler:
         return CoMoments.of(np.column_stack(ranks))
 
     def finish(self, merged: _Partial, ranks: CoMoments | None = None) -> Stats:
-        from feedline.statistics.compute import Stats
 
         columns = {
             name: {"type": _type_name(self.schema.field(name).type)}

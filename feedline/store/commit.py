@@ -71,7 +71,17 @@ from feedline.store.manifest import MANIFEST_NAME, Manifest
 from feedline.store.shards import shard_name
 from feedline.store.write_lock import LOCK_NAME, WriterLock, conditional
 
-__all__ = ["STAGING_PREFIX", "PendingWrite", "begin_write", "commit", "fsync_dir", "fsync_file", "prepare_target", "replace_manifest", "writing"]
+__all__ = [
+    "STAGING_PREFIX",
+    "PendingWrite",
+    "begin_write",
+    "commit",
+    "fsync_dir",
+    "fsync_file",
+    "prepare_target",
+    "replace_manifest",
+    "writing",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from feedline.errors import DataError, FormatError, IncompleteDatasetError, IntegrityError
 from feedline.io.parquet import ParquetSource, read_footer
-from feedline.io.source import ExecutionReport, ReadTask
+from feedline.io.source import ExecutionReport, ReadTask, fingerprint_of
 from feedline.io.storage.paths import Location, resolve
 from feedline.store.commit import (
     commit,
@@ -47,7 +47,15 @@ from feedline.store.manifest import (
 )
 from feedline.store.shards import ShardWriter, file_checksum
 
-__all__ = ["FeedlineSource", "check_footers", "open_source", "read_manifest", "verify", "verify_manifest", "write_batches"]
+__all__ = [
+    "FeedlineSource",
+    "check_footers",
+    "open_source",
+    "read_manifest",
+    "verify",
+    "verify_manifest",
+    "write_batches",
+]
 
 _REWRITE = "Fix: re-run the write that produced this dataset."
 #: shard footers read at once when a dataset is opened (remote reads are latency-bound)
@@ -107,7 +115,6 @@ class FeedlineSource(ParquetSource):
         return f"feedline: {self.target.url} ({len(self.manifest.shards)} shards)"
 
     def fingerprint(self) -> str:
-        from feedline.io.source import fingerprint_of
 
         return fingerprint_of(*(s.checksum for s in self.manifest.shards))
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from feedline._version import __version__
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.errors import FormatError
 
@@ -115,7 +116,6 @@ class Manifest:
 
     def to_json(self) -> str:
         """The manifest as JSON text."""
-        from feedline._version import __version__
 
         document = {
             "format": "feedline",

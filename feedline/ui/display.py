@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from feedline.engines.local.engine import plan_schema
 from feedline.errors import FeedlineError
+from feedline.plan.relational import plan_lines
+from feedline.ui.notebook import table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,10 +39,9 @@ def _schema(plan: Plan) -> pa.Schema | None:
     """The output schema when it is known without running user code, else ``None``."""
     if _runs_user_code(plan):
         return None
-    from feedline.engines.schema import infer_schema
 
     try:
-        return infer_schema(plan)
+        return plan_schema(plan)
     except (FeedlineError, OSError, pa.ArrowException):
         return None
 
@@ -105,15 +107,12 @@ def to_html(plan: Plan) -> str:
     rows = _rows(plan)
     if rows is not None:
         parts.append(f" <span>({rows:,} rows)</span>")
-    from feedline.plan.relational import plan_lines
 
     parts.append(f"<pre>{esc(chr(10).join(plan_lines(plan)))}</pre>")
     schema = _schema(plan)
     if schema is None:
         parts.append("<p>Schema: known after running the user functions.</p>")
     else:
-        from feedline.ui.notebook import table
-
         noun = "column" if len(schema) == 1 else "columns"
         parts.append(f"<div>{len(schema):,} {noun}</div>")
         parts.append(table(["column", "type"], [[f.name, short_type(f.type)] for f in schema]))

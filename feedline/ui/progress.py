@@ -41,8 +41,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from feedline.settings import config, console
+
 if TYPE_CHECKING:
-    from rich.console import Console
     from rich.progress import Progress, TaskID
 
 __all__ = [
@@ -50,7 +51,6 @@ __all__ = [
     "REFRESH_SECONDS",
     "also",
     "bar",
-    "console",
     "counting",
     "enabled",
     "interactive",
@@ -96,7 +96,6 @@ def interactive() -> bool:
     >>> interactive() in (True, False)  # True in a terminal or notebook
     True
     """
-    from feedline.settings import config
 
     if config.console is not None:
         return bool(config.console.is_terminal or (config.console.is_jupyter and _in_notebook()))
@@ -120,7 +119,6 @@ def enabled(progress: bool | None = None) -> bool:
         progress = _inherited.get()
     if progress is not None:
         return bool(progress)
-    from feedline.settings import config
 
     if config.progress is not None:
         return config.progress

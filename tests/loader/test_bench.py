@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from feedline.loader import bench_loader
+from feedline.cli.bench_loader import bench_loader
 
 
 def test_bench_loader_reports_throughput_and_data_wait(write, tmp_path) -> None:

@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 import feedline as fl
 from feedline.cli.main import main
 from feedline.errors import ConfigurationError
-from feedline.statistics.drift import compare, ks_pvalue
-from feedline.statistics.quantile_sketch import DEFAULT_K, EXACT_LIMIT
 from feedline.statistics.accumulators import QUANTILES
+from feedline.statistics.compute import stats
+from feedline.statistics.drift import compare, ks_pvalue
 from feedline.statistics.profiler import Profiler
-from feedline.statistics.compute import Stats, stats
+from feedline.statistics.quantile_sketch import DEFAULT_K, EXACT_LIMIT
+from feedline.statistics.result import Stats
 
 scipy_stats = pytest.importorskip("scipy.stats")
 

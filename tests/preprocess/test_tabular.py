@@ -24,6 +24,7 @@ import feedline as fl
 from feedline.dataset.dataset import Dataset
 from feedline.errors import DataError, FeedlineError, SchemaError
 from feedline.io.memory import ArrowSource
+from feedline.io.source import ExecutionReport
 from feedline.preprocess import Preprocessor, from_state
 from feedline.preprocess.chain import Chain, Concat
 from feedline.preprocess.discretize import Bucketizer, QuantileDiscretizer
@@ -257,7 +258,7 @@ def test_string_indexer_frequency_order_unknowns_and_inverse() -> None:
     assert keep.inverse_transform_batch(out)["c"].to_pylist() == ["d", None, None]
     skip = StringIndexer("c", handle_unknown="skip", max_categories=2).fit(fl.from_arrow(table))
     assert skip.labels("c") == ["b", "a"]
-    report = fl.dataset.ExecutionReport()
+    report = ExecutionReport()
     out = skip.transform_batch(pa.record_batch({"c": ["a", "c", "b"], "k": [1, 2, 3]}), report)
     assert out.to_pydict() == {"c": [1, 0], "k": [1, 3]} and report.records_skipped == 1
 

@@ -16,8 +16,10 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.arrow.python_columns import arrays_from_columns
+from feedline.engines.batch.column_edits import apply_edit
 from feedline.errors import FeedlineError, SchemaError, UserFunctionError
 from feedline.io.source import ExecutionReport
+from feedline.plan.inference import add_passthrough, check_device
 from feedline.plan.plan import (
     Cast,
     Drop,
@@ -33,6 +35,7 @@ from feedline.plan.plan import (
     WithColumns,
     callable_name,
 )
+from feedline.plan.rowhash import row_hash
 
 __all__ = [
     "BatchPipeline",
@@ -85,7 +88,6 @@ def hashable(kwargs: tuple[tuple[str, Any], ...]) -> Any:
 
 def construct(cls: type, kwargs: tuple[tuple[str, Any], ...], device: str | None = None) -> Any:
     """``cls(**kwargs, device=device)`` (``device`` only when set, checked to exist here)."""
-    from feedline.plan.inference import check_device
 
     if device is not None:
         check_device(device, f"by {callable_name(cls)} (process {os.getpid()})")
@@ -251,12 +253,8 @@ class BatchPipeline:
         if isinstance(op, Sample):
             return _sample(op, stream, task_index, position)
         if isinstance(op, WithColumns | Rename | Drop | Cast):
-            from feedline.engines.batch.column_edits import apply_edit
-
             return (apply_edit(op, b, label) for b in stream)
         if isinstance(op, RowHash):
-            from feedline.plan.rowhash import row_hash
-
             return (b.append_column(op.column, row_hash(b, op.seed)) for b in stream)
         raise TypeError(f"unknown operator {op!r}")
 
@@ -303,8 +301,6 @@ class BatchPipeline:
             self.report.add(function_calls=1)
             outputs = as_record_batches(result, where)
             if op.passthrough:
-                from feedline.plan.inference import add_passthrough
-
                 outputs = [add_passthrough(batch, _concat(outputs), op.passthrough, where)]
             yield from outputs
 

@@ -66,9 +66,7 @@ def arrow_table(plan: Plan) -> pa.Table | None:
     return source.table if not plan.ops else source.table.select(list(plan.ops[-1].columns))
 
 
-def register_direct(
-    con: Any, name: str, plan: Plan, report: ExecutionReport
-) -> DirectScan | None:
+def register_direct(con: Any, name: str, plan: Plan, report: ExecutionReport) -> DirectScan | None:
     """Make ``plan``'s rows the table ``name`` of ``con`` scanned by DuckDB itself, when the
     plan is a plain read (see the module); ``None`` when it must stream through the engine."""
     table = arrow_table(plan)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from feedline._version import __version__
 from feedline.arrow.sizes import parse_bytes
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.fusion import (
@@ -32,6 +33,8 @@ from feedline.engines.batch.fusion import (
 )
 from feedline.engines.batch.partials import TreeMerger, fold
 from feedline.engines.local.executor import run_stage, run_tasks
+from feedline.engines.local.relational import relational_tasks
+from feedline.engines.schema import infer_schema
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport, ReadTask
 from feedline.io.storage.paths import Location
@@ -39,9 +42,10 @@ from feedline.plan.plan import MapBatches, Operator, Plan, Pushdown, callable_na
 from feedline.plan.relational import RelationalSource
 from feedline.store import dataset_files as fmt
 
-__all__ = ["LocalEngine"]
+__all__ = ["LocalEngine", "lineage_of", "plan_schema"]
 
 logger = logging.getLogger(__name__)
+
 
 class LocalEngine:
     """Runs plans in this process with a bounded thread pool.
@@ -91,6 +95,26 @@ class LocalEngine:
 
     def __repr__(self) -> str:
         return f"LocalEngine(parallelism={self.parallelism}, memory_budget={self.memory_budget})"
+
+    def first_rows(self, plan: Plan) -> pa.RecordBatch | None:
+        """The first batch ``plan`` yields (``None`` for no rows): the sampler that
+        :func:`~feedline.engines.schema.infer_schema` runs, on a one-thread engine with a
+        small budget (a Spark or Ray driver should not read a row group per core for it).
+
+        Examples
+        --------
+        >>> from feedline.io.memory import RangeSource
+        >>> LocalEngine().first_rows(Plan(RangeSource(3))).num_rows
+        3
+        """
+        sampler = LocalEngine(parallelism=1, memory_budget="64MB")
+        stream = sampler.execute(plan)
+        try:
+            return next(stream, None)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
 
     def execute(
         self, plan: Plan, *, preserve_order: bool = True, report: ExecutionReport | None = None
@@ -143,8 +167,6 @@ class LocalEngine:
     def _read_tasks(self, plan: Plan, pushed: Pushdown) -> list[ReadTask]:
         """The source's read tasks; a relational source's come from DuckDB."""
         if isinstance(plan.source, RelationalSource):
-            from feedline.engines.local.relational import relational_tasks
-
             return relational_tasks(self, plan.source, pushed.columns, pushed.predicate)
         return plan.source.read_tasks(pushed.columns, pushed.predicate)
 
@@ -241,7 +263,6 @@ class LocalEngine:
         preprocessors: list[dict[str, Any]] | None = None,
     ) -> WriteInfo:
         """Materialize the plan as a feedline dataset at ``target``."""
-        from feedline.engines.schema import infer_schema
 
         report = report if report is not None else ExecutionReport()
         start = time.perf_counter()
@@ -249,7 +270,7 @@ class LocalEngine:
         manifest = fmt.write_batches(
             target,
             batches,
-            schema_hint=lambda: infer_schema(plan),
+            schema_hint=lambda: infer_schema(plan, self.first_rows),
             lineage=lineage_of(plan, self.name),
             writer_options=options.writer_kwargs(),
             write_info={"options": options.writer_kwargs()},
@@ -274,7 +295,6 @@ class _Partial:
 
 def lineage_of(plan: Plan, engine: str) -> dict[str, Any]:
     """The lineage block of a manifest: where the data came from and what was done to it."""
-    from feedline._version import __version__
 
     return {
         "source": plan.source.describe(),
@@ -303,3 +323,16 @@ def _counted(stream: Iterator[pa.RecordBatch], report: ExecutionReport) -> Itera
                 "Plan executed on the local engine in %.2f s: %s",
                 time.perf_counter() - started, report.as_dict(),
             )  # fmt: skip
+
+
+def plan_schema(plan: Plan) -> pa.Schema:
+    """The output schema of ``plan``, learnt from metadata or, where a user function must run,
+    from a sample run on the local engine (what every driver uses, whatever the engine).
+
+    Examples
+    --------
+    >>> from feedline.io.memory import RangeSource
+    >>> plan_schema(Plan(RangeSource(3))).names
+    ['id']
+    """
+    return infer_schema(plan, LocalEngine().first_rows)

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from feedline.engines.local.arrow_join import arrow_join
 from feedline.engines.local.duckdb_inputs import arrow_table, register_direct
 from feedline.engines.local.duckdb_sql import quote, relational_sql
+from feedline.engines.schema import infer_schema
 from feedline.errors import ConfigurationError, DataError, MissingDependencyError, SchemaError
 from feedline.io.source import ExecutionReport, ReadTask, check_columns
 from feedline.plan.plan import Limit, Select
@@ -281,14 +282,15 @@ def _input_reader(
     failures: list[BaseException],
 ) -> pa.RecordBatchReader:
     """The plan's output as a reader DuckDB can scan (extension types as their storage)."""
-    from feedline.engines.schema import infer_schema
 
     # a limit takes the first rows in task order: only then must the input keep its order
     ordered = any(isinstance(op, Limit) for op in plan.ops)
     stream = engine.execute(plan, preserve_order=ordered, report=report)
     stack.callback(getattr(stream, "close", lambda: None))
     first = next(stream, None)
-    schema = _storage_schema(first.schema if first is not None else infer_schema(plan))
+    schema = _storage_schema(
+        first.schema if first is not None else infer_schema(plan, engine.first_rows)
+    )
 
     def batches() -> Iterator[pa.RecordBatch]:
         try:

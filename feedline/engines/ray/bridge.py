@@ -1,170 +1,42 @@
-"""Bridges between feedline and Ray Data: ``from_ray(ds)`` and ``to_ray(dataset)``.
-
-``feedline.from_ray`` wraps a ``ray.data.Dataset`` as the source of a feedline :class:`Dataset`:
-on the local engine its blocks are pulled with ``iter_batches(batch_format="pyarrow")``
-(Ray still computes them in parallel); on the Ray engine the feedline operators are
-appended to the Ray dataset's own plan, so nothing goes through the driver.
-``to_ray`` turns a feedline plan into a lazy ``ray.data.Dataset`` (same stages as the Ray
-engine), for users who continue in Ray (``ray.train`` datasets, ``write_*``).
-
-Ray's own tensor columns (``ray.data``'s ``ArrowTensorType``, from NumPy batches) are
-converted to Arrow's canonical ``arrow.fixed_shape_tensor`` on the way in, so shards
-written by feedline never need Ray to be read.
-"""
+"""Feedline plans handed to Ray Data: ``to_ray`` (a lazy ``ray.data.Dataset``, the same
+stages as the Ray engine, for users who continue in Ray: ``ray.train`` datasets, ``write_*``)
+and ``streaming_split`` (disjoint streams for concurrent consumers)."""
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from feedline.errors import ConfigurationError, MissingDependencyError
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.engines.base import Engine, get_engine
+from feedline.engines.batch.fusion import split_at_limits
+from feedline.engines.local.engine import plan_schema
+from feedline.engines.ray.engine import RayEngine
+from feedline.errors import ConfigurationError
+from feedline.plan.plan import Plan, pushdown
 
-if TYPE_CHECKING:
-    from feedline.dataset.dataset import Dataset
-
-__all__ = ["RaySource", "filter_by_expression", "source_batch", "streaming_split", "to_ray"]
-
-
-class RaySource(Source):
-    """A ``ray.data.Dataset`` as a feedline source (see :func:`from_ray`)."""
-
-    kind = "ray"
-
-    def __init__(self, dataset: Any, name: str = "ray dataset") -> None:
-        if importlib.util.find_spec("ray") is None:
-            raise MissingDependencyError("ray", "ray", "fl.from_ray")
-        import ray.data
-
-        if not isinstance(dataset, ray.data.Dataset):
-            raise ConfigurationError(
-                f"from_ray() needs a ray.data.Dataset, got {type(dataset).__name__}. "
-                "Fix: pass e.g. ray.data.read_parquet(...)."
-            )
-        self.dataset = dataset
-        self._name = name
-        self._schema: pa.Schema | None = None
-
-    def schema(self) -> pa.Schema:
-        if self._schema is None:
-            found = self.dataset.schema(fetch_if_missing=True)
-            base = getattr(found, "base_schema", None)
-            if isinstance(base, pa.Schema) and not any(_is_ray_tensor(f.type) for f in base):
-                self._schema = base
-            else:  # pandas blocks or Ray tensor columns: the schema of a converted batch
-                head = next(iter(self.dataset.limit(1).iter_batches(batch_format="pyarrow")))
-                self._schema = to_canonical(head.to_batches()[0]).schema
-        return self._schema
-
-    def describe(self) -> str:
-        return f"{self._name}: columns {', '.join(self.schema().names)}"
-
-    def fingerprint(self) -> str:
-        return fingerprint_of(self.describe(), id(self.dataset))
-
-    def count_rows(self) -> int | None:
-        return None  # ds.count() may run the whole Ray pipeline: leave it to a scan
-
-    def private_copy(self) -> Any:
-        """The wrapped dataset with its own copy of Ray's ``DataContext`` (feedline sets
-        execution options on it without touching the caller's dataset)."""
-        import ray.data
-
-        return ray.data.Dataset.copy(self.dataset, _deep_copy=True)
-
-    def read_tasks(
-        self, columns: Sequence[str] | None, predicate: pc.Expression | None
-    ) -> list[ReadTask]:
-        if columns is not None:
-            check_columns(self.schema(), columns, self._name)
-
-        def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
-            for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-                for batch in table.to_batches():
-                    report.add(rows_read=batch.num_rows)
-                    yield source_batch(batch, columns, predicate)
-
-        return [ReadTask(label=self._name, read=read)]
+__all__ = ["streaming_split", "to_ray"]
 
 
-def source_batch(
-    batch: pa.RecordBatch, columns: Sequence[str] | None, predicate: pc.Expression | None
-) -> pa.RecordBatch:
-    """A batch of a Ray dataset in feedline's types, filtered by ``predicate``, then
-    restricted to ``columns``."""
-    batch = to_canonical(batch)
-    if predicate is not None:
-        batch = filter_by_expression(batch, predicate)
-    return batch.select(list(columns)) if columns is not None else batch
+def to_ray(plan: Plan, engine: str | Engine | None = None, *, preserve_order: bool = True) -> Any:
+    """A lazy ``ray.data.Dataset`` computing ``plan`` (it runs when Ray runs it).
 
-
-def filter_by_expression(batch: pa.RecordBatch, predicate: pc.Expression) -> pa.RecordBatch:
-    """``batch.filter(predicate)``, also when ``batch`` has tensor columns (pyarrow's
-    expression filter cannot rebuild extension columns: the mask is computed without them).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> vec = pa.FixedShapeTensorArray.from_numpy_ndarray(np.zeros((3, 2), np.float32))
-    >>> b = pa.RecordBatch.from_arrays([pa.array([1, 2, 3]), vec], names=["id", "vec"])
-    >>> filter_by_expression(b, pc.field("id") >= 2).num_rows
-    2
-    """
-    if not any(isinstance(f.type, pa.BaseExtensionType) for f in batch.schema):
-        return batch.filter(predicate)
-    import pyarrow.dataset as pads
-
-    plain = [f.name for f in batch.schema if not isinstance(f.type, pa.BaseExtensionType)]
-    table = pa.Table.from_batches([batch.select(plain)])
-    mask = pads.dataset(table).to_table(columns={"mask": predicate})["mask"]
-    return batch.filter(mask.combine_chunks())
-
-
-def _is_ray_tensor(kind: pa.DataType) -> bool:
-    return isinstance(kind, pa.ExtensionType) and kind.extension_name.startswith("ray.data.")
-
-
-def to_canonical(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Replace Ray's fixed-shape tensor columns by ``arrow.fixed_shape_tensor`` columns."""
-    if not any(_is_ray_tensor(f.type) for f in batch.schema):
-        return batch
-    from feedline.arrow.python_columns import to_arrow_array
-
-    arrays = []
-    for field, column in zip(batch.schema, batch.columns, strict=True):
-        if _is_ray_tensor(field.type):
-            column = to_arrow_array(column.to_numpy(zero_copy_only=False))
-        arrays.append(column)
-    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
-
-
-def to_ray(dataset: Dataset, engine: Any = None, *, preserve_order: bool = True) -> Any:
-    """A lazy ``ray.data.Dataset`` computing ``dataset`` (its plan runs when Ray runs it).
-
-    Unfitted preprocessors are fitted first (on the engine that fits them for
-    ``dataset``). A plan with a ``limit`` followed by more operators is computed on the
+    ``plan`` has its preprocessors fitted (``Dataset.to_ray`` fits them first). A plan with a ``limit`` followed by more operators is computed on the
     driver and handed to Ray as Arrow tables. Records skipped inside the Ray workers are
     reported as warnings in the worker logs (no feedline report is attached).
 
     Examples
     --------
     >>> import feedline as fl
-    >>> rds = to_ray(fl.range(4))  # doctest: +SKIP
+    >>> rds = fl.range(4).to_ray()  # doctest: +SKIP
     >>> rds.take_batch(2, batch_format="pyarrow")["id"].to_pylist()  # doctest: +SKIP
     [0, 1]
     """
     import ray.data
 
-    from feedline.engines.batch.fusion import split_at_limits
-    from feedline.engines.ray.engine import RayEngine
-    from feedline.plan.plan import pushdown
-
-    engine = engine if isinstance(engine, RayEngine) else RayEngine()
-    plan = dataset._resolved_plan()
+    engine = get_engine(engine if engine is not None else "ray")
+    if not isinstance(engine, RayEngine):
+        engine = RayEngine()
     pushed = pushdown(plan)
     segments = split_at_limits(pushed.remaining)
     if len(segments) == 1:
@@ -174,14 +46,14 @@ def to_ray(dataset: Dataset, engine: Any = None, *, preserve_order: bool = True)
     engine.ensure_ray()
     tables = [pa.Table.from_batches([b]) for b in engine.execute(plan)]
     if not tables:
-        return ray.data.from_arrow(dataset.schema().empty_table())
+        return ray.data.from_arrow(plan_schema(plan).empty_table())
     return ray.data.from_arrow(tables)
 
 
 def streaming_split(
-    dataset: Dataset, n: int, *, equal: bool = True, engine: Any = None
+    plan: Plan, n: int, *, equal: bool = True, engine: str | Engine | None = None
 ) -> list[Any]:
-    """``n`` disjoint streams of ``dataset`` for ``n`` concurrent consumers, on Ray.
+    """``n`` disjoint streams of ``plan`` for ``n`` concurrent consumers, on Ray.
 
     The plan runs on Ray (:func:`to_ray`, unfitted preprocessors fitted first) and Ray
     Data's ``streaming_split`` deals its blocks out to ``n`` ``ray.data.DataIterator``
@@ -210,8 +82,6 @@ def streaming_split(
             f"streaming_split(n={n!r}) needs a positive int: one stream per consumer. "
             "Fix: pass e.g. n=world_size."
         )
-    from feedline.engines.base import get_engine
-    from feedline.engines.ray.engine import RayEngine
 
     engine = get_engine(engine if engine is not None else "ray")
     if not isinstance(engine, RayEngine):
@@ -220,5 +90,4 @@ def streaming_split(
             "engine='ray' (or a RayEngine), or write the dataset and give every rank a "
             "loader(rank=..., world_size=...)."
         )
-    return to_ray(dataset, engine, preserve_order=False).streaming_split(n, equal=equal)
-
+    return to_ray(plan, engine, preserve_order=False).streaming_split(n, equal=equal)

@@ -16,8 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from feedline.engines.ray.relational import relational_dataset
+from feedline.engines.ray.runtime import ship_user_modules
+from feedline.engines.ray.source import RaySource
 from feedline.engines.ray.stages import ActorStage, StageRunner, StageSpec, split_stages
 from feedline.plan.plan import Operator, Plan, Pushdown
+from feedline.plan.relational import RelationalSource
 
 if TYPE_CHECKING:
     from feedline.engines.ray.engine import RayEngine
@@ -49,16 +53,10 @@ def build_dataset(
     ``merge``) for ``aggregate``, and counts its output rows with ``count_output``."""
     import ray.data
 
-    from feedline.engines.ray.bridge import RaySource
-    from feedline.engines.ray.runtime import ship_user_modules
-    from feedline.plan.relational import RelationalSource
-
     engine.ensure_ray()
     ship_user_modules(ops)
     source = plan.source
     if isinstance(source, RelationalSource):  # Ray Data's own operators
-        from feedline.engines.ray.relational import relational_dataset
-
         return relational_dataset(
             engine,
             plan,

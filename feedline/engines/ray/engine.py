@@ -65,12 +65,16 @@ import pyarrow as pa
 
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.fusion import BatchPipeline, InstancePool, apply_limit, split_at_limits
+from feedline.engines.batch.partials import fold
 from feedline.engines.ray.dataset import build_dataset
 from feedline.engines.ray.errors import (
     release_failed_executions,
     surface_errors,
 )
+from feedline.engines.ray.merge import merge_in_tasks
+from feedline.engines.ray.runtime import check_workers, feedline_runtime_env
 from feedline.engines.ray.stages import ReportCollector, merge_report
+from feedline.engines.ray.write import write_plan
 from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
@@ -149,8 +153,6 @@ class RayEngine:
         global _OWNED_JOB
         import ray
 
-        from feedline.engines.ray.runtime import check_workers
-
         if ray.is_initialized():
             release_failed_executions()
             owned = ray.get_runtime_context().get_job_id() == _OWNED_JOB
@@ -177,8 +179,6 @@ class RayEngine:
         """Reconnect with feedline shipped to the workers (``runtime_env`` ``py_modules``)."""
         global _OWNED_JOB
         import ray
-
-        from feedline.engines.ray.runtime import feedline_runtime_env
 
         kwargs = self._init_args()
         kwargs["runtime_env"] = feedline_runtime_env(kwargs.get("runtime_env"))
@@ -269,8 +269,6 @@ class RayEngine:
         Returns ``None`` when the plan yields no rows. ``merge`` must be associative and
         commutative (the same contract as the local engine).
         """
-        from feedline.engines.batch.partials import fold
-        from feedline.engines.ray.merge import merge_in_tasks
 
         pushed = pushdown(plan)
         segments = split_at_limits(pushed.remaining)
@@ -309,7 +307,6 @@ class RayEngine:
         preprocessors: list[dict[str, Any]] | None = None,
     ) -> WriteInfo:
         """Materialize the plan; Ray tasks write the shards (``feedline.engines.ray.write``)."""
-        from feedline.engines.ray.write import write_plan
 
         return write_plan(
             self,

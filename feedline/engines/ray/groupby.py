@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from feedline.engines.local.engine import plan_schema
 from feedline.plan.relational import RelationalSource
 from feedline.plan.rowhash import column_hash
 
@@ -139,9 +140,8 @@ def _global_row(rds: Any, fns: list[Any], aggs: Sequence[tuple[str, str | None, 
 
 
 def _input_schema(source: RelationalSource) -> pa.Schema:
-    from feedline.engines.schema import infer_schema
 
-    return infer_schema(source.inputs[0])
+    return plan_schema(source.inputs[0])
 
 
 def _float_helpers(table: pa.Table, columns: Sequence[str]) -> pa.Table:

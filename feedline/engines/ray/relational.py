@@ -48,9 +48,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.engines.batch.fusion import split_at_limits
-from feedline.engines.ray.bridge import RaySource
+from feedline.engines.local.engine import plan_schema
 from feedline.engines.ray.errors import surface_errors
 from feedline.engines.ray.groupby import ARROW_BATCHES, HIDDEN, aggregate, hash_partitions
+from feedline.engines.ray.source import RaySource
 from feedline.errors import ConfigurationError
 from feedline.plan.plan import Limit, Plan, Pushdown, pushdown
 from feedline.plan.relational import RelationalSource, split_bounds
@@ -137,13 +138,11 @@ def _input(engine: RayEngine, plan: Plan, report: dict[str, Any]) -> Any:
     """One input plan as a lazy Ray dataset (an empty one when it has no read tasks)."""
     import ray.data
 
-    from feedline.engines.schema import infer_schema
-
     pushed = pushdown(plan)
     segments = split_at_limits(pushed.remaining)
     rds = engine.dataset(plan, pushed, segments[0][0], preserve_order=True, **report)
     if rds is None:
-        rds = ray.data.from_arrow(infer_schema(plan).empty_table())
+        rds = ray.data.from_arrow(plan_schema(plan).empty_table())
     limit = segments[0][1]
     for ops, next_limit in segments[1:]:
         if limit is not None:
@@ -160,11 +159,9 @@ def _typed(rds: Any, plan: Plan) -> Any:
     not know (a read stage whose rows were all filtered out)."""
     import ray.data
 
-    from feedline.engines.schema import infer_schema
-
     done = rds.materialize()
     if done.count() == 0:
-        return ray.data.from_arrow(infer_schema(plan).empty_table())
+        return ray.data.from_arrow(plan_schema(plan).empty_table())
     return done
 
 

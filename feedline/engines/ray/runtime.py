@@ -31,6 +31,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from feedline._version import __version__
 from feedline.engines.batch.user_modules import user_modules as find_user_modules
 from feedline.errors import ConfigurationError
 
@@ -48,6 +49,7 @@ def _probe_source() -> Any:
     before trying feedline: it runs on a worker without feedline."""
 
     def probe(names: list[str]) -> dict[str, Any]:
+        import importlib as _importlib
         import importlib.util as _util
         import sys as _sys
 
@@ -56,11 +58,12 @@ def _probe_source() -> Any:
             import numpy  # noqa: F401
             import pyarrow  # noqa: F401 - the engine's own dependencies
 
-            import feedline._version as version
-
+            # the worker's own feedline, if any: imported by name, as a probe of that host
+            version = _importlib.import_module("feedline._version")
             found["version"] = version.__version__
         except ImportError as exc:
             found["problem"] = f"{type(exc).__name__}: {exc}"
+
         def importable(name: str) -> bool:
             # a plain folder of that name on sys.path (a namespace package, no origin file)
             # is not the user's module: the driver only ships modules loaded from a file
@@ -105,6 +108,7 @@ def feedline_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
 
     Examples
     --------
+    >>> import os
     >>> env = feedline_runtime_env({"env_vars": {"A": "1"}})
     >>> env["env_vars"], [os.path.basename(p) for p in env["py_modules"]]
     ({'A': '1'}, ['feedline'])
@@ -119,7 +123,6 @@ def feedline_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _unfit(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    from feedline._version import __version__
 
     return [r for r in results.values() if r["problem"] or r["version"] != __version__]
 
@@ -155,7 +158,6 @@ def _shippable(result: dict[str, Any]) -> bool:
 
 
 def _unfit_error(unfit: list[dict[str, Any]], *, shipped: bool) -> ConfigurationError:
-    from feedline._version import __version__
 
     first = unfit[0]
     where = f"{len(unfit)} Ray node(s), e.g. {first['address']} ({first['python']})"

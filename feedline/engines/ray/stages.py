@@ -36,9 +36,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.engines.batch.fusion import BatchPipeline, InstancePool
+from feedline.engines.ray.source import source_batch
 from feedline.errors import FeedlineError
 from feedline.io.source import ExecutionReport, ReadTask
 from feedline.plan.plan import MapBatches, Operator, Transform
+from feedline.preprocess.text.tokenize import Tokenize
 from feedline.store.shards import conform
 
 __all__ = [
@@ -79,7 +81,6 @@ def _holds_worker_state(preprocessor: Any) -> bool:
         return any(_holds_worker_state(step) for step in steps)
     if getattr(preprocessor, "worker_state", False):
         return True
-    from feedline.preprocess.text.tokenize import Tokenize
 
     return isinstance(preprocessor, Tokenize)
 
@@ -198,8 +199,6 @@ class StageRunner:
                 task = spec.read_tasks[index]
                 yield index, task.label, task.read(report)
         elif spec.source_blocks is not None:
-            from feedline.engines.ray.bridge import source_batch
-
             columns, predicate = spec.source_blocks
             batches = [source_batch(b, columns, predicate) for b in block.to_batches()]
             report.add(rows_read=block.num_rows)

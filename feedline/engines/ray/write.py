@@ -40,6 +40,9 @@ import pyarrow as pa
 
 from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.fusion import split_at_limits
+from feedline.engines.local.engine import lineage_of, plan_schema
+from feedline.engines.ray.errors import surface_errors
+from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan, pushdown
@@ -148,17 +151,12 @@ def write_plan(
     preprocessors: list[dict[str, Any]] | None,
 ) -> WriteInfo:
     """Write ``plan`` as a feedline dataset at ``target``: shards written in Ray tasks."""
-    from feedline.engines.local.engine import lineage_of
-    from feedline.engines.ray.errors import surface_errors
-    from feedline.engines.schema import infer_schema
 
     start = time.perf_counter()
-    schema = writable_schema(infer_schema(plan), "the plan")
+    schema = writable_schema(plan_schema(plan), "the plan")
     for name in ("rows_per_shard", "row_group_rows"):
         value = getattr(options, name)
         if value is not None and value < 1:
-            from feedline.errors import ConfigurationError
-
             raise ConfigurationError(f"{name}={value} must be >= 1. Fix: pass a positive count.")
     engine.ensure_ray()
     collector, run_id = engine._collector(), uuid.uuid4().hex

@@ -30,8 +30,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from feedline.engines.base import WriteOptions
+from feedline.engines.spark.engine import SparkEngine
+from feedline.engines.spark.plan import spark_errors
+from feedline.engines.spark.types import from_spark_batch
 from feedline.io.source import ExecutionReport, ReadTask, Source, fingerprint_of
 from feedline.io.storage.paths import Location, resolve
+from feedline.plan.plan import Plan
+from feedline.store import dataset_files as fmt
 
 __all__ = ["SparkFrameSource", "clear_spark_cache", "plan_fingerprint", "to_spark"]
 
@@ -121,7 +127,6 @@ class SparkFrameSource(Source):
         return resolve(self._cache_dir).child(self.fingerprint())
 
     def count_rows(self) -> int | None:
-        from feedline.store import dataset_files as fmt
 
         loc = self.cache_location
         if self._cache and loc.fs.exists(loc.path):
@@ -131,10 +136,6 @@ class SparkFrameSource(Source):
 
     def materialize(self) -> Any:
         """The cached feedline dataset's source, writing it with Spark if it is missing."""
-        from feedline.engines.base import WriteOptions
-        from feedline.engines.spark.engine import SparkEngine
-        from feedline.plan.plan import Plan
-        from feedline.store import dataset_files as fmt
 
         with self._lock:
             loc = self.cache_location
@@ -163,8 +164,6 @@ class SparkFrameSource(Source):
         df = self._df
 
         def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
-            from feedline.engines.spark.plan import spark_errors
-            from feedline.engines.spark.types import from_spark_batch
 
             with spark_errors():
                 table = df.toArrow()
@@ -191,7 +190,6 @@ def to_spark(ds: Any, spark: Any = None) -> Any:
     >>> to_spark(fl.range(3), spark).count()  # doctest: +SKIP
     3
     """
-    from feedline.engines.spark.engine import SparkEngine
 
     plan = ds.plan
     if isinstance(plan.source, SparkFrameSource) and not plan.ops:

@@ -37,6 +37,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from feedline._version import __version__
 from feedline.engines.batch.user_modules import user_modules as find_user_modules
 from feedline.errors import ConfigurationError
 
@@ -82,13 +83,16 @@ def _probe_source() -> Any:
     worker needs no feedline."""
 
     def probe(_: Any) -> tuple[str, str, str]:
+        import importlib as _importlib
         import sys as _sys
 
         try:
             import numpy  # noqa: F401
             import pyarrow  # noqa: F401 - the engine's own dependencies
 
-            import feedline._version as version
+            # the worker's own feedline, if any: imported by name, as a probe of that host
+            version = _importlib.import_module("feedline._version")
+
         except ImportError as exc:  # report what is missing rather than failing the task
             return (_sys.executable, "", f"{type(exc).__name__}: {exc}")
         return (_sys.executable, version.__version__, "")
@@ -134,7 +138,6 @@ def check_executors(spark: Any) -> None:
                 f"spark_session({context.master!r}, **{{'spark.pyspark.python': "
                 "'/path/to/python'}})."
             )
-        from feedline._version import __version__
 
         if version != __version__:
             raise ConfigurationError(

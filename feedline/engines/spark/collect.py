@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from feedline.engines.spark.plan import quiet_pandas_warning, spark_errors
 from feedline.engines.spark.types import from_spark_batch
 from feedline.io.source import ExecutionReport
+from feedline.loader.data.node_cache import memory_room
 from feedline.plan.plan import Plan, pushdown
 
 __all__ = [
@@ -293,7 +294,6 @@ def default_collect_bytes(spark: Any) -> int:
     >>> default_collect_bytes(spark) > 0  # doctest: +SKIP
     True
     """
-    from feedline.loader.data.node_cache import memory_room
 
     bounds = [memory_room() // 16]
     context = spark.sparkContext

@@ -66,7 +66,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from feedline.arrow.sizes import parse_bytes
 from feedline.engines.base import WriteInfo, WriteOptions
+from feedline.engines.batch.partials import TreeMerger
 from feedline.engines.spark.cluster import (
     check_executors,
     python_for_executors,
@@ -75,7 +77,8 @@ from feedline.engines.spark.cluster import (
 from feedline.engines.spark.collect import DirectFrame, default_collect_bytes, direct_frame
 from feedline.engines.spark.plan import build_job, quiet_pandas_warning
 from feedline.engines.spark.relational import Prepared, prepare
-from feedline.errors import ConfigurationError
+from feedline.engines.spark.write import write_with_feedline, write_with_spark
+from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan
@@ -115,8 +118,6 @@ def spark_session(
     3
     """
     if importlib.util.find_spec("pyspark") is None:
-        from feedline.errors import MissingDependencyError
-
         raise MissingDependencyError("pyspark", "spark", "spark_session()")
     with quiet_pandas_warning():
         return _session(master, app_name, conf)
@@ -147,7 +148,6 @@ def _session(master: str, app_name: str, conf: dict[str, Any]) -> Any:
 
 def _bytes(value: int | str) -> int:
     """``collect_bytes`` as bytes (``0``: always stream)."""
-    from feedline.arrow.sizes import parse_bytes
 
     return 0 if value == 0 else parse_bytes(value)
 
@@ -325,8 +325,6 @@ class SparkEngine:
         """
         from pyspark import cloudpickle
 
-        from feedline.engines.batch.partials import TreeMerger
-
         spark = self.ready(plan)
         prepared = prepare(spark, plan, self.partitions)
         job = build_job(
@@ -365,7 +363,6 @@ class SparkEngine:
         shard is exact except the last one of each partition. ``on_rows`` is called once
         per shard after the Spark job finished.
         """
-        from feedline.engines.spark.write import write_with_feedline, write_with_spark
 
         report = report if report is not None else ExecutionReport()
         start = time.perf_counter()

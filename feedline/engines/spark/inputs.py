@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from feedline.engines.spark.types import to_spark_schema
+from feedline.plan.direct_inputs import plain_parquet
+
 if TYPE_CHECKING:
     from feedline.io.source import ExecutionReport
     from feedline.plan.plan import Plan
@@ -31,8 +34,6 @@ def native_parquet(spark: Any, plan: Plan, jobs: list[Any]) -> Any:
     """A plain read of local Parquet files (:func:`feedline.plan.direct_inputs.plain_parquet`)
     as Spark's own Parquet scan (column pruning, size statistics for broadcast joins), or
     ``None``. Only flat types Spark reads back unchanged qualify."""
-    from feedline.engines.spark.types import to_spark_schema
-    from feedline.plan.direct_inputs import plain_parquet
 
     scan = plain_parquet(plan, spark_reads_back)
     if scan is None:

@@ -22,6 +22,8 @@ from typing import Any
 import pyarrow as pa
 
 from feedline.engines.batch.fusion import split_at_limits
+from feedline.engines.local.engine import plan_schema
+from feedline.engines.spark.cluster import missing_module_error
 from feedline.engines.spark.types import spark_arrow_schema, to_spark_schema
 from feedline.engines.spark.worker import (
     SHARD_COLUMNS,
@@ -49,8 +51,6 @@ def spark_errors() -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        from feedline.engines.spark.cluster import missing_module_error
-
         error = decode_error(str(exc)) or missing_module_error(str(exc))
         if error is None:
             raise
@@ -197,14 +197,13 @@ def build_job(
 
 
 def _build_job(spark, plan, mode, preserve_order, partitions, partial, merge, write) -> Job:
-    from feedline.engines.schema import infer_schema
 
     pushed = pushdown(plan)
     segments = split_at_limits(pushed.remaining)
     offset = len(plan.ops) - len(pushed.remaining)
     limits = [offset + i for i, op in enumerate(pushed.remaining) if isinstance(op, Limit)]
-    schemas = [infer_schema(Plan(plan.source, plan.ops[:end])) for end in limits]
-    schemas.append(infer_schema(plan))
+    schemas = [plan_schema(Plan(plan.source, plan.ops[:end])) for end in limits]
+    schemas.append(plan_schema(plan))
     context = spark.sparkContext
     job = Job(None, schemas[-1], context.accumulator({}, ReportParam()))
     timezone = spark.conf.get("spark.sql.session.timeZone", "UTC")

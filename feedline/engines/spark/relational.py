@@ -47,9 +47,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from feedline.engines.spark.cluster import ship_user_modules
+from feedline.engines.spark.collect import DirectFrame
+from feedline.engines.spark.inputs import native_parquet
+from feedline.engines.spark.plan import build_job
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport, ReadTask, Source
 from feedline.plan.plan import Plan
+from feedline.plan.relational import RelationalSource, split_bounds
+from feedline.plan.rowhash import ROW_HASH_COLUMN
 
 __all__ = ["Prepared", "RelationalFrameSource", "is_relational", "prepare", "relational_frame"]
 
@@ -106,7 +112,6 @@ class RelationalFrameSource(Source):
         self, columns: Sequence[str] | None, predicate: pc.Expression | None
     ) -> list[ReadTask]:
         def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
-            from feedline.engines.spark.collect import DirectFrame
 
             label = self.label.format(partition="streamed")
             direct = DirectFrame(self.frame, self.schema(), None, None, label)
@@ -143,7 +148,6 @@ def is_relational(plan: Plan) -> bool:
     >>> is_relational(fl.range(3).plan), is_relational(fl.range(3).sort("id").plan)
     (False, True)
     """
-    from feedline.plan.relational import RelationalSource
 
     return isinstance(plan.source, RelationalSource)
 
@@ -190,7 +194,6 @@ def relational_frame(
             "with engine='local', or use one of " + ", ".join(sorted(_OPS)) + "."
         )
     inputs = source.engine_inputs()
-    from feedline.engines.spark.inputs import native_parquet
 
     frames = []
     for plan in inputs:
@@ -212,8 +215,6 @@ def _input_frame(
 ) -> Any:
     """One input plan as a DataFrame: the engine's read tasks and fused batch stage (with
     the row-key column for ``random_shuffle``/``split``, see ``engine_inputs``)."""
-    from feedline.engines.spark.cluster import ship_user_modules
-    from feedline.engines.spark.plan import build_job
 
     ship_user_modules(spark, plan.ops)
     prepared = prepare(spark, plan, partitions, persist=persist)
@@ -348,7 +349,6 @@ def _repartition(frames: list[Any], relational: Any, source: Any) -> Any:
 
 
 def _random_shuffle(frames: list[Any], relational: Any, source: Any) -> Any:
-    from feedline.plan.rowhash import ROW_HASH_COLUMN
 
     return frames[0].orderBy(_col(ROW_HASH_COLUMN).asc())
 
@@ -364,9 +364,6 @@ def _split(frames: list[Any], relational: Any, source: Any) -> Any:
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-
-    from feedline.plan.relational import split_bounds
-    from feedline.plan.rowhash import ROW_HASH_COLUMN
 
     index = int(relational.param("index"))
     stratify = relational.param("stratify")

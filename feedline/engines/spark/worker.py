@@ -35,11 +35,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from feedline import errors
 from feedline.engines.batch.fusion import BatchPipeline, InstancePool, construct
+from feedline.engines.batch.partials import TreeMerger, fold
 from feedline.engines.spark.types import from_spark_batch, to_spark_batch
+from feedline.errors import FeedlineError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Operator, callable_name
+from feedline.store.shards import ShardWriter
 
 __all__ = ["ERROR_MARKER", "ReportParam", "Stage", "decode_error", "encode_error"]
 
@@ -103,7 +107,6 @@ def fold_report(report: ExecutionReport, counts: dict[str, Any]) -> None:
 
 def encode_error(exc: BaseException) -> str:
     """The text of a worker-side failure, readable again by :func:`decode_error`."""
-    from feedline.errors import FeedlineError
 
     cause = exc.__cause__ if isinstance(exc, FeedlineError) and exc.__cause__ else None
     detail = {
@@ -120,8 +123,6 @@ def encode_error(exc: BaseException) -> str:
 def decode_error(text: str) -> BaseException | None:
     """The feedline error encoded in ``text`` (a Spark exception's message), or ``None``."""
     import re
-
-    from feedline import errors
 
     match = re.search(re.escape(ERROR_MARKER) + r"([A-Za-z0-9+/=]+)\]", text)
     if match is None:
@@ -315,8 +316,6 @@ class Stage:
         """This partition's blocks of the fixed merge tree (:mod:`feedline.engines.batch.partials`)."""
         from pyspark import cloudpickle
 
-        from feedline.engines.batch.partials import TreeMerger, fold
-
         tree = TreeMerger(self.merge)
         for index, stream in leaves:
             tree.push(0, index, fold((self.partial(b) for b in stream if b.num_rows), self.merge))
@@ -332,8 +331,6 @@ class Stage:
 
     def _write(self, outputs, report: ExecutionReport) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
-
-        from feedline.store.shards import ShardWriter
 
         context = TaskContext.get()
         part = context.partitionId() if context else 0

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from feedline.engines.base import WriteOptions
+from feedline.engines.local.engine import lineage_of
 from feedline.engines.spark.plan import build_job, quiet_pandas_warning, spark_errors
 from feedline.engines.spark.worker import WriteSpec
 from feedline.errors import ConfigurationError
@@ -193,7 +194,6 @@ def _describe(loc: Location) -> tuple[int, str, tuple[int, ...], str]:
 
 
 def _manifest(engine, plan, schema, shards, options, report, preprocessors) -> fmt.Manifest:
-    from feedline.engines.local.engine import lineage_of
 
     return fmt.Manifest(
         schema=schema,

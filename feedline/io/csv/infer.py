@@ -98,8 +98,10 @@ def infer_schema(
     if len(schemas) == 1:
         return first.schema
     return pa.schema(
-        [pa.field(name, unify_types([s.field(i).type for s in schemas]))
-         for i, name in enumerate(first.schema.names)]
+        [
+            pa.field(name, unify_types([s.field(i).type for s in schemas]))
+            for i, name in enumerate(first.schema.names)
+        ]
     )
 
 

@@ -79,8 +79,13 @@ def lost_step(exc: BaseException, log: RowLog) -> bool:
     """True when pyarrow failed because a quoted value ran over line ends."""
     return log.broken or "out of sync with chunker" in str(exc)
 
-_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-               pa.types.is_large_binary)
+
+_TEXT_TYPES = (
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+)
 
 
 def has_line_break(text: str | bytes | None) -> bool:
@@ -126,8 +131,9 @@ def _has_break(column: pa.Array) -> bool:
     offsets_buffer, data = column.buffers()[1:3]
     if data is None or len(column) == 0:
         return False
-    width = 8 if pa.types.is_large_string(column.type) or pa.types.is_large_binary(
-        column.type) else 4
+    width = (
+        8 if pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type) else 4
+    )
     view = memoryview(offsets_buffer).cast("B")
     start = int.from_bytes(view[column.offset * width : (column.offset + 1) * width], "little")
     stop_at = (column.offset + len(column)) * width

@@ -183,8 +183,9 @@ class CsvSource(FileSource):
                 continue
             # Lines never contain newlines (pyarrow's own assumption unless
             # newlines_in_values=True), so byte ranges can be parsed independently.
-            count = max(-(-size // self._split_bytes), min(os.cpu_count() or 1,
-                                                            size // _MIN_RANGE_BYTES))
+            count = max(
+                -(-size // self._split_bytes), min(os.cpu_count() or 1, size // _MIN_RANGE_BYTES)
+            )
             step = -(-size // count)
             for start in range(0, size, step):
                 end = min(size, start + step)
@@ -212,16 +213,21 @@ class CsvSource(FileSource):
                     "or read them separately."
                 )
             report.add(files_read=1 if start == 0 else 0, bytes_read=data.size)
-            for batch in self._parse_range(data, header, where, schema, columns, predicate,
-                                           report):
+            for batch in self._parse_range(data, header, where, schema, columns, predicate, report):
                 report.add(rows_read=batch.num_rows)
                 yield _finish(batch, columns, predicate)
 
         return read
 
     def _parse_range(
-        self, data: pa.Buffer, header: list[str], where: str, schema: pa.Schema,
-        columns: Sequence[str] | None, predicate: pc.Expression | None, report: ExecutionReport,
+        self,
+        data: pa.Buffer,
+        header: list[str],
+        where: str,
+        schema: pa.Schema,
+        columns: Sequence[str] | None,
+        predicate: pc.Expression | None,
+        report: ExecutionReport,
     ) -> Iterator[pa.RecordBatch]:
         """The batches of the lines in ``data``, parsed on one thread.
 
@@ -302,8 +308,7 @@ class CsvSource(FileSource):
                         raise OpenQuote(done)
             except OpenQuote as trouble:
                 log.rows = []
-                yield from self._reread(loc, schema, columns, predicate, report, done,
-                                        trouble.row)
+                yield from self._reread(loc, schema, columns, predicate, report, done, trouble.row)
             finally:
                 log.flush()
 
@@ -319,7 +324,7 @@ class CsvSource(FileSource):
             return DataError(
                 f"Cannot parse the CSV file {where!r} after data row {done}: {exc}. A quoted "
                 "value seems to run over several lines and to the end of the file. Fix: close "
-                "the quote (a quote inside a quoted value is written \"\"), or pass "
+                'the quote (a quote inside a quoted value is written ""), or pass '
                 "on_error='skip' to drop that record."
             )
         return read_error(exc, where, f"data row {done + 1} or after")
@@ -330,24 +335,31 @@ class CsvSource(FileSource):
         try:
             with open_file(loc) as handle:
                 lines = data_lines(handle)
-                for batch in self._read_lines(lines, 2, loc.url, schema, columns, predicate,
-                                              report, done, approx_row):
+                for batch in self._read_lines(
+                    lines, 2, loc.url, schema, columns, predicate, report, done, approx_row
+                ):
                     report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
                     yield _finish(batch, columns, predicate)
         except READ_ERRORS as exc:
             raise read_error(exc, loc.url, f"data row {done + 1} or after") from exc
 
-    def _read_lines(self, lines, first_number, where, schema, columns, predicate, report,
-                    done, approx_row) -> Iterator[pa.RecordBatch]:
+    def _read_lines(
+        self, lines, first_number, where, schema, columns, predicate, report, done, approx_row
+    ) -> Iterator[pa.RecordBatch]:
         return read_lines(
-            lines, first_number, where=where, delimiter=self._delimiter,
+            lines,
+            first_number,
+            where=where,
+            delimiter=self._delimiter,
             on_error=self._on_error,
             read_options=self._read_options(column_names=schema.names, use_threads=False),
             parse_options=self._parse_options,
             convert_options=self._convert_options(
                 {f.name: f.type for f in schema}, _parsed_columns(columns, predicate)
             ),
-            report=report, skip_rows=done, approx_row=approx_row,
+            report=report,
+            skip_rows=done,
+            approx_row=approx_row,
         )
 
 

@@ -37,11 +37,22 @@ __all__ = ["ColumnPlan", "decode_column", "plan_from_field", "sniff_plan"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8\xff"
 #: what each codec is called in messages
-CODEC_NAMES = {"npy": "NdarrayCodec", "npz": "CompressedNdarrayCodec",
-               "image": "CompressedImageCodec", "scalar": "ScalarCodec", None: "no codec"}
+CODEC_NAMES = {
+    "npy": "NdarrayCodec",
+    "npz": "CompressedNdarrayCodec",
+    "image": "CompressedImageCodec",
+    "scalar": "ScalarCodec",
+    None: "no codec",
+}
 _FORMATS = ("PNG", "JPEG")
-_MODES = {"L": (np.uint8, 2), "RGB": (np.uint8, 3), "I;16": (np.uint16, 2),
-          "I;16L": (np.uint16, 2), "I;16B": (np.uint16, 2), "I": (np.uint16, 2)}
+_MODES = {
+    "L": (np.uint8, 2),
+    "RGB": (np.uint8, 3),
+    "I;16": (np.uint16, 2),
+    "I;16L": (np.uint16, 2),
+    "I;16B": (np.uint16, 2),
+    "I": (np.uint16, 2),
+}
 
 
 @dataclass(frozen=True)
@@ -92,8 +103,12 @@ def plan_from_field(spec: PetastormField) -> ColumnPlan:
     >>> plan_from_field(spec).codec
     'image'
     """
-    codec = {"NdarrayCodec": "npy", "CompressedNdarrayCodec": "npz",
-             "CompressedImageCodec": "image", "ScalarCodec": "scalar"}.get(spec.codec or "")
+    codec = {
+        "NdarrayCodec": "npy",
+        "CompressedNdarrayCodec": "npz",
+        "CompressedImageCodec": "image",
+        "ScalarCodec": "scalar",
+    }.get(spec.codec or "")
     return ColumnPlan(spec.name, codec, spec.dtype, tuple(spec.shape))
 
 
@@ -158,8 +173,9 @@ def _image(Image: Any, blob: bytes) -> np.ndarray:
     return np.ascontiguousarray(pixels)
 
 
-def decode_column(plan: ColumnPlan, column: pa.Array | pa.ChunkedArray
-                  ) -> tuple[pa.Array, dict[int, str]]:
+def decode_column(
+    plan: ColumnPlan, column: pa.Array | pa.ChunkedArray
+) -> tuple[pa.Array, dict[int, str]]:
     """One stored column decoded by ``plan``, plus the rows that failed and why."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()

@@ -62,8 +62,13 @@ class PetastormSource(Source):
 
     kind = "petastorm"
 
-    def __init__(self, path: str | os.PathLike[str], *, on_error: str = "raise",
-                 storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        on_error: str = "raise",
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         if on_error not in ("raise", "skip"):
             raise ConfigurationError(
                 f"on_error={on_error!r} is not 'raise' or 'skip'. Fix: use one of them."
@@ -91,8 +96,11 @@ class PetastormSource(Source):
             try:
                 return parse_unischema(meta[UNISCHEMA_KEY]), f"the Unischema in {loc.url!r}"
             except FormatError as exc:
-                warnings.warn(f"{exc} Reading {self._root.url!r} with codecs detected from "
-                              "the data instead.", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"{exc} Reading {self._root.url!r} with codecs detected from the data instead.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
                 return None, f"codecs detected from the data ({loc.url!r} was refused)"
         return None, "codecs detected from the data (no Unischema metadata found)"
 
@@ -143,8 +151,10 @@ class PetastormSource(Source):
         return dict(self._plans)
 
     def schema(self) -> pa.Schema:
-        fields = [pa.field(f.name, self._plans[f.name].arrow_type(f.type), f.nullable)
-                  for f in self._stored]
+        fields = [
+            pa.field(f.name, self._plans[f.name].arrow_type(f.type), f.nullable)
+            for f in self._stored
+        ]
         return pa.schema(fields)
 
     def describe(self) -> str:
@@ -155,16 +165,18 @@ class PetastormSource(Source):
         for loc in self._files:
             info = loc.fs.info(loc.path)
             infos.append((loc.url, info.get("size"), info.get("mtime") or info.get("LastModified")))
-        return fingerprint_of(self.kind, self._on_error, sorted(map(repr, self._plans.values())),
-                              *infos)
+        return fingerprint_of(
+            self.kind, self._on_error, sorted(map(repr, self._plans.values())), *infos
+        )
 
     def count_rows(self) -> int | None:
         if self._on_error == "skip":
             return None  # skipped rows are known only after decoding
         return int(sum(_footer(loc).num_rows for loc in self._files))
 
-    def read_tasks(self, columns: Sequence[str] | None, predicate: pc.Expression | None
-                   ) -> list[ReadTask]:
+    def read_tasks(
+        self, columns: Sequence[str] | None, predicate: pc.Expression | None
+    ) -> list[ReadTask]:
         schema = self.schema()
         if columns is not None:
             check_columns(schema, columns, f"the Petastorm dataset {self._root.url!r}")
@@ -191,9 +203,16 @@ def _footer(loc: Location) -> pq.FileMetaData:
         ) from exc
 
 
-def _file_reader(loc: Location, stored: pa.Schema, plans: dict[str, ColumnPlan],
-                 out: pa.Schema, wanted: list[str], predicate: pc.Expression | None,
-                 on_error: str, origin: str):
+def _file_reader(
+    loc: Location,
+    stored: pa.Schema,
+    plans: dict[str, ColumnPlan],
+    out: pa.Schema,
+    wanted: list[str],
+    predicate: pc.Expression | None,
+    on_error: str,
+    origin: str,
+):
     def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
         try:
             with loc.fs.open(loc.path, "rb") as handle:
@@ -204,8 +223,9 @@ def _file_reader(loc: Location, stored: pa.Schema, plans: dict[str, ColumnPlan],
                 first_row = 0
                 for group in range(groups):
                     offset = 0
-                    for batch in parquet.iter_batches(BATCH_ROWS, row_groups=[group],
-                                                      columns=out.names):
+                    for batch in parquet.iter_batches(
+                        BATCH_ROWS, row_groups=[group], columns=out.names
+                    ):
                         report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
                         where = (loc.url, group, offset, first_row + offset)
                         decoded = _decode(batch, plans, out, where, on_error, report)
@@ -234,9 +254,14 @@ def _check_drift(loc: Location, parquet: pq.ParquetFile, stored: pa.Schema, orig
         )
 
 
-def _decode(batch: pa.RecordBatch, plans: dict[str, ColumnPlan], out: pa.Schema,
-            where: tuple[str, int, int, int], on_error: str,
-            report: ExecutionReport) -> pa.RecordBatch:
+def _decode(
+    batch: pa.RecordBatch,
+    plans: dict[str, ColumnPlan],
+    out: pa.Schema,
+    where: tuple[str, int, int, int],
+    on_error: str,
+    report: ExecutionReport,
+) -> pa.RecordBatch:
     """One stored batch with its columns decoded; bad rows raise or are dropped (counted)."""
     url, group, offset, file_row = where
     arrays = []

@@ -43,13 +43,36 @@ _MAX_DEPTH = 64
 
 CODECS = ("NdarrayCodec", "CompressedNdarrayCodec", "CompressedImageCodec", "ScalarCodec")
 _NUMPY_TYPES = {
-    "bool_": "bool", "bool": "bool", "int8": "int8", "int16": "int16", "int32": "int32",
-    "int64": "int64", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
-    "uint64": "uint64", "float16": "float16", "float32": "float32", "float64": "float64",
-    "half": "float16", "single": "float32", "double": "float64", "float_": "float64",
-    "int_": "int64", "intc": "int32", "uintc": "uint32", "longlong": "int64",
-    "ulonglong": "uint64", "byte": "int8", "ubyte": "uint8", "short": "int16",
-    "ushort": "uint16", "str_": "U", "unicode_": "U", "bytes_": "S", "string_": "S",
+    "bool_": "bool",
+    "bool": "bool",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "half": "float16",
+    "single": "float32",
+    "double": "float64",
+    "float_": "float64",
+    "int_": "int64",
+    "intc": "int32",
+    "uintc": "uint32",
+    "longlong": "int64",
+    "ulonglong": "uint64",
+    "byte": "int8",
+    "ubyte": "uint8",
+    "short": "int16",
+    "ushort": "uint16",
+    "str_": "U",
+    "unicode_": "U",
+    "bytes_": "S",
+    "string_": "S",
 }
 _ALLOWED = {
     "petastorm.unischema": {"Unischema", "UnischemaField"},
@@ -63,8 +86,15 @@ _ALLOWED = {
     "decimal": {"Decimal"},
 }
 _SPARK_TYPES = "pyspark.sql.types"
-_BUILTIN_DTYPES = {"str": "U", "unicode": "U", "bytes": "S", "int": "int64", "long": "int64",
-                   "float": "float64", "bool": "bool"}
+_BUILTIN_DTYPES = {
+    "str": "U",
+    "unicode": "U",
+    "bytes": "S",
+    "int": "int64",
+    "long": "int64",
+    "float": "float64",
+    "bool": "bool",
+}
 _DTYPE_CODE = re.compile(r"^[<>|=]?[biufSU]\d{0,3}$")
 
 
@@ -195,10 +225,27 @@ class _Machine:
             self.stack.append(self.stack[-1] if self.stack else self.pop())
         elif name in ("NONE", "NEWTRUE", "NEWFALSE"):
             self.stack.append({"NONE": None, "NEWTRUE": True, "NEWFALSE": False}[name])
-        elif name in ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT",
-                      "BINFLOAT", "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE",
-                      "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "BINBYTES",
-                      "SHORT_BINBYTES", "BINBYTES8"):
+        elif name in (
+            "INT",
+            "BININT",
+            "BININT1",
+            "BININT2",
+            "LONG",
+            "LONG1",
+            "LONG4",
+            "FLOAT",
+            "BINFLOAT",
+            "STRING",
+            "BINSTRING",
+            "SHORT_BINSTRING",
+            "UNICODE",
+            "BINUNICODE",
+            "SHORT_BINUNICODE",
+            "BINUNICODE8",
+            "BINBYTES",
+            "SHORT_BINBYTES",
+            "BINBYTES8",
+        ):
             self.stack.append(arg)
         elif name == "EMPTY_TUPLE":
             self.stack.append(())
@@ -292,8 +339,9 @@ def _call(cls: Any, args: Any) -> Any:
         return _Obj(target, ())
     if key == ("collections", "OrderedDict"):
         pairs = args[0] if args else []
-        if not isinstance(pairs, list) or not all(isinstance(p, list | tuple) and len(p) == 2
-                                                  for p in pairs):
+        if not isinstance(pairs, list) or not all(
+            isinstance(p, list | tuple) and len(p) == 2 for p in pairs
+        ):
             raise _refuse("an OrderedDict gets unexpected arguments")
         return {k: v for k, v in pairs}
     if cls.module in ("builtins", "__builtin__") and cls.name == "object":
@@ -330,8 +378,10 @@ def _codec(value: Any, where: str) -> tuple[str | None, dict[str, Any]]:
         if codec not in ("png", "jpeg", "jpg"):
             raise _refuse(f"{where} names the image codec {codec[:20]!r} (png or jpeg expected)")
         quality = state.get("_quality", 80)
-        args = {"image_codec": "jpeg" if codec == "jpg" else codec,
-                "quality": quality if isinstance(quality, int) else None}
+        args = {
+            "image_codec": "jpeg" if codec == "jpg" else codec,
+            "quality": quality if isinstance(quality, int) else None,
+        }
     elif value.cls.name == "ScalarCodec":
         spark = state.get("_spark_type")
         args = {"spark_type": spark.cls.name if isinstance(spark, _Obj) else None}
@@ -341,9 +391,14 @@ def _codec(value: Any, where: str) -> tuple[str | None, dict[str, Any]]:
 def _shape(value: Any, where: str) -> tuple[int | None, ...]:
     if isinstance(value, list):
         value = tuple(value)
-    if not isinstance(value, tuple) or len(value) > 32 or not all(
+    if (
+        not isinstance(value, tuple)
+        or len(value) > 32
+        or not all(
             d is None or (isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40)
-            for d in value):
+            for d in value
+        )
+    ):
         raise _refuse(f"{where} has the shape {str(value)[:60]}, not a tuple of sizes")
     return value
 
@@ -360,8 +415,9 @@ def _field(value: Any) -> PetastormField:
     nullable = args[4] if len(args) > 4 else False
     if not isinstance(nullable, bool | int | type(None)):
         raise _refuse(f"{where} has nullable={str(nullable)[:40]}")
-    return PetastormField(name, _dtype(args[1], where), _shape(args[2], where), codec,
-                          codec_args, bool(nullable))
+    return PetastormField(
+        name, _dtype(args[1], where), _shape(args[2], where), codec, codec_args, bool(nullable)
+    )
 
 
 def parse_unischema(data: bytes) -> Unischema:
@@ -373,7 +429,9 @@ def parse_unischema(data: bytes) -> Unischema:
         raise _refuse("it is not bytes, or larger than any Unischema")
     value = _walk(bytes(data))
     if not isinstance(value, _Obj) or (value.cls.module, value.cls.name) != (
-            "petastorm.unischema", "Unischema"):
+        "petastorm.unischema",
+        "Unischema",
+    ):
         kind = type(value).__name__ if not isinstance(value, _Obj) else repr(value.cls)
         raise FormatError(
             f"The Petastorm schema pickle holds a {kind}, not a Unischema. It was not "

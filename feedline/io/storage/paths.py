@@ -32,7 +32,9 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from feedline.errors import ConfigurationError, DataError
+from feedline.io.storage import s3
 from feedline.io.storage.retry import RetryPolicy
+from feedline.io.storage.retrying_fs import RetryingFileSystem
 
 __all__ = ["RETRY_OPTION", "Location", "expand_paths", "parse_storage_options", "resolve"]
 
@@ -116,12 +118,9 @@ def resolve(url: str | os.PathLike[str], storage_options: dict[str, Any] | None 
         ) from exc
     if isinstance(fs, _UNWRAPPED):
         return Location(fs, path, text)
-    from feedline.io.storage.retrying_fs import RetryingFileSystem
 
     bare = None
     if type(fs).__module__.split(".", 1)[0] == "s3fs":
-        from feedline.io.storage import s3
-
         fs, bare = s3.backends(fs, policy)  # botocore retries, under the policy's bound
         _forget_listings(bare, path)
     _forget_listings(fs, path)

@@ -33,11 +33,15 @@ from feedline.io.storage.faults import (
     storage_error,
 )
 
-__all__ = ["RetryPolicy", "call_with_timeout"]  # the classifiers are re-exported from feedline.io.storage.faults
+__all__ = [
+    "RetryPolicy",
+    "call_with_timeout",
+]  # the classifiers are re-exported from feedline.io.storage.faults
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class RetryPolicy:

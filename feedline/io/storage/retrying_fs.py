@@ -46,8 +46,10 @@ from typing import Any, TypeVar
 import fsspec
 
 from feedline.errors import FeedlineError, StorageError
+from feedline.io.storage import s3
 from feedline.io.storage.faults import backend_attempts, precondition_failed, storage_error
 from feedline.io.storage.retry import RetryPolicy
+from feedline.io.storage.retrying_files import RetryingReadFile, SpooledUpload
 
 __all__ = ["RetryingFileSystem"]
 
@@ -269,7 +271,6 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         """:mod:`feedline.io.storage.s3` when this storage takes conditional requests, else ``None``."""
         if not self.backend_retries or "s3fs" not in sys.modules:
             return None
-        from feedline.io.storage import s3
 
         return s3 if s3.is_s3(self.bare) else None
 
@@ -353,7 +354,6 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
             options["block_size"] = block_size
         if cache_options is not None:
             options["cache_options"] = cache_options
-        from feedline.io.storage.retrying_files import RetryingReadFile, SpooledUpload
 
         if "r" in mode:
             return RetryingReadFile(self, path, options)

@@ -97,9 +97,7 @@ def masked_crc(data: Any) -> int:
 def frame(data: bytes) -> bytes:
     """One framed record: length, masked CRC of the length, ``data``, masked CRC of ``data``."""
     length = struct.pack("<Q", len(data))
-    return b"".join(
-        (length, _CRC.pack(masked_crc(length)), data, _CRC.pack(masked_crc(data)))
-    )
+    return b"".join((length, _CRC.pack(masked_crc(length)), data, _CRC.pack(masked_crc(data))))
 
 
 @dataclass(frozen=True)
@@ -313,7 +311,7 @@ def _fast(buf: bytes, view: memoryview, end: int, base: int, number: int,
     stop_at = np.asarray(ends, np.int64)
     header_bad = np.flatnonzero(_masked(head_crcs) != _u32_at(a, at + 8))
     count = int(header_bad[0]) if header_bad.size else len(heads)
-    good = (_masked(data_crcs[:count]) == _u32_at(a, stop_at[:count]))
+    good = _masked(data_crcs[:count]) == _u32_at(a, stop_at[:count])
     for i in np.flatnonzero(~good).tolist():
         bad(base + heads[i], number + i, "has corrupt data (CRC mismatch)")
     kept = np.flatnonzero(good)

@@ -93,8 +93,7 @@ class TfRecordSource(FileSource):
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ConfigurationError(
-                f"on_error={on_error!r} is not valid for read_tfrecord. Fix: use 'raise' or "
-                "'skip'."
+                f"on_error={on_error!r} is not valid for read_tfrecord. Fix: use 'raise' or 'skip'."
             )
         if compression not in (None, "", "GZIP", "ZLIB", "auto"):
             raise ConfigurationError(
@@ -179,8 +178,11 @@ class TfRecordSource(FileSource):
                 first = {}
                 for row, k in enumerate(kinds):
                     first.setdefault(k, row)
-                shown = ", ".join(f"{KIND_NAMES[k]} in record {where[r][1]} of {where[r][0]!r}"
-                                  for k, r in first.items() if k in (BYTES, FLOAT, INT64))
+                shown = ", ".join(
+                    f"{KIND_NAMES[k]} in record {where[r][1]} of {where[r][0]!r}"
+                    for k, r in first.items()
+                    if k in (BYTES, FLOAT, INT64)
+                )
                 raise SchemaError(
                     f"TFRecord feature {name!r} has different kinds: {shown}. Fix: pass "
                     "features= with the spec you want for it."

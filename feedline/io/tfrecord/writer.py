@@ -124,9 +124,12 @@ def _column_features(column: pa.Array, name: str) -> list[bytes | None]:
         data = _filled(values, float("nan")).astype("<f4").tobytes()
         value_offsets = np.arange(len(values) + 1, dtype=np.int64) * 4
         tag = b"\x12"
-    elif pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(
-        kind
-    ) or pa.types.is_large_string(kind):
+    elif (
+        pa.types.is_binary(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_large_string(kind)
+    ):
         return _bytes_features(values, offsets, valid, key)
     else:
         raise SchemaError(
@@ -274,4 +277,3 @@ def _publish(fs: Any, temp: str | None, target: Location, index: int, suffix: st
     final = target.join(f"part-{index:05d}{suffix}")
     fs.mv(temp, final)
     return final
-

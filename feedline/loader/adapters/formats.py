@@ -9,6 +9,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from feedline.loader.adapters.tf import to_tf
+from feedline.loader.adapters.torch import pin_supported, to_torch
+
 __all__ = ["FORMATS", "can_pin", "to_format"]
 
 FORMATS = ("torch", "numpy", "tf")
@@ -24,12 +27,8 @@ def to_format(batch: dict[str, Any], fmt: str) -> dict[str, Any]:
     [0.0, 0.0]
     """
     if fmt == "torch":
-        from feedline.loader.adapters.torch import to_torch
-
         return to_torch(batch)
     if fmt == "tf":
-        from feedline.loader.adapters.tf import to_tf
-
         return to_tf(batch)
     return batch
 
@@ -45,7 +44,6 @@ def can_pin(fmt: str, stacklevel: int = 4) -> bool:
     ...     can_pin("numpy")
     False
     """
-    from feedline.loader.adapters.torch import pin_supported
 
     if fmt == "torch" and pin_supported():
         return True

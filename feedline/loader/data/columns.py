@@ -41,15 +41,24 @@ import pyarrow as pa
 
 from feedline.arrow.list_tensors import (
     check_ragged,
+    infer_list_shape,
     level_sizes,
     list_levels,
     list_to_numpy,
     needs_shape,
     schema_shape,
 )
+from feedline.arrow.sizes import parse_bytes
 from feedline.errors import ConfigurationError, DataError, SchemaError
 
-__all__ = ["ColumnSpec", "chunk_to_numpy", "column_specs", "estimate_bytes", "infer_shapes", "parse_budget"]
+__all__ = [
+    "ColumnSpec",
+    "chunk_to_numpy",
+    "column_specs",
+    "estimate_bytes",
+    "infer_shapes",
+    "parse_budget",
+]
 
 #: bytes per row assumed for a string column read as a Python list (object + text)
 STRING_ROW_BYTES = 80
@@ -290,7 +299,6 @@ def infer_shapes(
     >>> infer_shapes(t.schema, ["v", "k"], lambda cols: t.select(cols).to_batches())
     {'v': (3,)}
     """
-    from feedline.arrow.list_tensors import infer_list_shape
 
     shapes = {k: tuple(int(d) for d in v) for k, v in dict(given or {}).items()}
     todo = [n for n in names if n not in shapes and schema.get_field_index(n) >= 0
@@ -323,8 +331,12 @@ def _is_text(kind: pa.DataType) -> bool:
     """Strings and byte strings of any layout (loaded as Python lists with strings="list")."""
     t = pa.types
     return (
-        t.is_string(kind) or t.is_large_string(kind) or t.is_string_view(kind)
-        or t.is_binary(kind) or t.is_large_binary(kind) or t.is_binary_view(kind)
+        t.is_string(kind)
+        or t.is_large_string(kind)
+        or t.is_string_view(kind)
+        or t.is_binary(kind)
+        or t.is_large_binary(kind)
+        or t.is_binary_view(kind)
     )
 
 
@@ -348,7 +360,6 @@ def parse_budget(value: int | str) -> int:
     >>> parse_budget("2GB")
     2000000000
     """
-    from feedline.arrow.sizes import parse_bytes
 
     return parse_bytes(value)
 

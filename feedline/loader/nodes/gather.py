@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.adapters.torch import batch_buffers, import_torch
 from feedline.loader.data.backend import Backend
 from feedline.loader.data.buffers import BufferPool
 from feedline.loader.nodes.base import Batch, Node, Stage
@@ -78,8 +79,6 @@ class Gather(Stage):
         self.group, self.pin, self.objects = max(1, int(group)), bool(pin), objects
         self._from_numpy = None
         if fmt == "torch":
-            from feedline.loader.adapters.torch import import_torch
-
             self._from_numpy = import_torch().from_numpy
         elif fmt is not None:
             raise ConfigurationError(
@@ -114,8 +113,6 @@ class Gather(Stage):
             return {}, {}  # it gathers into fresh arrays (windows: see loader.windows)
         shapes = getattr(self.backend, "buffer_shapes", self.backend.shapes)()
         if self.pin:  # straight into page-locked tensors
-            from feedline.loader.adapters.torch import batch_buffers
-
             return batch_buffers(shapes, rows, pin=True)
         # unpinned groups go into reused buffers (see BufferPool): the batches in flight,
         # the one the caller holds and the one being gathered each hold a set

@@ -17,8 +17,14 @@ import numpy as np
 from feedline.errors import ConfigurationError, FeedlineError, UserFunctionError
 from feedline.loader.nodes import shm
 from feedline.loader.nodes.samples import takes_index
-from feedline.loader.nodes.worker_pools import Pending
-from feedline.loader.nodes.worker_task import INDICES, OBJECTS, Chunk, process_main, split_columns
+from feedline.loader.nodes.worker_task import (
+    INDICES,
+    OBJECTS,
+    Chunk,
+    Pending,
+    process_main,
+    split_columns,
+)
 
 __all__ = ["PER_WORKER", "STOP_S", "ProcessWorkers"]
 

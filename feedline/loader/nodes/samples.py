@@ -23,6 +23,7 @@ import numpy as np
 
 from feedline.errors import FeedlineError, UserFunctionError
 from feedline.loader.order.rng import sample_rng, sample_uniforms
+from feedline.preprocess.vision.augment import Skipped
 
 __all__ = ["SampleRngs", "apply_batch", "apply_samples", "as_error", "collate_samples",
            "is_skipped", "takes_index"]  # fmt: skip
@@ -76,7 +77,6 @@ def takes_index(fn: Callable[..., Any]) -> bool:
 
 def is_skipped(value: Any) -> bool:
     """Whether a transform's result is the marker that drops its sample."""
-    from feedline.preprocess.vision.augment import Skipped
 
     return isinstance(value, Skipped)
 
@@ -136,7 +136,11 @@ def apply_samples(
 
 
 def apply_batch(
-    fn: Callable[..., Any], columns: Mapping[str, Any], indices: np.ndarray, *, seed: int,
+    fn: Callable[..., Any],
+    columns: Mapping[str, Any],
+    indices: np.ndarray,
+    *,
+    seed: int,
     epoch: int,
 ) -> dict[str, Any]:
     """``fn(batch, rngs)`` for ``batched=True``; the result must keep one row per sample.

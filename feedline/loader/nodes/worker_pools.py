@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.nodes.process_pool import ProcessWorkers
 from feedline.loader.nodes.samples import takes_index
-from feedline.loader.nodes.worker_task import Chunk, run_chunk
+from feedline.loader.nodes.worker_task import Chunk, Pending, run_chunk
 
 __all__ = [
     "WORKER_TYPES",
@@ -39,16 +40,6 @@ __all__ = [
 ]
 
 WORKER_TYPES = ("thread", "process")
-
-
-class Pending:
-    """A submitted chunk; :meth:`result` waits for it."""
-
-    def result(self) -> Chunk:
-        raise NotImplementedError
-
-    def abandon(self) -> None:
-        """The result is no longer wanted (a reset or a break): drop it when it comes."""
 
 
 class _Done(Pending):
@@ -150,6 +141,5 @@ def make_workers(fn: Callable[..., Any], num_workers: int, worker_type: str) -> 
         return InlineWorkers(fn)
     if worker_type == "thread":
         return ThreadWorkers(fn, num_workers)
-    from feedline.loader.nodes.process_pool import ProcessWorkers
 
     return ProcessWorkers(fn, num_workers)

@@ -23,7 +23,7 @@ import numpy as np
 from feedline.loader.nodes import shm
 from feedline.loader.nodes.samples import apply_batch, apply_samples, collate_samples
 
-__all__ = ["Chunk", "process_main", "run_chunk", "split_columns"]
+__all__ = ["Chunk", "Pending", "process_main", "run_chunk", "split_columns"]
 
 #: input/output keys in a segment: the row indices, and the pickle of the non-array values
 INDICES, OBJECTS = "__indices__", "__objects__"
@@ -149,3 +149,13 @@ def process_main(conn: Connection, fn_bytes: bytes, with_index: bool) -> None:
     finally:
         outputs.close(unlink=False)  # the loader process unlinks (see feedline.loader.nodes.shm)
         inputs.close()
+
+
+class Pending:
+    """A submitted chunk; :meth:`result` waits for it."""
+
+    def result(self) -> Chunk:
+        raise NotImplementedError
+
+    def abandon(self) -> None:
+        """The result is no longer wanted (a reset or a break): drop it when it comes."""

@@ -105,8 +105,10 @@ class OrderAhead:
         """Start drawing epoch ``epoch``'s order in the background (replacing any other)."""
         key = (bool(shuffle), seed, epoch, window)
         rows = sum(self.sizes)
-        if not shuffle or rows < self.min_rows or (
-            self.max_bytes is not None and 8 * rows > self.max_bytes
+        if (
+            not shuffle
+            or rows < self.min_rows
+            or (self.max_bytes is not None and 8 * rows > self.max_bytes)
         ):
             return
         with self._lock:

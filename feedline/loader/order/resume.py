@@ -79,7 +79,11 @@ def epoch_plan(
     for segment in segments:  # each with its own layout (drop_last included)
         order = remaining_after(order, segment)
     return split_for_rank(
-        order, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
+        order,
+        rank=rank,
+        world_size=world_size,
+        batch_size=batch_size,
+        drop_last=drop_last,
         pad_last=pad_last,
     )
 

@@ -214,7 +214,12 @@ def _positions(rank: int, count: int, world_size: int, batch_size: int) -> np.nd
 
 
 def _split(
-    where: str, order: Any, rank: int, world_size: int, batch_size: int, drop_last: bool,
+    where: str,
+    order: Any,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
     pad_last: bool = True,
 ) -> EpochPlan:
     arr = _order(where, order)
@@ -246,7 +251,12 @@ def _split(
 
 
 def split_for_rank(
-    order: np.ndarray, *, rank: int, world_size: int, batch_size: int, drop_last: bool,
+    order: np.ndarray,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
     pad_last: bool = True,
 ) -> EpochPlan:
     """Rank ``rank``'s share of the global ``order`` (see the module docstring for the layout).

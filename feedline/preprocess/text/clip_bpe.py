@@ -73,8 +73,11 @@ def bytes_to_unicode() -> dict[int, str]:
     >>> table[ord("a")], table[ord(" ")], len(table)
     ('a', 'Ġ', 256)
     """
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-          *range(ord("®"), ord("ÿ") + 1)]
+    bs = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -109,12 +112,14 @@ def _ftfy() -> Any:
     return ftfy
 
 
-def _preset(preset: str, fix_text: bool | None, special_tokens: Sequence[str] | None,
-            num_merges: int) -> tuple[bool, tuple[str, ...]]:
+def _preset(
+    preset: str, fix_text: bool | None, special_tokens: Sequence[str] | None, num_merges: int
+) -> tuple[bool, tuple[str, ...]]:
     """The ``fix_text`` and special tokens of a preset (explicit values must agree)."""
     if preset not in PRESETS:
         raise ConfigurationError(
-            f"ClipTokenizer: preset={preset!r} is not known. Fix: use one of {list(PRESETS)}.")
+            f"ClipTokenizer: preset={preset!r} is not known. Fix: use one of {list(PRESETS)}."
+        )
     if preset == "fast":
         return bool(fix_text), tuple(SPECIAL_TOKENS if special_tokens is None else special_tokens)
     names = OPEN_CLIP_SPECIAL_TOKENS if special_tokens is None else tuple(special_tokens)
@@ -134,13 +139,13 @@ def parse_merges(data: bytes, where: str, num_merges: int = DEFAULT_NUM_MERGES) 
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError) as exc:
-            raise DataError(f"{where} is not a valid gzip file: {exc}. Fix: re-download it.") \
-                from exc
+            raise DataError(
+                f"{where} is not a valid gzip file: {exc}. Fix: re-download it."
+            ) from exc
     try:
         lines = data.decode("utf-8").split("\n")[1:]
     except UnicodeDecodeError as exc:
-        raise DataError(f"{where} is not UTF-8 text: {exc}. Fix: pass CLIP's merges file.") \
-            from exc
+        raise DataError(f"{where} is not UTF-8 text: {exc}. Fix: pass CLIP's merges file.") from exc
     merges = []
     for number, line in enumerate(lines, start=2):
         parts = tuple(line.split())
@@ -216,8 +221,7 @@ class ClipTokenizer:
             import regex as re
             from tokenizers import models
         except ImportError as exc:
-            raise MissingDependencyError(exc.name or "tokenizers", "text", "ClipTokenizer") \
-                from exc
+            raise MissingDependencyError(exc.name or "tokenizers", "text", "ClipTokenizer") from exc
 
         self.path = str(vocab_path)
         self.context_length = int(context_length)
@@ -236,8 +240,9 @@ class ClipTokenizer:
         self.sot_token_id, self.eot_token_id = self.encoder[sot], self.encoder[eot]
         self.pad_id, self.left = 0, False  # how Tokenize pads (as open_clip does)
         self.vocab_size = len(vocab)
-        self._model = models.BPE(vocab=self.encoder, merges=merges, end_of_word_suffix="</w>",
-                                 fuse_unk=False)
+        self._model = models.BPE(
+            vocab=self.encoder, merges=merges, end_of_word_suffix="</w>", fuse_unk=False
+        )
         specials = "|".join(re.escape(t) for t in self.special_tokens)
         self._pattern = re.compile(f"{specials}|{WORDS_PATTERN}", re.IGNORECASE)
         self._ascii = std_re.compile(_ASCII_WORDS)
@@ -272,8 +277,9 @@ class ClipTokenizer:
             counts.append(len(chunks))
         return pack_chunks(lists, counts, len(texts))
 
-    def encode_ids(self, texts: Sequence[str], add_special_tokens: bool = True
-                   ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], tuple[int, ...]]:
+    def encode_ids(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], tuple[int, ...]]:
         """:meth:`encode_flat`, and the start/end ids to put around each row (for ``Tokenize``)."""
         ends = ((self.sot_token_id,), (self.eot_token_id,)) if add_special_tokens else ((), ())
         return (*self.encode_flat(texts), *ends)
@@ -294,8 +300,12 @@ class ClipTokenizer:
         return ids
 
     def _new_cache(self) -> dict[str, list[int]]:
-        return {t: [i] for t, i in zip(self.special_tokens, (self.sot_token_id,
-                                                              self.eot_token_id), strict=True)}
+        return {
+            t: [i]
+            for t, i in zip(
+                self.special_tokens, (self.sot_token_id, self.eot_token_id), strict=True
+            )
+        }
 
     def __call__(self, texts: str | Sequence[str], context_length: int | None = None) -> Any:
         """An array ``(len(texts), context_length)``: start, ids, end, zero padding.
@@ -305,8 +315,13 @@ class ClipTokenizer:
         """
         texts = [texts] if isinstance(texts, str) else list(texts)
         length = int(context_length or self.context_length)
-        ids, _, _ = frame(*self.encode_flat(texts), length, 0,
-                          prefix=(self.sot_token_id,), suffix=(self.eot_token_id,))
+        ids, _, _ = frame(
+            *self.encode_flat(texts),
+            length,
+            0,
+            prefix=(self.sot_token_id,),
+            suffix=(self.eot_token_id,),
+        )
         return ids.astype(self.dtype, copy=False)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -318,13 +333,19 @@ class ClipTokenizer:
         return data.decode("utf-8", errors="replace").replace("</w>", " ")
 
     def __reduce__(self) -> tuple:  # rebuilt (and the file checked) where it is unpickled
-        return (partial(ClipTokenizer, sha256=self.sha256, **self.options()),
-                (self.path, self.context_length))
+        return (
+            partial(ClipTokenizer, sha256=self.sha256, **self.options()),
+            (self.path, self.context_length),
+        )
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments that rebuild this tokenizer from its file (JSON-safe)."""
-        return {"num_merges": self.num_merges, "fix_text": self.fix_text,
-                "special_tokens": list(self.special_tokens), "preset": self.preset}
+        return {
+            "num_merges": self.num_merges,
+            "fix_text": self.fix_text,
+            "special_tokens": list(self.special_tokens),
+            "preset": self.preset,
+        }
 
     def __repr__(self) -> str:
         return f"ClipTokenizer({self.path!r}, vocab_size={self.vocab_size})"

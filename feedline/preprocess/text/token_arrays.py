@@ -38,8 +38,9 @@ def tensor_array(matrix: np.ndarray) -> pa.Array:
     return pa.ExtensionArray.from_storage(kind, storage)
 
 
-def pack_chunks(lists: Sequence[Sequence[int]], counts: Iterable[int],
-                rows: int) -> tuple[np.ndarray, np.ndarray]:
+def pack_chunks(
+    lists: Sequence[Sequence[int]], counts: Iterable[int], rows: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Like :func:`pack` for rows made of ``counts[i]`` consecutive id lists each."""
     sizes = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
     ends = np.concatenate([[0], np.cumsum(sizes)])

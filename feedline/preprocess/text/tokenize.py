@@ -34,8 +34,16 @@ __all__ = ["Tokenize"]
 
 _PAD_NAMES = ("[PAD]", "<pad>", "<|pad|>", "<PAD>", "[pad]")
 _SEPARABLE = {
-    "normalizer": {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents",
-                   "Strip"},
+    "normalizer": {
+        "BertNormalizer",
+        "Lowercase",
+        "NFC",
+        "NFD",
+        "NFKC",
+        "NFKD",
+        "StripAccents",
+        "Strip",
+    },
     "pre_tokenizer": {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Digits"},
     "post_processor": {"TemplateProcessing", "BertProcessing", "RobertaProcessing"},
 }
@@ -59,13 +67,14 @@ def _separable(spec: dict[str, Any]) -> bool:
     try:
         kinds = {key: set(_types(spec.get(key))) for key in _SEPARABLE}
         model, tokens = spec.get("model") or {}, spec.get("added_tokens") or []
-        return (all(kinds[key] <= allowed for key, allowed in _SEPARABLE.items())
-                and bool(kinds["pre_tokenizer"] & {"BertPreTokenizer", "Whitespace",
-                                                   "WhitespaceSplit"})
-                and model.get("type") in {"WordPiece", "WordLevel", "BPE", "Unigram"}
-                and not model.get("dropout")
-                and not any(any(c.isspace() for c in t["content"]) for t in tokens)
-                and (spec.get("truncation") or {}).get("direction", "right") == "right")
+        return (
+            all(kinds[key] <= allowed for key, allowed in _SEPARABLE.items())
+            and bool(kinds["pre_tokenizer"] & {"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
+            and model.get("type") in {"WordPiece", "WordLevel", "BPE", "Unigram"}
+            and not model.get("dropout")
+            and not any(any(c.isspace() for c in t["content"]) for t in tokens)
+            and (spec.get("truncation") or {}).get("direction", "right") == "right"
+        )
     except (AttributeError, KeyError, TypeError):
         return False
 
@@ -80,8 +89,9 @@ class _HFBackend:
     row's ids (see :func:`gather_chunks`), so most of the work releases the GIL.
     """
 
-    def __init__(self, tokenizer: Any, spec: dict[str, Any], max_length: int,
-                 truncation: bool) -> None:
+    def __init__(
+        self, tokenizer: Any, spec: dict[str, Any], max_length: int, truncation: bool
+    ) -> None:
         padding, cut = tokenizer.padding or {}, tokenizer.truncation or {}
         self.left = padding.get("direction") == "left"
         ids = [padding.get("pad_id"), *map(tokenizer.token_to_id, _PAD_NAMES), 0]
@@ -94,8 +104,11 @@ class _HFBackend:
         self.specials = None
         self.specials = self._specials() if _separable(spec) else None
         if self.specials is None and truncation:
-            tokenizer.enable_truncation(max_length, strategy=cut.get("strategy", "longest_first"),
-                                        direction=cut.get("direction", "right"))
+            tokenizer.enable_truncation(
+                max_length,
+                strategy=cut.get("strategy", "longest_first"),
+                direction=cut.get("direction", "right"),
+            )
 
     def _specials(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """The ids added before and after the text, if the chunked route is exact."""
@@ -106,13 +119,13 @@ class _HFBackend:
         found = set()
         for probe, bare in zip(_PROBES, whole, strict=True):
             full, n = self.tokenizer.encode(probe).ids, len(bare)
-            starts = [k for k in range(len(full) - n + 1) if bare and full[k:k + n] == bare]
-            found.update((tuple(full[:k]), tuple(full[k + n:])) for k in starts[:1])
+            starts = [k for k in range(len(full) - n + 1) if bare and full[k : k + n] == bare]
+            found.update((tuple(full[:k]), tuple(full[k + n :])) for k in starts[:1])
         return found.pop() if len(found) == 1 else None
 
-    def encode_ids(self, texts: Sequence[str] | pa.Array, add_special_tokens: bool,
-                   chunked: bool | None = None
-                   ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], tuple[int, ...]]:
+    def encode_ids(
+        self, texts: Sequence[str] | pa.Array, add_special_tokens: bool, chunked: bool | None = None
+    ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], tuple[int, ...]]:
         """Packed ids (see ``pack``), and the ids to put before and after each row.
 
         ``texts``: a list of strings, or an Arrow string array without nulls.
@@ -144,8 +157,9 @@ class _HFBackend:
         return gather_chunks(ids, sizes, encoded.indices.to_numpy(zero_copy_only=False), per_row)
 
 
-def gather_chunks(ids: np.ndarray, sizes: np.ndarray, which: np.ndarray,
-                  per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gather_chunks(
+    ids: np.ndarray, sizes: np.ndarray, which: np.ndarray, per_row: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Join the ids of each row's chunks, vectorized.
 
     Distinct chunk ``j`` has the ids ``ids[start_j : start_j + sizes[j]]`` (packed, in
@@ -261,7 +275,8 @@ class Tokenize(Preprocessor):
         super().__init__(column, (out, mask))
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ConfigurationError(
-                f"Tokenize: max_length must be a positive int, got {max_length!r}. Fix: e.g. 77.")
+                f"Tokenize: max_length must be a positive int, got {max_length!r}. Fix: e.g. 77."
+            )
         if on_null not in ("raise", "empty"):
             raise ConfigurationError(f"on_null={on_null!r}. Fix: use 'raise' or 'empty'.")
         if mask == out:
@@ -296,13 +311,15 @@ class Tokenize(Preprocessor):
             raise ConfigurationError(
                 "Tokenize: tokenizer must be a tokenizer.json path, a tokenizers.Tokenizer, "
                 f"'clip:<merges path>' or a ClipTokenizer; got {type(tokenizer).__name__}. "
-                "Fix: pass one of those.")
+                "Fix: pass one of those."
+            )
 
     def _load(self) -> Any:
         """Build the backend (reads and checks the file); once per process."""
         if self.source is not None and self.source.startswith("clip:"):
-            clip = ClipTokenizer(self.source[5:], self.max_length, sha256=self.sha256,
-                                 **(self.clip_options or {}))
+            clip = ClipTokenizer(
+                self.source[5:], self.max_length, sha256=self.sha256, **(self.clip_options or {})
+            )
             self.sha256 = clip.sha256
             return clip
         tokenizers = _tokenizers()
@@ -334,8 +351,11 @@ class Tokenize(Preprocessor):
             array, kind = array.dictionary_decode(), kind.value_type
         if pa.types.is_null(kind):
             array = pa.nulls(len(array), pa.string())
-        elif not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-                  or pa.types.is_string_view(kind)):
+        elif not (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_string_view(kind)
+        ):
             raise SchemaError(
                 f"Tokenize needs a string column, but {self.column!r} in {where} has type "
                 f"{kind}. Fix: tokenize a text column, or convert this one to strings first."
@@ -360,14 +380,23 @@ class Tokenize(Preprocessor):
         try:
             flat, lengths, prefix, suffix = backend.encode_ids(
                 texts if isinstance(backend, _HFBackend) else texts.to_pylist(),
-                self.add_special_tokens)
+                self.add_special_tokens,
+            )
         except FeedlineError:
             raise
         except Exception as exc:  # tokenizers raises plain Exception
             raise DataError(f"Tokenize failed on {where}: {exc}. Fix: check the text.") from exc
         pad_id = backend.pad_id if self.pad_id is None else self.pad_id
-        ids, mask, lengths = frame(flat, lengths, self.max_length, pad_id, prefix=prefix,
-                                   suffix=suffix, truncate=self.truncation, left=backend.left)
+        ids, mask, lengths = frame(
+            flat,
+            lengths,
+            self.max_length,
+            pad_id,
+            prefix=prefix,
+            suffix=suffix,
+            truncate=self.truncation,
+            left=backend.left,
+        )
         if self.pad and ids.shape[1] > self.max_length:
             row = int(np.argmax(lengths > self.max_length))
             raise DataError(
@@ -383,8 +412,9 @@ class Tokenize(Preprocessor):
             mask_array = pa.ListArray.from_arrays(offsets, pa.array(mask[mask].astype(np.int8)))
         return self._assemble(batch, index, id_array, mask_array)
 
-    def _assemble(self, batch: pa.RecordBatch, index: int, ids: pa.Array,
-                  mask: pa.Array) -> pa.RecordBatch:
+    def _assemble(
+        self, batch: pa.RecordBatch, index: int, ids: pa.Array, mask: pa.Array
+    ) -> pa.RecordBatch:
         """Replace the input column by the ids (or add them), put the mask right after."""
         fields, arrays = list(batch.schema), list(batch.columns)
         out, mask_name = self.output
@@ -403,10 +433,16 @@ class Tokenize(Preprocessor):
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {
-            "column": self.column, "tokenizer": self.source, "max_length": self.max_length,
-            "pad": self.pad, "add_special_tokens": self.add_special_tokens,
-            "truncation": self.truncation, "output": self.output[0],
-            "mask_output": self.output[1], "pad_id": self.pad_id, "on_null": self.on_null,
+            "column": self.column,
+            "tokenizer": self.source,
+            "max_length": self.max_length,
+            "pad": self.pad,
+            "add_special_tokens": self.add_special_tokens,
+            "truncation": self.truncation,
+            "output": self.output[0],
+            "mask_output": self.output[1],
+            "pad_id": self.pad_id,
+            "on_null": self.on_null,
             "sha256": self.sha256,
         }
         if self.tokenizer_json is not None:

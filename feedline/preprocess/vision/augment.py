@@ -120,9 +120,17 @@ class Compose:
     """
 
     def __init__(
-        self, ops: Sequence[Any], *, key: str = "bytes", output: str | None = None,
-        path_key: str | None = "path", mode: str = "RGB", on_error: str = "raise",
-        resample: str = "bilinear", draft: bool = True, max_pixels: int = DEFAULT_MAX_PIXELS,
+        self,
+        ops: Sequence[Any],
+        *,
+        key: str = "bytes",
+        output: str | None = None,
+        path_key: str | None = "path",
+        mode: str = "RGB",
+        on_error: str = "raise",
+        resample: str = "bilinear",
+        draft: bool = True,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
         background: Sequence[int] | None = (255, 255, 255),
     ) -> None:
         _choose("mode", mode, tuple(_MODES))
@@ -160,7 +168,8 @@ class Compose:
         fixed = size is not None
         for op in self.geometry:
             if isinstance(op, RandomResizedCrop | CenterCrop) or (
-                    isinstance(op, Resize) and op.shorter is None):
+                isinstance(op, Resize) and op.shorter is None
+            ):
                 fixed = True
             elif not isinstance(op, Resize | RandomHorizontalFlip):
                 return None  # a geometric step of the user's: unknown
@@ -179,7 +188,11 @@ class Compose:
         return view
 
     def __call__(
-        self, sample: Any, rng: np.random.Generator | None = None, *, index: int | None = None,
+        self,
+        sample: Any,
+        rng: np.random.Generator | None = None,
+        *,
+        index: int | None = None,
     ) -> Any:
         """Decode and augment ``sample``: a dict (its ``key`` field is decoded; the result is
         a new dict with the array under ``output``) or the encoded bytes (the array).
@@ -225,8 +238,11 @@ class Compose:
         return result
 
     def batch(
-        self, samples: Sequence[Any], rngs: Sequence[np.random.Generator | None] | None = None,
-        *, indices: Sequence[int] | None = None,
+        self,
+        samples: Sequence[Any],
+        rngs: Sequence[np.random.Generator | None] | None = None,
+        *,
+        indices: Sequence[int] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[Skipped]]:
         """Decode and augment a batch in this thread, stacked.
 
@@ -287,4 +303,3 @@ class Compose:
                 "(they are counted and reported)."
             ) from (None if isinstance(exc, Undecodable) else exc)
         return Skipped(index, None if path is None else str(path), reason)
-

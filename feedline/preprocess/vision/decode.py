@@ -28,8 +28,15 @@ from typing import Any
 from feedline.errors import DataError, MissingDependencyError
 from feedline.preprocess.vision.preprocessors import DEFAULT_MAX_PIXELS, _orientation, _to_mode
 
-__all__ = ["Undecodable", "decode", "draft_scale", "failure_reason", "open_image", "oriented_size",
-           "render"]
+__all__ = [
+    "Undecodable",
+    "decode",
+    "draft_scale",
+    "failure_reason",
+    "open_image",
+    "oriented_size",
+    "render",
+]
 
 Box = tuple[float, float, float, float]
 #: EXIF orientation -> the transpose that shows the stored pixels upright (exif_transpose's)
@@ -72,8 +79,10 @@ def open_image(data: Any, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Any,
     w, h = im.size
     if w * h > max_pixels:
         im.close()
-        raise Undecodable(f"the image is too large: {w}x{h} = {w * h:,} pixels > max_pixels="
-                          f"{max_pixels:,} (a possible decompression bomb; nothing decoded)")
+        raise Undecodable(
+            f"the image is too large: {w}x{h} = {w * h:,} pixels > max_pixels="
+            f"{max_pixels:,} (a possible decompression bomb; nothing decoded)"
+        )
     return im, _orientation(im)  # JPEG: EXIF is in the header; PNG may load here
 
 
@@ -120,8 +129,14 @@ def _draft(im: Any, want: int, mode: str) -> int:
 
 
 def render(
-    im: Any, orientation: int, box: Box, size: Sequence[int], *, mode: str = "RGB",
-    background: Sequence[int] | None = (255, 255, 255), resample: str = "bilinear",
+    im: Any,
+    orientation: int,
+    box: Box,
+    size: Sequence[int],
+    *,
+    mode: str = "RGB",
+    background: Sequence[int] | None = (255, 255, 255),
+    resample: str = "bilinear",
     draft: bool = True,
 ) -> tuple[Any, int]:
     """Decode ``box`` (of the picture as displayed) of an opened image into ``size``
@@ -173,8 +188,12 @@ def failure_reason(exc: BaseException) -> str:
 
 
 def decode(
-    data: Any, *, mode: str = "RGB", draft_size: Sequence[int] | None = None,
-    background: Sequence[int] | None = (255, 255, 255), max_pixels: int = DEFAULT_MAX_PIXELS,
+    data: Any,
+    *,
+    mode: str = "RGB",
+    draft_size: Sequence[int] | None = None,
+    background: Sequence[int] | None = (255, 255, 255),
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> Any:
     """Decode encoded image bytes into an upright PIL image in ``mode``.
 
@@ -214,8 +233,9 @@ def decode(
         im.load()
         im = _to_mode(im, SimpleNamespace(image=Image, mode=mode, background=background))
     except Exception as exc:
-        raise DataError(f"Cannot decode the image: {failure_reason(exc)}. Fix: remove or "
-                        "re-encode the file.") from exc
+        raise DataError(
+            f"Cannot decode the image: {failure_reason(exc)}. Fix: remove or re-encode the file."
+        ) from exc
     if orientation in _TRANSPOSE:
         im = im.transpose(Image.Transpose[_TRANSPOSE[orientation]])
     return im

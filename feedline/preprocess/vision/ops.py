@@ -87,8 +87,10 @@ class RandomResizedCrop:
     def __init__(self, size: int | Sequence[int], scale: Sequence[float] = (0.08, 1.0),
                  ratio: Sequence[float] = (3 / 4, 4 / 3)) -> None:  # fmt: skip
         self.size = _hw(size, "RandomResizedCrop")
-        self.scale, self.ratio = (float(scale[0]), float(scale[1])), (float(ratio[0]),
-                                                                        float(ratio[1]))
+        self.scale, self.ratio = (
+            (float(scale[0]), float(scale[1])),
+            (float(ratio[0]), float(ratio[1])),
+        )
         if not (0 < self.scale[0] <= self.scale[1] and 0 < self.ratio[0] <= self.ratio[1]):
             raise ConfigurationError(
                 f"RandomResizedCrop: scale={scale!r} and ratio={ratio!r} must be positive "
@@ -186,13 +188,16 @@ class Normalize(ToArray):
     """float32 output ``(x / 255 - mean) / std`` per channel (mean, std on the 0..1 scale)."""
 
     def __init__(
-        self, mean: float | Sequence[float] = IMAGENET_MEAN,
-        std: float | Sequence[float] = IMAGENET_STD, layout: str = "CHW",
+        self,
+        mean: float | Sequence[float] = IMAGENET_MEAN,
+        std: float | Sequence[float] = IMAGENET_STD,
+        layout: str = "CHW",
     ) -> None:
         super().__init__(layout)
         m, s = np.atleast_1d(np.asarray(mean, np.float64)), np.atleast_1d(np.asarray(std, float))
         if not (np.isfinite(m).all() and np.isfinite(s).all() and (s > 0).all()) or (
-                m.ndim != 1 or s.ndim != 1 or len({m.size, s.size} - {1}) > 1):
+            m.ndim != 1 or s.ndim != 1 or len({m.size, s.size} - {1}) > 1
+        ):
             raise ConfigurationError(
                 f"Normalize: mean={mean!r}, std={std!r} must be finite with std > 0. Fix: e.g. "
                 "mean=IMAGENET_MEAN, std=IMAGENET_STD (0..1 scale)."

@@ -56,8 +56,7 @@ def decode_pool() -> ThreadPoolExecutor:
 
 
 #: everything one decode needs (immutable, shared by the pool's threads); image: PIL.Image
-_Spec = namedtuple("_Spec",
-                   "image height width mode crop chw max_pixels resample background ops")
+_Spec = namedtuple("_Spec", "image height width mode crop chw max_pixels resample background ops")
 _DRAFTABLE = ("JPEG", "MPO")
 #: EXIF orientation -> where a point (x, y) of a w x h image lands after ``exif_transpose``
 _TURNS = {
@@ -82,8 +81,10 @@ def _decode_into(data: bytes | None, dst: np.ndarray, spec: _Spec) -> str | None
         with Image.open(io.BytesIO(data)) as opened:  # reads the header only
             w, h = opened.size
             if w * h > spec.max_pixels:
-                return (f"the image is too large: {w}x{h} = {w * h:,} pixels > max_pixels="
-                        f"{spec.max_pixels:,} (a possible decompression bomb; nothing decoded)")
+                return (
+                    f"the image is too large: {w}x{h} = {w * h:,} pixels > max_pixels="
+                    f"{spec.max_pixels:,} (a possible decompression bomb; nothing decoded)"
+                )
             # JPEG's EXIF is in its header: read before drafting (others' may follow the pixels)
             turn = _orientation(opened) if opened.format in _DRAFTABLE else None
             box = _draft(opened, w, h, spec, turned=turn in (5, 6, 7, 8))
@@ -92,8 +93,9 @@ def _decode_into(data: bytes | None, dst: np.ndarray, spec: _Spec) -> str | None
             if turn in _TURNS:
                 size = opened.size
                 spec.ops.exif_transpose(opened, in_place=True)
-                (x0, y0), (x1, y1) = (_TURNS[turn](x, y, *size) for x, y in
-                                      ((box[0], box[1]), (box[2], box[3])))
+                (x0, y0), (x1, y1) = (
+                    _TURNS[turn](x, y, *size) for x, y in ((box[0], box[1]), (box[2], box[3]))
+                )
                 box = (min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
             im = _resize(_to_mode(opened, spec), box, spec)
             pixels = np.frombuffer(im.tobytes(), np.uint8).reshape(spec.height, spec.width, -1)
@@ -115,8 +117,9 @@ def _orientation(im: Any) -> int:
         return 1
 
 
-def _draft(im: Any, w: int, h: int, spec: _Spec,
-           turned: bool = False) -> tuple[float, float, float, float]:
+def _draft(
+    im: Any, w: int, h: int, spec: _Spec, turned: bool = False
+) -> tuple[float, float, float, float]:
     """JPEG: decode at 1/2..1/8 scale, never below what the resize needs. Returns the region
     holding the picture (the original size over the scale, possibly fractional). ``turned``:
     the stored image is the picture turned by 90 degrees (EXIF orientation 5 to 8)."""
@@ -137,8 +140,11 @@ def _to_mode(im: Any, spec: _Spec) -> Any:
         return im
     if im.mode.startswith("I;16") or im.mode in ("I", "F"):  # Pillow's convert would clip
         values = np.asarray(im)  # 16-bit grey (I: older Pillows' 16-bit PNG) scaled, F clipped
-        scaled = (np.clip(np.rint(values), 0, 255) if im.mode == "F" else
-                  (np.clip(values, 0, 65535).astype(np.uint32) * 255 + 32767) // 65535)
+        scaled = (
+            np.clip(np.rint(values), 0, 255)
+            if im.mode == "F"
+            else (np.clip(values, 0, 65535).astype(np.uint32) * 255 + 32767) // 65535
+        )
         return Image.fromarray(np.ascontiguousarray(scaled, np.uint8)).convert(target)
     if im.mode == "P":
         im = im.convert("RGBA" if "transparency" in im.info else "RGB")
@@ -214,10 +220,18 @@ class DecodeImages(Preprocessor):
     needs_fit: ClassVar[bool] = False
 
     def __init__(
-        self, column: str = "bytes", *, size: int | Sequence[int] = (224, 224),
-        mode: str = "RGB", resize: str = "shorter+center_crop", layout: str = "HWC",
-        on_error: str = "raise", path_column: str | None = "path", output: str | None = None,
-        max_pixels: int = DEFAULT_MAX_PIXELS, resample: str = "bilinear",
+        self,
+        column: str = "bytes",
+        *,
+        size: int | Sequence[int] = (224, 224),
+        mode: str = "RGB",
+        resize: str = "shorter+center_crop",
+        layout: str = "HWC",
+        on_error: str = "raise",
+        path_column: str | None = "path",
+        output: str | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        resample: str = "bilinear",
         background: Sequence[int] | None = (255, 255, 255),
     ) -> None:
         super().__init__(column, output)
@@ -236,8 +250,9 @@ class DecodeImages(Preprocessor):
                 "DecodeImages needs one column and max_pixels >= 1. Fix: one DecodeImages per "
                 "image column, and a positive max_pixels."
             )
-        if background is not None and not (len(background) == 3 and all(
-                0 <= int(v) <= 255 for v in background)):
+        if background is not None and not (
+            len(background) == 3 and all(0 <= int(v) <= 255 for v in background)
+        ):
             raise ConfigurationError(
                 f"background={background!r} must be an (r, g, b) tuple. Fix: e.g. "
                 "background=(255, 255, 255)."
@@ -261,10 +276,14 @@ class DecodeImages(Preprocessor):
 
     def params(self) -> dict[str, Any]:
         names = ("mode", "resize", "layout", "on_error", "path_column", "max_pixels", "resample")
-        return {"column": self.columns[0], "size": list(self.size)} | {
-            n: getattr(self, n) for n in names} | {
-            "output": None if self.output == self.columns else self.output[0],
-            "background": None if self.background is None else list(self.background)}
+        return (
+            {"column": self.columns[0], "size": list(self.size)}
+            | {n: getattr(self, n) for n in names}
+            | {
+                "output": None if self.output == self.columns else self.output[0],
+                "background": None if self.background is None else list(self.background),
+            }
+        )
 
     def decode(self, blobs: Sequence[bytes | None]) -> tuple[np.ndarray, list[str | None]]:
         """Decode with the shared thread pool: the ``(n, *shape)`` ``uint8`` array (failed
@@ -273,9 +292,17 @@ class DecodeImages(Preprocessor):
             from PIL import Image, ImageOps
         except ImportError as exc:
             raise MissingDependencyError("pillow", "images", "Decoding images") from exc
-        spec = _Spec(Image, *self.size, self.mode, self.resize != "stretch", self.layout == "CHW",
-                     self.max_pixels, Image.Resampling[self.resample.upper()], self.background,
-                     ImageOps)
+        spec = _Spec(
+            Image,
+            *self.size,
+            self.mode,
+            self.resize != "stretch",
+            self.layout == "CHW",
+            self.max_pixels,
+            Image.Resampling[self.resample.upper()],
+            self.background,
+            ImageOps,
+        )
         out = np.empty((len(blobs), *self.shape), np.uint8)
         if len(blobs) <= 1:
             return out, [_decode_into(b, out[i], spec) for i, b in enumerate(blobs)]
@@ -304,19 +331,28 @@ class DecodeImages(Preprocessor):
                 for name, i in zip(names, bad, strict=True):
                     report.record_skip(name, reasons[i])
             else:  # called outside an engine: still never silent
-                warnings.warn(f"DecodeImages skipped {len(bad)} undecodable image(s), e.g. "
-                              f"{names[0]}: {reasons[bad[0]]}", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"DecodeImages skipped {len(bad)} undecodable image(s), e.g. "
+                    f"{names[0]}: {reasons[bad[0]]}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             keep = np.setdiff1d(np.arange(batch.num_rows), bad)
             pixels, batch = pixels[keep], batch.take(pa.array(keep))
         return _put(batch, self.output[0], _tensor_array(pixels))
 
     def _message(self, name: str, reason: str, others: int) -> str:
-        fix = ("if the image is genuine, raise max_pixels=; else remove it or on_error='skip'"
-               if "too large" in reason else "remove or re-encode the file, or pass on_error="
-               "'skip' to drop undecodable images (they are listed in the write report)")
+        fix = (
+            "if the image is genuine, raise max_pixels=; else remove it or on_error='skip'"
+            if "too large" in reason
+            else "remove or re-encode the file, or pass on_error="
+            "'skip' to drop undecodable images (they are listed in the write report)"
+        )
         more = f" ({others} more undecodable image(s) in the same batch)" if others else ""
-        return (f"Cannot decode the image {name} (column {self.columns[0]!r}): {reason}{more}. "
-                f"Fix: {fix}.")
+        return (
+            f"Cannot decode the image {name} (column {self.columns[0]!r}): {reason}{more}. "
+            f"Fix: {fix}."
+        )
 
 
 @register
@@ -348,16 +384,24 @@ class Normalize(Preprocessor):
     needs_fit: ClassVar[bool] = False
 
     def __init__(
-        self, column: str, mean: float | Sequence[float], std: float | Sequence[float], *,
-        layout: str = "HWC", output: str | None = None,
+        self,
+        column: str,
+        mean: float | Sequence[float],
+        std: float | Sequence[float],
+        *,
+        layout: str = "HWC",
+        output: str | None = None,
     ) -> None:
         super().__init__(column, output)
         _choose("layout", layout, ("HWC", "CHW"))
         self.layout = layout
         self.mean = [float(v) for v in np.atleast_1d(np.asarray(mean, dtype=np.float64))]
         self.std = [float(v) for v in np.atleast_1d(np.asarray(std, dtype=np.float64))]
-        if (not all(np.isfinite(self.mean)) or not all(np.isfinite(v) and v > 0 for v in self.std)
-                or len({len(self.mean), len(self.std)} - {1}) > 1):
+        if (
+            not all(np.isfinite(self.mean))
+            or not all(np.isfinite(v) and v > 0 for v in self.std)
+            or len({len(self.mean), len(self.std)} - {1}) > 1
+        ):
             raise ConfigurationError(
                 f"Normalize needs finite means and positive stds, one per channel (or one for "
                 f"all), got mean={mean!r}, std={std!r}. Fix: e.g. mean=(0.485, 0.456, 0.406), "
@@ -366,8 +410,13 @@ class Normalize(Preprocessor):
 
     def params(self) -> dict[str, Any]:
         output = None if self.output == self.columns else self.output[0]
-        return {"column": self.columns[0], "mean": self.mean, "std": self.std,
-                "layout": self.layout, "output": output}
+        return {
+            "column": self.columns[0],
+            "mean": self.mean,
+            "std": self.std,
+            "layout": self.layout,
+            "output": output,
+        }
 
     def _coefficients(self, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """float32 ``scale`` and ``offset`` (broadcastable): ``out = x * scale + offset``."""
@@ -401,8 +450,10 @@ class Normalize(Preprocessor):
         if type(images).__module__.partition(".")[0] == "torch":
             import torch
 
-            scale, offset = (torch.from_numpy(c).to(images.device)
-                             for c in self._coefficients(tuple(images.shape)))
+            scale, offset = (
+                torch.from_numpy(c).to(images.device)
+                for c in self._coefficients(tuple(images.shape))
+            )
             return images.to(torch.float32).mul(scale).add_(offset)
         raise ConfigurationError(
             f"Normalize.apply needs a NumPy array or a torch tensor, got {type(images).__name__}."
@@ -433,8 +484,9 @@ def _tensor_array(values: np.ndarray) -> pa.ExtensionArray:
 def _put(batch: pa.RecordBatch, name: str, values: pa.Array) -> pa.RecordBatch:
     """``batch`` with column ``name`` replaced by (or, if new, appended as) ``values``."""
     index, field = batch.schema.get_field_index(name), pa.field(name, values.type)
-    return batch.set_column(index, field, values) if index >= 0 else batch.append_column(
-        field, values)
+    return (
+        batch.set_column(index, field, values) if index >= 0 else batch.append_column(field, values)
+    )
 
 
 def _choose(name: str, value: Any, allowed: tuple[str, ...]) -> None:
