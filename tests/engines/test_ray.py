@@ -34,7 +34,7 @@ pytestmark = [
 from feedline.engines.ray.bridge import to_ray  # noqa: E402
 from feedline.engines.ray.stages import needs_actor  # noqa: E402
 from feedline.plan.plan import Transform  # noqa: E402
-from feedline.dataset.from_memory import from_ray# noqa: E402
+from feedline.dataset.from_memory import from_ray  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,10 @@ import feedline as fl
 pytest.importorskip("pyspark")
 PIL = pytest.importorskip("PIL.Image")
 
-from feedline.engines.spark.engine import # noqa: E402 - after the skip for a missing pyspark     SparkEngine
-from feedline.engines.spark.bridge import clear_spark_cache, to_spark
-from feedline.dataset.from_memory import from_spark# noqa: E402
+# after the skip for a missing pyspark
+from feedline.dataset.from_memory import from_spark  # noqa: E402
+from feedline.engines.spark.bridge import clear_spark_cache, to_spark  # noqa: E402
+from feedline.engines.spark.engine import SparkEngine  # noqa: E402
 
 pytestmark = [
     pytest.mark.spark,
