@@ -12,6 +12,7 @@ Examples
 """
 
 import importlib as _importlib
+import logging as _logging
 import typing as _typing
 
 from feedline._version import __version__
@@ -28,6 +29,9 @@ from feedline.errors import (
     StorageError,
     UserFunctionError,
 )
+
+# the library default (Python logging HOWTO): silent until fl.config.verbosity is set
+_logging.getLogger("feedline").addHandler(_logging.NullHandler())
 
 if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from feedline import preprocess, tracking

@@ -40,8 +40,6 @@ LEVELS = {
 
 _HANDLER_NAME = "feedline-verbosity"
 _ROOT = logging.getLogger("feedline")
-if not any(isinstance(h, logging.NullHandler) for h in _ROOT.handlers):
-    _ROOT.addHandler(logging.NullHandler())  # the library default (Python logging HOWTO)
 
 
 class Config:

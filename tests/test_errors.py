@@ -91,7 +91,7 @@ def test_every_raise_site_says_how_to_fix(path):
     names = set(errors.__all__) - {"MissingDependencyError"}  # builds its own "Fix:"
     # messages built elsewhere, each with its "Fix:": StorageError's wrapper in the shard cache
     # takes its callers' messages; DecodeImages' DataError text comes from ``_message``
-    built = {("shard_cache.py", "StorageError"), ("images.py", "DataError")}
+    built = {("shard_cache.py", "StorageError"), ("preprocessors.py", "DataError")}
     tree = ast.parse(path.read_text())
     constants = _module_strings(tree)
     missing = []

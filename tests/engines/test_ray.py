@@ -31,7 +31,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context"),
 ]
 
-from feedline.engines.ray.bridge import to_ray  # noqa: E402
 from feedline.engines.ray.stages import needs_actor  # noqa: E402
 from feedline.plan.plan import Transform  # noqa: E402
 from feedline.dataset.from_memory import from_ray  # noqa: E402
@@ -332,11 +331,11 @@ def test_from_ray_and_to_ray_round_trip(engine, tmp_path):
     assert a.equals(b) and a.num_rows == 26
     assert a["vec"].combine_chunks().to_numpy_ndarray()[1].tolist() == [15.0, 30.0]
 
-    back = to_ray(fl.open(tmp_path / "ray"))
+    back = fl.open(tmp_path / "ray").to_ray()
     assert isinstance(back, ray.data.Dataset)
     rows = pa.concat_tables(back.iter_batches(batch_format="pyarrow", batch_size=None))
     assert rows.sort_by("id").select(["id", "half"]).equals(a.select(["id", "half"]))
-    lazy = to_ray(fl.range(10).filter(pc.field("id") >= 7))
+    lazy = fl.range(10).filter(pc.field("id") >= 7).to_ray()
     assert sorted(r["id"] for r in lazy.take_all()) == [7, 8, 9]
 
 

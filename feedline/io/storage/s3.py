@@ -2,8 +2,8 @@
 
 A persistent fault used to be retried by three nested loops (botocore's, s3fs's and
 feedline's: up to 5 x 5 x 5 requests for one 503 SlowDown). :func:`backends` builds the two
-s3fs filesystems :class:`~feedline.io.storage.retrying_fs.RetryingFileSystem` needs instead, both with
-s3fs's own retry loop off (:class:`BoundedS3FileSystem`):
+s3fs filesystems :class:`~feedline.io.storage.retrying_fs.RetryingFileSystem` needs instead,
+both with s3fs's own retry loop off (:func:`bounded_s3_class`):
 
 - one whose botocore client retries each request up to ``policy.attempts`` times in all
   (``config_kwargs={"retries": {"mode": "standard", "total_max_attempts": n}}``): for the
@@ -21,39 +21,63 @@ in one request; writes and deletes pass ``IfMatch=``/``IfNoneMatch=`` to s3fs.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import fsspec
-import s3fs
 from fsspec.asyn import sync
 
 from feedline.errors import ConfigurationError
 from feedline.io.storage.retry import RetryPolicy
 
-__all__ = ["BoundedS3FileSystem", "backends", "delete_if", "get_versioned", "is_s3"]
+if TYPE_CHECKING:
+    import s3fs
+
+__all__ = ["backends", "bounded_s3_class", "delete_if", "get_versioned", "is_s3"]
 
 #: botocore retry modes feedline accepts from ``config_kwargs["retries"]["mode"]``
 _MODES = ("standard", "adaptive", "legacy")
 
 
-class BoundedS3FileSystem(s3fs.S3FileSystem):
-    """s3fs with its own retry loop off: botocore's configured attempts are the only ones.
+def bounded_s3_class() -> type[s3fs.S3FileSystem]:
+    """``BoundedS3FileSystem``: s3fs with its own retry loop off, so botocore's configured
+    attempts are the only ones (s3fs retries a failed call up to ``retries`` times around
+    botocore's own retries; one attempt here keeps a single bound).
 
-    (s3fs retries a failed call up to ``retries`` times around botocore's own retries;
-    one attempt here keeps a single bound.)
+    Built on first use, because s3fs is the ``s3`` extra; it is a module attribute (also
+    reached through the module's ``__getattr__``), so filesystems of it pickle by reference
+    for engine workers.
     """
+    cls = globals().get("BoundedS3FileSystem")
+    if cls is None:
+        import s3fs
 
-    retries = 1
+        cls = type(
+            "BoundedS3FileSystem",
+            (s3fs.S3FileSystem,),
+            {"retries": 1, "__module__": __name__, "__doc__": bounded_s3_class.__doc__},
+        )
+        globals()["BoundedS3FileSystem"] = cls
+    return cls
+
+
+def __getattr__(name: str) -> object:
+    if name == "BoundedS3FileSystem":  # unpickling a filesystem built by backends()
+        return bounded_s3_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
-    """True for an s3fs filesystem (feedline knows how to configure its retries)."""
-    return isinstance(fs, s3fs.S3FileSystem)
+    """True for an s3fs filesystem (feedline knows how to configure its retries); never
+    imports s3fs (a filesystem of it exists only once something imported it)."""
+    module = sys.modules.get("s3fs")
+    return module is not None and isinstance(fs, module.S3FileSystem)
 
 
 def backends(
     fs: s3fs.S3FileSystem, policy: RetryPolicy
-) -> tuple[BoundedS3FileSystem, BoundedS3FileSystem]:
+) -> tuple[s3fs.S3FileSystem, s3fs.S3FileSystem]:
     """``(retrying, once)``: ``fs``'s storage with botocore retrying up to ``policy.attempts``
     times, and with botocore trying once (see the module docstring)."""
     options = dict(fs.storage_options)
@@ -73,10 +97,12 @@ def backends(
             f"Fix: use one of {list(_MODES)}."
         )
 
-    def build(attempts: int) -> BoundedS3FileSystem:
+    bounded = bounded_s3_class()
+
+    def build(attempts: int) -> s3fs.S3FileSystem:
         retries = {"mode": mode, "total_max_attempts": attempts}
         kwargs = {**options, "config_kwargs": {**config, "retries": retries}}
-        return BoundedS3FileSystem(*fs.storage_args, **kwargs)
+        return bounded(*fs.storage_args, **kwargs)
 
     return build(policy.attempts), build(1)
 
