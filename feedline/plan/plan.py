@@ -287,6 +287,6 @@ def _references_only(expr: pc.Expression, columns: Sequence[str], schema: pa.Sch
 
 def callable_name(fn: Any) -> str:
     """A readable name for a function, class, method or callable object."""
-    name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", repr(fn))
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None)
     return f"{module}.{name}" if module and module not in ("__main__", "builtins") else name

@@ -2,8 +2,8 @@
 
 A persistent fault used to be retried by three nested loops (botocore's, s3fs's and
 feedline's: up to 5 x 5 x 5 requests for one 503 SlowDown). :func:`backends` builds the two
-s3fs filesystems :class:`~feedline.io.storage.retrying_fs.RetryingFileSystem` needs instead, both with
-s3fs's own retry loop off (:class:`BoundedS3FileSystem`):
+s3fs filesystems :class:`~feedline.io.storage.retrying_fs.RetryingFileSystem` needs instead,
+both with s3fs's own retry loop off (:class:`BoundedS3FileSystem`):
 
 - one whose botocore client retries each request up to ``policy.attempts`` times in all
   (``config_kwargs={"retries": {"mode": "standard", "total_max_attempts": n}}``): for the
