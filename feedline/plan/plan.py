@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import Any, TypeGuard, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +30,7 @@ __all__ = [
     "Transform",
     "WithColumns",
     "callable_name",
+    "only_selects",
     "pushdown",
 ]
 
@@ -180,6 +181,11 @@ class RowHash:
 Operator = Union[  # noqa: UP007
     Select, Filter, MapBatches, Transform, Limit, Sample, WithColumns, Rename, Drop, Cast, RowHash
 ]
+
+
+def only_selects(ops: Sequence[Operator]) -> TypeGuard[Sequence[Select]]:
+    """True when every operator of ``ops`` is a column selection (or there are none)."""
+    return all(isinstance(op, Select) for op in ops)
 
 
 @dataclass(frozen=True)
