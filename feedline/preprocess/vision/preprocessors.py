@@ -270,7 +270,7 @@ class DecodeImages(Preprocessor):
                 f"background={background!r} must be an (r, g, b) tuple. Fix: e.g. "
                 "background=(255, 255, 255)."
             )
-        self.size: tuple[int, int] = hw  # type: ignore[assignment]
+        self.size: tuple[int, int] = hw
         self.mode, self.resize, self.layout = mode, resize, layout
         self.on_error, self.path_column, self.max_pixels = on_error, path_column, max_pixels
         self.resample = resample
