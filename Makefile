@@ -39,8 +39,12 @@ $(DOCS_STAMP): pyproject.toml $(STAMP)
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d site
 
+# Lint: ruff's rules and formatting over the whole tree, then mypy over feedline/ (its
+# configuration, the files included, is [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check feedline tests bench examples
+	$(VENV)/bin/ruff format --check feedline tests bench examples
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) bench/read_write.py

@@ -167,9 +167,10 @@ def _manifest_of(ds_or_path: Any, storage_options: dict[str, Any] | None) -> tup
     """The manifest of a written dataset and the URL it lives at (read from the folder for a
     path: logging never needs the Dataset machinery)."""
     where = ds_or_path
+    target: Location | None
     if isinstance(ds_or_path, str | os.PathLike):
-        target: Location | None = resolve(ds_or_path, storage_options)
-        manifest = read_manifest(target)
+        target = folder = resolve(ds_or_path, storage_options)
+        manifest = read_manifest(folder)
     elif hasattr(ds_or_path, "plan") and hasattr(ds_or_path, "manifest"):
         manifest = ds_or_path.manifest
         target = getattr(ds_or_path.plan.source, "target", None)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -28,6 +29,10 @@ from feedline.statistics.compute import stats, stored_stats
 from feedline.statistics.drift import compare
 from feedline.statistics.html_page import write_html
 from feedline.store.dataset_files import read_manifest, verify_manifest
+
+if TYPE_CHECKING:
+    from feedline.dataset.dataset import Dataset
+    from feedline.statistics.result import Stats
 
 __all__ = [
     "READERS",
@@ -71,16 +76,19 @@ def guess_format(path: str) -> str:
     return "parquet"
 
 
-def read(fmt: str, src: str, storage_options: dict[str, Any] | None = None, **options: Any):
+def read(
+    fmt: str, src: str, storage_options: dict[str, Any] | None = None, **options: Any
+) -> Dataset:
     """``fl.read_<fmt>(src, ...)``."""
 
-    reader = {
+    readers: dict[str, Callable[..., Dataset]] = {
         "parquet": fl.read_parquet,
         "csv": fl.read_csv,
         "jsonl": fl.read_jsonl,
         "images": fl.read_images,
         "text": fl.read_text,
-    }[fmt]
+    }
+    reader = readers[fmt]
     return reader(src, storage_options=storage_options, **options)
 
 
@@ -322,7 +330,7 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
 
     columns = args.columns
 
-    def load(path: str):
+    def load(path: str) -> Stats:
         fmt = guess_format(path)
         options = storage(args)
         ds = (

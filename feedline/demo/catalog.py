@@ -246,8 +246,9 @@ def ClipModel(vocab: int) -> Any:
     """
     torch = _torch()
     nn = torch.nn
+    module: Any = nn.Module  # torch is imported here, so its classes are untyped here
 
-    class _Clip(nn.Module):
+    class _Clip(module):
         def __init__(self) -> None:
             super().__init__()
             self.image = nn.Sequential(

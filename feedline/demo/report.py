@@ -75,7 +75,8 @@ class Tracker:
     @contextlib.contextmanager
     def run(self, name: str, params: dict[str, Any]) -> Iterator[Any]:
         """An MLflow run (or nothing when tracking is off)."""
-        if not self.enabled:
+        uri = self.uri
+        if uri is None:  # tracking is off (see enabled)
             yield None
             return
         import mlflow
@@ -84,16 +85,17 @@ class Tracker:
         # The process's MLflow state (tracking URI, active experiment) is left as it was:
         # the demo may run inside a user's own session or test suite.
         previous = mlflow.get_tracking_uri() if is_tracking_uri_set() else None
-        mlflow.set_tracking_uri(self.uri)
+        mlflow.set_tracking_uri(uri)
         try:
-            client = mlflow.MlflowClient(self.uri)
+            client = mlflow.MlflowClient(uri)
             found = client.get_experiment_by_name(EXPERIMENT)
             experiment = found.experiment_id if found else client.create_experiment(EXPERIMENT)
             with mlflow.start_run(run_name=name, experiment_id=experiment) as active:
                 mlflow.log_params(params)
                 yield active
         finally:
-            mlflow.set_tracking_uri(previous)
+            # None: no URI was set (mlflow takes it, and unsets its own; its annotation omits it)
+            mlflow.set_tracking_uri(previous)  # type: ignore[arg-type]
 
     def log_dataset(self, path: str, name: str, context: str) -> None:
         if self.enabled:

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from feedline.errors import ConfigurationError, DataError
 from feedline.io.source import (
     ExecutionReport,
+    ReadFn,
     ReadTask,
     Source,
     check_columns,
@@ -122,7 +123,13 @@ class ImageFolderSource(Source):
             for chunk in chunks
         ]
 
-    def _reader(self, chunk, schema, columns, predicate):
+    def _reader(
+        self,
+        chunk: list[tuple[Location, str]],
+        schema: pa.Schema,
+        columns: Sequence[str] | None,
+        predicate: pc.Expression | None,
+    ) -> ReadFn:
         def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
             wanted = schema.names if columns is None else list(columns)
             need_bytes = "bytes" in wanted or predicate is not None

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from feedline.errors import DataError, SchemaError
-from feedline.io.source import ExecutionReport, FileSource, ReadTask, check_columns
+from feedline.io.source import ExecutionReport, FileSource, ReadFn, ReadTask, check_columns
 from feedline.io.storage.paths import Location, expand_paths
 
 __all__ = ["JsonlSource"]
@@ -71,7 +71,7 @@ class JsonlSource(FileSource):
             check_columns(schema, columns, f"the JSON-lines input {self.describe()}")
         reference = self._files[0]
 
-        def reader(loc: Location):
+        def reader(loc: Location) -> ReadFn:
             def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
                 with _open(loc) as handle:
                     try:
@@ -103,6 +103,6 @@ def _parse_error(loc: Location, exc: Exception) -> DataError:
     )
 
 
-def _open(loc: Location):
+def _open(loc: Location) -> Any:
     compression = "gzip" if loc.path.endswith(".gz") else None
     return loc.fs.open(loc.path, "rb", compression=compression)

@@ -10,7 +10,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.io.source import (
+    ExecutionReport,
+    ReadFn,
+    ReadTask,
+    Source,
+    check_columns,
+    fingerprint_of,
+)
 
 __all__ = ["ArrowSource", "RangeSource"]
 
@@ -62,7 +69,7 @@ class ArrowSource(Source):
         step = self._rows_per_task
         starts = range(0, table.num_rows, step) if table.num_rows else []
 
-        def reader(piece: pa.Table):
+        def reader(piece: pa.Table) -> ReadFn:
             def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
                 for batch in piece.to_batches():
                     report.add(rows_read=batch.num_rows)
@@ -109,7 +116,7 @@ class RangeSource(Source):
             check_columns(self.schema(), columns, "range()")
         schema = self.schema()
 
-        def reader(start: int, stop: int):
+        def reader(start: int, stop: int) -> ReadFn:
             def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
                 for lo in range(start, stop, self._batch_rows):
                     hi = min(stop, lo + self._batch_rows)

@@ -198,7 +198,7 @@ def decode_npy(column: pa.Array) -> Cells:
     values: list[np.ndarray | None] = [None] * n
     failed: dict[int, str] = {}
     for row in rows.tolist():
-        blob = memoryview(data)[offsets[row] : offsets[row + 1]]
+        blob = data.data[offsets[row] : offsets[row + 1]]  # the bytes as a memoryview
         try:
             values[row] = load_npy(blob)
         except (ValueError, OSError, EOFError, TypeError) as exc:
@@ -241,7 +241,7 @@ def decode_npz(column: pa.Array) -> Cells:
     values: list[np.ndarray | None] = [None] * len(valid)
     failed: dict[int, str] = {}
     for row in np.flatnonzero(valid).tolist():
-        blob = memoryview(data)[offsets[row] : offsets[row + 1]]
+        blob = data.data[offsets[row] : offsets[row + 1]]  # the bytes as a memoryview
         try:
             values[row] = _load_npz(blob)
         except (

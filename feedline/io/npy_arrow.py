@@ -117,7 +117,8 @@ def cells_to_arrow(
         arrays = kept
     if isinstance(kind, pa.FixedShapeTensorType):
         if block is None:
-            block = np.stack(arrays) if arrays else np.empty((0, *shape), dtype)
+            # a fixed-shape tensor type: no None in shape (mypy cannot see it)
+            block = np.stack(arrays) if arrays else np.empty((0, *shape), dtype)  # type: ignore[arg-type]
         return _tensor(block, present, kind, dtype), failed
     return _nested(
         list(block) if block is not None else arrays, present, len(shape), kind, dtype

@@ -16,6 +16,7 @@ from feedline.arrow.tensor_codec import logical_schema
 from feedline.errors import DataError, SchemaError
 from feedline.io.source import (
     ExecutionReport,
+    ReadFn,
     ReadTask,
     Source,
     check_columns,
@@ -137,7 +138,7 @@ def _file_reader(
     columns: Sequence[str] | None,
     predicate: pc.Expression | None,
     row_groups: Sequence[int] | None = None,
-):
+) -> ReadFn:
     """A read task's function: the file's rows (only ``row_groups`` when given)."""
 
     def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:

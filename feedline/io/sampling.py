@@ -34,7 +34,14 @@ import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, IntegrityError
 from feedline.io.parquet import ParquetSource, _file_reader, read_footer
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.io.source import (
+    ExecutionReport,
+    ReadFn,
+    ReadTask,
+    Source,
+    check_columns,
+    fingerprint_of,
+)
 from feedline.store.footers import check_identity
 
 __all__ = [
@@ -205,7 +212,11 @@ class RowGroupSample(Source):
             for g in groups:
                 read = _file_reader(loc, origin, schema, columns, predicate, (g,))
                 rows = shard.row_groups[g] if shard is not None else None
-                checked = (shard, target.child(shard.path)) if shard is not None else None
+                checked = (
+                    (shard, target.child(shard.path))
+                    if shard is not None and target is not None
+                    else None
+                )
                 label = f"{loc.url} (row group {g})"
                 tasks.append(
                     ReadTask(
@@ -223,7 +234,14 @@ class RowGroupSample(Source):
         return tasks
 
 
-def _sampled(read, label: str, seed: tuple[int, ...], keep: float, checked: Any, rows: int | None):
+def _sampled(
+    read: ReadFn,
+    label: str,
+    seed: tuple[int, ...],
+    keep: float,
+    checked: Any,
+    rows: int | None,
+) -> ReadFn:
     """``read``'s batches, rows kept with probability ``keep``; checked like a shard read."""
 
     def run(report: ExecutionReport) -> Iterator[pa.RecordBatch]:

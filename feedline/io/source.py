@@ -17,6 +17,7 @@ from feedline.errors import SchemaError
 __all__ = [
     "ExecutionReport",
     "FileSource",
+    "ReadFn",
     "ReadTask",
     "Source",
     "check_columns",
@@ -75,6 +76,10 @@ class ExecutionReport:
         return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
+#: what a :class:`ReadTask` calls: the execution report in, the task's record batches out
+ReadFn = Callable[[ExecutionReport], Iterator[pa.RecordBatch]]
+
+
 @dataclass(frozen=True)
 class ReadTask:
     """One unit of parallel reading: usually a file or a group of row groups.
@@ -90,7 +95,7 @@ class ReadTask:
     """
 
     label: str
-    read: Callable[[ExecutionReport], Iterator[pa.RecordBatch]]
+    read: ReadFn
     estimated_bytes: int | None = None
 
 

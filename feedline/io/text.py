@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from feedline.errors import ConfigurationError, DataError
 from feedline.io.source import (
     ExecutionReport,
+    ReadFn,
     ReadTask,
     Source,
     check_columns,
@@ -84,7 +85,13 @@ class TextSource(Source):
             for group in groups
         ]
 
-    def _reader(self, group, schema, columns, predicate):
+    def _reader(
+        self,
+        group: list[Location],
+        schema: pa.Schema,
+        columns: Sequence[str] | None,
+        predicate: pc.Expression | None,
+    ) -> ReadFn:
         def finish(batch: pa.RecordBatch) -> pa.RecordBatch:
             if predicate is not None:
                 batch = batch.filter(predicate)

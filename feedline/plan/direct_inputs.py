@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from feedline.io.parquet import ParquetSource, read_footer, same_schema
-from feedline.plan.plan import Select
+from feedline.plan.plan import only_selects
 
 if TYPE_CHECKING:
     from feedline.io.source import ExecutionReport
@@ -69,7 +69,7 @@ def plain_parquet(
     """``plan`` as a :class:`ParquetScan` when it is a plain read of local Parquet files
     with no extension-typed column and every column type ``supported`` (default: any);
     ``None`` when it must run through the engine's feedline path."""
-    if not all(isinstance(op, Select) for op in plan.ops) or type(plan.source) is not ParquetSource:
+    if not only_selects(plan.ops) or type(plan.source) is not ParquetSource:
         return None
     source = plan.source
     files = source.files

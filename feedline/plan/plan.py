@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import Any, TypeGuard, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +30,7 @@ __all__ = [
     "Transform",
     "WithColumns",
     "callable_name",
+    "only_selects",
     "pushdown",
 ]
 
@@ -182,6 +183,11 @@ Operator = Union[  # noqa: UP007
 ]
 
 
+def only_selects(ops: Sequence[Operator]) -> TypeGuard[Sequence[Select]]:
+    """True when every operator of ``ops`` is a column selection (or there are none)."""
+    return all(isinstance(op, Select) for op in ops)
+
+
 @dataclass(frozen=True)
 class Plan:
     """A source followed by operators, applied in order."""
@@ -287,6 +293,6 @@ def _references_only(expr: pc.Expression, columns: Sequence[str], schema: pa.Sch
 
 def callable_name(fn: Any) -> str:
     """A readable name for a function, class, method or callable object."""
-    name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", repr(fn))
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None)
     return f"{module}.{name}" if module and module not in ("__main__", "builtins") else name

@@ -11,7 +11,9 @@ Examples
 >>> from feedline.io.memory import RangeSource
 >>> from feedline.plan.plan import Plan
 >>> schema_of = lambda plan: plan.source.schema()  # how an input plan's schema is learnt
->>> source = RelationalSource(Relational("sort", (("by", ("id",)),)), (Plan(RangeSource(3)),), schema_of)
+>>> source = RelationalSource(
+...     Relational("sort", (("by", ("id",)),)), (Plan(RangeSource(3)),), schema_of
+... )
 >>> source.schema().names
 ['id']
 >>> source.describe()
@@ -176,7 +178,9 @@ def plan_lines(plan: Plan, indent: int = 0) -> list[str]:
     >>> from feedline.io.memory import RangeSource
     >>> from feedline.plan.plan import Limit
     >>> p = Plan(RangeSource(3))
-    >>> s = RelationalSource(Relational("union"), (p, p.then(Limit(2))), lambda p: p.source.schema())
+    >>> s = RelationalSource(
+    ...     Relational("union"), (p, p.then(Limit(2))), lambda p: p.source.schema()
+    ... )
     >>> print("\\n".join(plan_lines(Plan(s).then(Limit(1)))))
     union()
       input 0: Read(range: 3 rows)

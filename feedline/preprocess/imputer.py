@@ -109,7 +109,7 @@ class Imputer(ColumnwisePreprocessor):
     # ------------------------------------------------------------------ fitting
 
     def partial(self, batch: pa.RecordBatch) -> dict[str, Any]:
-        out = {}
+        out: dict[str, Any] = {}  # per column: moments, (count, sketch) or (count, missing, x)
         for c in self.columns:
             array = batch.column(c)
             if self.strategy in ("mean", "median"):
@@ -143,6 +143,7 @@ class Imputer(ColumnwisePreprocessor):
         fitted: dict[str, dict[str, Any]] = {"fill": {}, "missing_fraction": {}, "rows": {}}
         for c in self.columns:
             p = partial[c]
+            fill: Any  # a number, or the constant or most frequent value
             if self.strategy == "mean":
                 rows, n, fill = int(p[0]), int(p[1]), float(p[2])
             elif self.strategy == "median":

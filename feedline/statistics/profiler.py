@@ -40,14 +40,14 @@ def _kind(field: pa.Field, image_columns: Sequence[str], categorical: Sequence[s
     t = field.type
     if field.name in categorical and (pa.types.is_integer(t) or pa.types.is_boolean(t)):
         return "categorical"  # integer codes (an indexed label column): counted, not binned
-    categorical = (
+    categorical_tests = (
         pa.types.is_dictionary,
         pa.types.is_boolean,
         pa.types.is_string,
         pa.types.is_large_string,
         getattr(pa.types, "is_string_view", bool),
     )
-    if any(test(t) for test in categorical):
+    if any(test(t) for test in categorical_tests):
         return "categorical"
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
         return "numeric"
@@ -126,7 +126,8 @@ class Profiler:
         return _Partial(
             a.rows + b.rows,
             {k: v.merge(b.columns[k]) for k, v in a.columns.items()},
-            a.pearson.merge(b.pearson) if a.pearson else None,
+            # both or neither: pearson is there when the schema has two numeric columns
+            a.pearson.merge(b.pearson) if a.pearson and b.pearson else None,
         )
 
     def empty(self) -> _Partial:

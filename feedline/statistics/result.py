@@ -106,7 +106,9 @@ class Stats:
     def select(self, columns: Sequence[str]) -> Stats:
         """Only ``columns`` (and their rows and columns of the correlation matrices)."""
         keep = [i for i, c in enumerate(self.correlation["columns"]) if c in columns]
-        sub = {"columns": [self.correlation["columns"][i] for i in keep]}
+        sub: dict[str, list[Any] | None] = {
+            "columns": [self.correlation["columns"][i] for i in keep]
+        }
         for method in ("pearson", "spearman"):
             m = self.correlation.get(method)
             sub[method] = None if m is None else [[m[i][j] for j in keep] for i in keep]

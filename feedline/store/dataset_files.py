@@ -28,10 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from feedline.errors import DataError, FormatError, IncompleteDatasetError, IntegrityError
 from feedline.io.parquet import ParquetSource, read_footer
-from feedline.io.source import ExecutionReport, ReadTask, fingerprint_of
+from feedline.io.source import ExecutionReport, ReadFn, ReadTask, fingerprint_of
 from feedline.io.storage.paths import Location, resolve
 from feedline.store.commit import (
     commit,
@@ -118,7 +119,9 @@ class FeedlineSource(ParquetSource):
 
         return fingerprint_of(*(s.checksum for s in self.manifest.shards))
 
-    def read_tasks(self, columns, predicate):
+    def read_tasks(
+        self, columns: Sequence[str] | None, predicate: pc.Expression | None
+    ) -> list[ReadTask]:
         if not self.manifest.shards:
             return []
         tasks = super().read_tasks(columns, predicate)
@@ -132,7 +135,7 @@ class FeedlineSource(ParquetSource):
         ]
 
 
-def _checked(task: ReadTask, location: Location, shard: ShardInfo, count: bool):
+def _checked(task: ReadTask, location: Location, shard: ShardInfo, count: bool) -> ReadFn:
     """``task.read`` checked against the manifest (footer, then row count); pyarrow errors as
     DataError."""
 

@@ -24,11 +24,12 @@ checksums (verified on every read). Older feedline versions ignore both fields.
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import pyarrow as pa
 
@@ -134,7 +135,7 @@ class Manifest:
         return json.dumps(document, indent=1, allow_nan=False, default=_json_default)
 
     @classmethod
-    def from_json(cls, text: str | bytes, where: str) -> Manifest:
+    def from_json(cls, text: str | builtins.bytes, where: str) -> Manifest:
         """Parse and validate manifest text; raises :class:`FormatError` naming ``where``."""
         if len(text) > MAX_MANIFEST_BYTES:
             raise FormatError(
@@ -197,7 +198,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 

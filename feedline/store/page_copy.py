@@ -156,7 +156,8 @@ class PageCopy:
 def chunk_pages(fd: int, chunk: ChunkCopy) -> list[PageCopy] | None:
     """The pages of ``chunk`` (their headers read from ``fd``), or ``None`` unless every page
     is one :func:`copy_page` copies and together they hold exactly the chunk's rows."""
-    pos, end, row, pages = chunk.offset, chunk.offset + chunk.size, 0, []
+    pos, end, row = chunk.offset, chunk.offset + chunk.size, 0
+    pages: list[PageCopy] = []
     while pos < end:
         parsed = _page(fd, pos, end)
         if parsed is None:

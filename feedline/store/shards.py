@@ -63,8 +63,10 @@ class _HashingFile:
         self.closed = False
         self.tail: bytearray | None = None
 
-    def keep_tail(self) -> None:
+    def keep_tail(self) -> bytearray:
+        """Keep the bytes written from now on; returns the buffer they go to."""
         self.tail = bytearray()
+        return self.tail
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
@@ -182,7 +184,9 @@ class ShardWriter:
 
     def _room(self) -> int:
         """Rows that still fit in the current row group and shard."""
-        room = self._row_group_rows - self._pending_rows
+        group_rows = self._row_group_rows
+        assert group_rows is not None  # write() sets it before placing any row
+        room = group_rows - self._pending_rows
         if self._rows_per_shard is not None:
             room = min(room, self._rows_per_shard - sum(self._groups) - self._pending_rows)
         return max(room, 0)
@@ -192,11 +196,11 @@ class ShardWriter:
             return
         table = pa.Table.from_batches(self._pending, schema=self._schema)
         self._pending, self._pending_rows = [], 0
-        if self._storage is None:  # tensor columns as fixed-size binary (io/tensor_codec.py)
-            self._storage = TensorStorage.plan(self._schema, self._compression, table)
-        if self._writer is None:
-            self._open_shard()
-        self._writer.write_table(self._storage.encode(table), row_group_size=table.num_rows)
+        storage = self._storage
+        if storage is None:  # tensor columns as fixed-size binary (io/tensor_codec.py)
+            storage = self._storage = TensorStorage.plan(self._schema, self._compression, table)
+        writer = self._writer if self._writer is not None else self._open_shard(storage)
+        writer.write_table(storage.encode(table), row_group_size=table.num_rows)
         self._groups.append(table.num_rows)
         if self._on_rows is not None:
             self._on_rows(table.num_rows)
@@ -207,7 +211,7 @@ class ShardWriter:
         if full_rows or full_bytes:
             self._close_shard()
 
-    def _open_shard(self) -> None:
+    def _open_shard(self, storage: TensorStorage) -> pq.ParquetWriter:
         name = shard_name(self._next_index, self._write_id)
         self._next_index += 1
         self._path = name
@@ -215,8 +219,7 @@ class ShardWriter:
         self._file = _HashingFile(self._folder.fs.open(self._folder.join(name), "wb"))
         # Parquet emits many small writes (page headers); buffer them before Python sees them.
         self._stream = pa.BufferedOutputStream(pa.PythonFile(self._file, mode="w"), 4 << 20)
-        storage = self._storage
-        self._writer = pq.ParquetWriter(
+        self._writer = writer = pq.ParquetWriter(
             self._stream,
             storage.schema,
             compression=storage.compression,
@@ -227,21 +230,24 @@ class ShardWriter:
             write_batch_size=_page_rows(storage.schema),
         )
         self._groups = []
+        return writer
 
     def _close_shard(self) -> None:
+        file, writer = self._file, self._writer
+        assert file is not None and writer is not None  # a shard is open
         self._stream.flush()  # the row groups reach the file; what close() adds is the footer
-        self._file.keep_tail()
-        self._writer.close()
+        tail = file.keep_tail()
+        writer.close()
         self._stream.close()
-        self._file.close()
+        file.close()
         self.shards.append(
             ShardInfo(
                 self._path,
                 sum(self._groups),
-                self._file.size,
+                file.size,
                 tuple(self._groups),
-                self._file.checksum,
-                footer=_footer_digest(bytes(self._file.tail), self._path),
+                file.checksum,
+                footer=_footer_digest(bytes(tail), self._path),
                 page_checksums=True,
             )
         )
@@ -261,7 +267,8 @@ class ShardWriter:
             try:
                 self._writer.close()
                 self._stream.close()
-                self._file.close()
+                if self._file is not None:  # open with the writer
+                    self._file.close()
             except Exception:  # noqa: BLE001 - already failing; keep the first error
                 pass
             self._writer = self._file = None

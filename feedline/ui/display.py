@@ -10,7 +10,7 @@ dtype and shape, so a row of images prints as one line.
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
@@ -173,7 +173,8 @@ def render_table(table: pa.Table, title: str | None = None) -> Table:
     for field in table.schema:
         kind = field.type
         type_name = short_type(kind)
-        justify = "right" if pa.types.is_integer(kind) or pa.types.is_floating(kind) else "left"
+        numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+        justify: Literal["right", "left"] = "right" if numeric else "left"
         out.add_column(
             f"{field.name}\n[dim]{type_name}[/dim]",
             justify=justify,

@@ -65,7 +65,12 @@ class InstancePool:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def get(self, cls: type, kwargs: tuple[tuple[str, Any], ...], device: str | None = None) -> Any:
+    def get(
+        self,
+        cls: Callable[..., Any],
+        kwargs: tuple[tuple[str, Any], ...],
+        device: str | None = None,
+    ) -> Any:
         """The instance of ``cls`` for this thread, built with ``kwargs`` (and ``device``)."""
         cache = getattr(self._local, "instances", None)
         if cache is None:
@@ -86,7 +91,9 @@ def hashable(kwargs: tuple[tuple[str, Any], ...]) -> Any:
     return kwargs
 
 
-def construct(cls: type, kwargs: tuple[tuple[str, Any], ...], device: str | None = None) -> Any:
+def construct(
+    cls: Callable[..., Any], kwargs: tuple[tuple[str, Any], ...], device: str | None = None
+) -> Any:
     """``cls(**kwargs, device=device)`` (``device`` only when set, checked to exist here)."""
 
     if device is not None:
@@ -241,7 +248,14 @@ class BatchPipeline:
             stream = self._stage(op, stream, label, task_index, position)
         return stream
 
-    def _stage(self, op, stream, label, task_index, position):
+    def _stage(
+        self,
+        op: Operator,
+        stream: Iterator[pa.RecordBatch],
+        label: str,
+        task_index: int,
+        position: int,
+    ) -> Iterator[pa.RecordBatch]:
         if isinstance(op, Select):
             return (_select(b, op.columns, label) for b in stream)
         if isinstance(op, Filter):
@@ -258,7 +272,9 @@ class BatchPipeline:
             return (b.append_column(op.column, row_hash(b, op.seed)) for b in stream)
         raise TypeError(f"unknown operator {op!r}")
 
-    def _filter(self, op: Filter, stream, label) -> Iterator[pa.RecordBatch]:
+    def _filter(
+        self, op: Filter, stream: Iterable[pa.RecordBatch], label: str
+    ) -> Iterator[pa.RecordBatch]:
         for batch in stream:
             if op.is_expression:
                 try:
@@ -279,7 +295,9 @@ class BatchPipeline:
             self.report.add(function_calls=1)
             yield batch.filter(_mask_from(result, batch.num_rows, where))
 
-    def _map(self, op: MapBatches, stream, label) -> Iterator[pa.RecordBatch]:
+    def _map(
+        self, op: MapBatches, stream: Iterable[pa.RecordBatch], label: str
+    ) -> Iterator[pa.RecordBatch]:
         if op.batch_size:
             stream = rebatch(stream, op.batch_size)
         if op.is_class:
@@ -304,7 +322,9 @@ class BatchPipeline:
                 outputs = [add_passthrough(batch, _concat(outputs), op.passthrough, where)]
             yield from outputs
 
-    def _transform(self, op: Transform, stream, label) -> Iterator[pa.RecordBatch]:
+    def _transform(
+        self, op: Transform, stream: Iterable[pa.RecordBatch], label: str
+    ) -> Iterator[pa.RecordBatch]:
         for batch in stream:
             try:
                 result = op.preprocessor.transform_batch(batch, report=self.report, where=label)
@@ -333,7 +353,9 @@ def _select(batch: pa.RecordBatch, columns: tuple[str, ...], label: str) -> pa.R
     return batch.select(list(columns))
 
 
-def _sample(op: Sample, stream, task_index: int, position: int) -> Iterator[pa.RecordBatch]:
+def _sample(
+    op: Sample, stream: Iterable[pa.RecordBatch], task_index: int, position: int
+) -> Iterator[pa.RecordBatch]:
     rng = np.random.default_rng([op.seed, task_index, position])
     for batch in stream:
         keep = rng.random(batch.num_rows) < op.fraction

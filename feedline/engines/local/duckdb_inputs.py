@@ -31,7 +31,7 @@ import pyarrow as pa
 from feedline.engines.local.duckdb_sql import quote
 from feedline.io.memory import ArrowSource
 from feedline.plan.direct_inputs import plain_parquet
-from feedline.plan.plan import Select
+from feedline.plan.plan import only_selects
 
 if TYPE_CHECKING:
     from feedline.io.source import ExecutionReport
@@ -61,7 +61,7 @@ def arrow_table(plan: Plan) -> pa.Table | None:
     True
     """
     source = plan.source
-    if type(source) is not ArrowSource or not all(isinstance(op, Select) for op in plan.ops):
+    if type(source) is not ArrowSource or not only_selects(plan.ops):
         return None
     return source.table if not plan.ops else source.table.select(list(plan.ops[-1].columns))
 

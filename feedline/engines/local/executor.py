@@ -64,6 +64,16 @@ class _Failed:
     error: BaseException
 
 
+@dataclass
+class _StageState:
+    """What :func:`run_stage`'s threads share (under its condition)."""
+
+    #: the number of batches once the input is exhausted (-1 until then)
+    fed: int = -1
+    #: the first error of any thread
+    failed: BaseException | None = None
+
+
 class _ByteQueue:
     """A FIFO bounded by the total ``nbytes`` of its items (always admits one item)."""
 
@@ -140,7 +150,14 @@ def run_tasks(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _ordered(tasks, work, pool, parallelism, memory_budget, stop):
+def _ordered(
+    tasks: Sequence[Callable[[], Iterator[pa.RecordBatch]]],
+    work: Callable[[int, _ByteQueue], None],
+    pool: ThreadPoolExecutor,
+    parallelism: int,
+    memory_budget: int,
+    stop: threading.Event,
+) -> Iterator[pa.RecordBatch]:
     capacity = max(1, memory_budget // parallelism)
     pending: collections.deque[_ByteQueue] = collections.deque()
     upcoming = iter(range(len(tasks)))
@@ -167,7 +184,14 @@ def _ordered(tasks, work, pool, parallelism, memory_budget, stop):
         submit_next()
 
 
-def _unordered(tasks, work, pool, parallelism, memory_budget, stop):
+def _unordered(
+    tasks: Sequence[Callable[[], Iterator[pa.RecordBatch]]],
+    work: Callable[[int, _ByteQueue], None],
+    pool: ThreadPoolExecutor,
+    parallelism: int,
+    memory_budget: int,
+    stop: threading.Event,
+) -> Iterator[pa.RecordBatch]:
     queue = _ByteQueue(max(1, memory_budget), stop)
     upcoming = iter(range(len(tasks)))
     running = 0
@@ -225,7 +249,7 @@ def run_stage(
     inbox: collections.deque[tuple[int, pa.RecordBatch]] = collections.deque()
     results: dict[int, Any] = {}
     held: dict[int, int] = {}  # seq -> bytes of batches handed out and not yet consumed
-    state = {"fed": -1, "failed": None}  # fed: number of batches once the input is exhausted
+    state = _StageState()
     threads: list[threading.Thread] = []
 
     def wait(predicate: Callable[[], bool]) -> None:
@@ -236,8 +260,8 @@ def run_stage(
 
     def fail(error: BaseException) -> None:
         with cond:
-            if state["failed"] is None:
-                state["failed"] = error
+            if state.failed is None:
+                state.failed = error
             cond.notify_all()
 
     def work() -> None:
@@ -246,7 +270,7 @@ def run_stage(
                 setup()
             while True:
                 with cond:
-                    wait(lambda: bool(inbox) or state["fed"] >= 0)
+                    wait(lambda: bool(inbox) or state.fed >= 0)
                     if not inbox:
                         return
                     seq, batch = inbox.popleft()
@@ -265,7 +289,11 @@ def run_stage(
             for batch in batches:
                 nbytes = batch.nbytes
                 with cond:
-                    wait(lambda n=nbytes: not held or sum(held.values()) + n <= memory_budget)
+
+                    def fits(n: int = nbytes) -> bool:
+                        return not held or sum(held.values()) + n <= memory_budget
+
+                    wait(fits)
                     held[seq] = nbytes
                     inbox.append((seq, batch))
                     if len(threads) < workers + 1:  # the feeder is threads[0]
@@ -278,7 +306,7 @@ def run_stage(
             fail(exc)
         finally:
             with cond:
-                state["fed"] = seq
+                state.fed = seq
                 cond.notify_all()
             close = getattr(batches, "close", None)
             if close is not None:
@@ -290,11 +318,11 @@ def run_stage(
         thread.start()
 
     def ready() -> bool:
-        if state["failed"] is not None:
+        if state.failed is not None:
             return True
         if preserve_order:
-            return consumed in results or consumed == state["fed"]
-        return bool(results) or (not held and state["fed"] >= 0)
+            return consumed in results or consumed == state.fed
+        return bool(results) or (not held and state.fed >= 0)
 
     consumed = 0
     try:
@@ -304,8 +332,8 @@ def run_stage(
             with cond:
                 while not ready():
                     cond.wait(_POLL_SECONDS)
-                if state["failed"] is not None:
-                    raise state["failed"]
+                if state.failed is not None:
+                    raise state.failed
                 if preserve_order:
                     if consumed not in results:
                         return  # consumed == fed: everything was yielded

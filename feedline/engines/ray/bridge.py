@@ -21,8 +21,9 @@ __all__ = ["streaming_split", "to_ray"]
 def to_ray(plan: Plan, engine: str | Engine | None = None, *, preserve_order: bool = True) -> Any:
     """A lazy ``ray.data.Dataset`` computing ``plan`` (it runs when Ray runs it).
 
-    ``plan`` has its preprocessors fitted (``Dataset.to_ray`` fits them first). A plan with a ``limit`` followed by more operators is computed on the
-    driver and handed to Ray as Arrow tables. Records skipped inside the Ray workers are
+    ``plan`` has its preprocessors fitted (``Dataset.to_ray`` fits them first). A plan with
+    a ``limit`` followed by more operators is computed on the driver and handed to Ray as
+    Arrow tables. Records skipped inside the Ray workers are
     reported as warnings in the worker logs (no feedline report is attached).
 
     Examples

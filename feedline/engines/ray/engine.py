@@ -78,7 +78,7 @@ from feedline.engines.ray.write import write_plan
 from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
-from feedline.plan.plan import Plan, pushdown
+from feedline.plan.plan import Operator, Plan, pushdown
 
 __all__ = ["RayEngine"]
 
@@ -236,7 +236,14 @@ class RayEngine:
         )
         return self._stream(rds, segments, report, collector, run_id)
 
-    def _stream(self, rds, segments, report, collector, run_id) -> Iterator[pa.RecordBatch]:
+    def _stream(
+        self,
+        rds: Any,
+        segments: list[tuple[tuple[Operator, ...], int | None]],
+        report: ExecutionReport,
+        collector: Any,
+        run_id: str,
+    ) -> Iterator[pa.RecordBatch]:
         instances = InstancePool()
         first_limit = segments[0][1]
         try:

@@ -38,7 +38,9 @@ def _is_ray_error(exc: BaseException) -> bool:
 
 def _feedline_error_in(exc: BaseException) -> FeedlineError | None:
     """The original ``FeedlineError`` inside Ray's wrappers (``RayTaskError``, ...), if any."""
-    pending, seen, dual = [exc], set(), None
+    pending: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    dual: FeedlineError | None = None
     while pending:
         current = pending.pop(0)
         if current is None or id(current) in seen:

@@ -197,7 +197,8 @@ def _first_value(column: str, name: str) -> Any:
         def combine(self, current: Any, new: Any) -> Any:
             return current if current is not None else new
 
-        def finalize(self, accumulator: Any) -> Any:
+        # Ray's AggregateFn declares finalize an attribute, AggregateFnV2 a method (as here)
+        def finalize(self, accumulator: Any) -> Any:  # type: ignore[override]
             return accumulator[0]
 
     return First()

@@ -113,8 +113,9 @@ def relational_dataset(
     >>> rds.take_batch(5, batch_format="pyarrow")["id"].to_pylist()  # doctest: +SKIP
     [4, 3, 2, 1, 0]
     """
-    source: RelationalSource = plan.source
-    report = {k: stage[k] for k in ("collector", "run_id") if k in stage}
+    source = plan.source
+    assert isinstance(source, RelationalSource)  # RayEngine.dataset sends only such plans
+    report: dict[str, Any] = {k: stage[k] for k in ("collector", "run_id") if k in stage}
     with surface_errors():  # a join's inputs, a split and a global aggregate run here
         rds = _operator(engine, source, report)
     ordered = preserve_order or _has_limit(source)

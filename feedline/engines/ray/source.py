@@ -54,7 +54,8 @@ class RaySource(Source):
             if isinstance(base, pa.Schema) and not any(_is_ray_tensor(f.type) for f in base):
                 self._schema = base
             else:  # pandas blocks or Ray tensor columns: the schema of a converted batch
-                head = next(iter(self.dataset.limit(1).iter_batches(batch_format="pyarrow")))
+                batches = self.dataset.limit(1).iter_batches(batch_format="pyarrow")
+                head: pa.Table = next(iter(batches))  # Ray types it as any batch format
                 self._schema = to_canonical(head.to_batches()[0]).schema
         return self._schema
 
@@ -81,7 +82,9 @@ class RaySource(Source):
             check_columns(self.schema(), columns, self._name)
 
         def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
-            for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+            tables = self.dataset.iter_batches(batch_size=None, batch_format="pyarrow")
+            table: pa.Table  # (Ray types the batches as any batch format)
+            for table in tables:
                 for batch in table.to_batches():
                     report.add(rows_read=batch.num_rows)
                     yield source_batch(batch, columns, predicate)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import traceback
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,11 +150,19 @@ class _OffsetPipeline(BatchPipeline):
     """A :class:`BatchPipeline` whose operators sit at ``offset`` in the plan's segment, so
     ``Sample`` seeds are the same as when the segment runs as one pipeline."""
 
-    def __init__(self, ops, report, instances, offset: int) -> None:
+    def __init__(
+        self,
+        ops: Sequence[Operator],
+        report: ExecutionReport | None,
+        instances: InstancePool | None,
+        offset: int,
+    ) -> None:
         super().__init__(ops, report, instances)
         self.offset = offset
 
-    def __call__(self, batches, label, task_index=0):
+    def __call__(
+        self, batches: Iterable[pa.RecordBatch], label: str, task_index: int = 0
+    ) -> Iterator[pa.RecordBatch]:
         stream = iter(batches)
         for position, op in enumerate(self.ops, start=self.offset):
             stream = self._stage(op, stream, label, task_index, position)
@@ -191,7 +199,9 @@ class StageRunner:
         finally:
             self._send(report)
 
-    def _inputs(self, block: pa.Table, report: ExecutionReport):
+    def _inputs(
+        self, block: pa.Table, report: ExecutionReport
+    ) -> Iterator[tuple[int, str, Iterable[pa.RecordBatch]]]:
         """``(task index, label, batches)`` for each read task found in ``block``."""
         spec = self.spec
         if spec.read_tasks is not None:
@@ -211,22 +221,26 @@ class StageRunner:
                 index = int(tasks[start])
                 yield index, spec.labels[index], rows.slice(start, stop - start).to_batches()
 
-    def _outputs(self, pipeline, block, report) -> Iterator[tuple[int, pa.RecordBatch]]:
+    def _outputs(
+        self, pipeline: BatchPipeline, block: pa.Table, report: ExecutionReport
+    ) -> Iterator[tuple[int, pa.RecordBatch]]:
         for index, label, batches in self._inputs(block, report):
             for batch in pipeline(batches, label, index):
                 if batch.num_rows:
                     yield index, batch
 
-    def _partials(self, pipeline, block) -> Iterator[pa.Table]:
+    def _partials(self, pipeline: BatchPipeline, block: pa.Table) -> Iterator[pa.Table]:
         import ray.cloudpickle as cloudpickle
 
         spec = self.spec
+        partial, merge = spec.partial, spec.merge
+        assert partial is not None and merge is not None  # a partial stage has both
         for index, label, batches in self._inputs(block, pipeline.report):
             result = None
             for batch in pipeline(batches, label, index):
                 if batch.num_rows:
-                    part = spec.partial(batch)
-                    result = part if result is None else spec.merge(result, part)
+                    part = partial(batch)
+                    result = part if result is None else merge(result, part)
             if result is not None:
                 yield pa.table(
                     {

@@ -1,17 +1,18 @@
 """Writes on the Ray engine: feedline shards written in Ray tasks, manifest last.
 
-Each Ray write task runs :class:`feedline.store.dataset_files.ShardWriter` (the local engine's writer:
-same file format, tensor columns included) through a ``ray.data`` ``Datasink``
-(:class:`ShardSink`), into its own folder ``task-<index>-<id>`` of the staging folder of a
-locked write (:func:`feedline.store.dataset_files.writing`). The task computes every shard's sha256
-checksum and footer digest while it writes and returns only descriptions
-``{path, rows, bytes, row_groups, checksum, footer}``; the driver never reads a shard's
-bytes. It renames the shards to ``part-NNNNN-<write id>.parquet`` in dataset order (Ray's
-write-task index, then the shard number inside the task), in parallel, builds the
+Each Ray write task runs :class:`feedline.store.dataset_files.ShardWriter` (the local
+engine's writer: same file format, tensor columns included) through a ``ray.data``
+``Datasink`` (:class:`ShardSink`), into its own folder ``task-<index>-<id>`` of the staging
+folder of a locked write (:func:`feedline.store.dataset_files.writing`). The task computes
+every shard's sha256 checksum and footer digest while it writes and returns only
+descriptions ``{path, rows, bytes, row_groups, checksum, footer}``; the driver never reads a
+shard's bytes. It renames the shards to ``part-NNNNN-<write id>.parquet`` in dataset order
+(Ray's write-task index, then the shard number inside the task), in parallel, builds the
 :class:`~feedline.store.dataset_files.Manifest` (lineage ``engine="ray"``) and calls
-:func:`feedline.store.dataset_files.commit`, which writes the manifest last. A write that fails or is
-interrupted before the commit leaves no new manifest: the staging folder is removed on
-failure (with the files of failed task attempts), and the previous dataset still opens.
+:func:`feedline.store.dataset_files.commit`, which writes the manifest last. A write that
+fails or is interrupted before the commit leaves no new manifest: the staging folder is
+removed on failure (with the files of failed task attempts), and the previous dataset still
+opens.
 
 Shard layout:
 
@@ -47,6 +48,7 @@ from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan, pushdown
 from feedline.store import dataset_files as fmt
+from feedline.store.commit import PendingWrite
 from feedline.store.shards import conform, writable_schema
 
 if TYPE_CHECKING:
@@ -65,7 +67,8 @@ def _sink_base() -> type:
 
 
 class ShardSink:
-    """A ``ray.data`` ``Datasink`` whose write tasks run :class:`~feedline.store.dataset_files.ShardWriter`.
+    """A ``ray.data`` ``Datasink`` whose write tasks run
+    :class:`~feedline.store.dataset_files.ShardWriter`.
 
     Each task writes into ``staging/task-<index>-<id>/`` and returns the descriptions of its
     shards (checksums and footer digests computed while writing); :attr:`results` holds them
@@ -187,7 +190,15 @@ def write_plan(
     )
 
 
-def _dataset(engine, plan, schema, preserve_order, report, collector, run_id) -> Any:
+def _dataset(
+    engine: RayEngine,
+    plan: Plan,
+    schema: pa.Schema,
+    preserve_order: bool,
+    report: ExecutionReport,
+    collector: Any,
+    run_id: str,
+) -> Any:
     """The Ray dataset to write: the plan in Ray, or (after a ``limit`` followed by more
     operators) the driver's stream handed to Ray."""
     pushed = pushdown(plan)
@@ -215,7 +226,7 @@ def _dataset(engine, plan, schema, preserve_order, report, collector, run_id) ->
 
 
 def _finalize(
-    write: fmt.PendingWrite,
+    write: PendingWrite,
     results: list[dict[str, Any]],
     on_rows: Callable[[int], None] | None,
 ) -> list[fmt.ShardInfo]:

@@ -145,6 +145,7 @@ class SparkFrameSource(Source):
                 native._schema, native._fingerprint = self._schema, self._fingerprint
                 SparkEngine(self._df.sparkSession).write(Plan(native), loc, WriteOptions())
                 manifest = fmt.read_manifest(loc)
+                assert manifest is not None  # the write above committed one
             return fmt.FeedlineSource(loc, manifest)
 
     def cleanup(self) -> bool:

@@ -232,6 +232,7 @@ def ship_user_modules(spark: Any, objects: Any) -> list[str]:
             if (app, top) in _SHIPPED:
                 continue
             module = sys.modules[top]
+            assert module.__file__ is not None  # user_modules() finds modules by their file
             file = Path(module.__file__)
             if hasattr(module, "__path__"):  # a package: zip its folder
                 _add_py_file(context, _zip_package(top, file.parent))

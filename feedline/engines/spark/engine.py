@@ -242,7 +242,10 @@ class SparkEngine:
 
     @property
     def spark_master(self) -> str:
-        return self._spark.sparkContext.master if self._spark is not None else self.master
+        if self._spark is None:
+            return self.master
+        # pyspark types SparkContext.master Optional; a started context always has one
+        return self._spark.sparkContext.master  # type: ignore[return-value]
 
     def dataframe(self, plan: Plan, *, preserve_order: bool = True) -> pyspark.sql.DataFrame:
         """The plan as a lazy Spark DataFrame (tensor columns as arrays; nothing runs yet)."""

@@ -196,7 +196,16 @@ def build_job(
         return _build_job(spark, plan, mode, preserve_order, partitions, partial, merge, write)
 
 
-def _build_job(spark, plan, mode, preserve_order, partitions, partial, merge, write) -> Job:
+def _build_job(
+    spark: Any,
+    plan: Plan,
+    mode: str,
+    preserve_order: bool,
+    partitions: int | None,
+    partial: Callable[[pa.RecordBatch], Any] | None,
+    merge: Callable[[Any, Any], Any] | None,
+    write: WriteSpec | None,
+) -> Job:
 
     pushed = pushdown(plan)
     segments = split_at_limits(pushed.remaining)
@@ -216,7 +225,7 @@ def _build_job(spark, plan, mode, preserve_order, partitions, partial, merge, wr
             else native.select(*pushed.columns)
         )
         frame_schema = plan.source.schema()
-        if frame is not native:
+        if frame is not native and pushed.columns is not None:  # (frame is a selection)
             frame_schema = pa.schema([frame_schema.field(c) for c in pushed.columns])
         first = {
             "from_tasks": False,

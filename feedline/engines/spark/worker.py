@@ -137,7 +137,8 @@ def decode_error(text: str) -> BaseException | None:
     )
     error = kind.__new__(kind)
     Exception.__init__(error, message)
-    error.worker_traceback = detail["traceback"]
+    # an attribute only errors raised again from a Spark worker have (tests read it)
+    error.worker_traceback = detail["traceback"]  # type: ignore[attr-defined]
     if hasattr(error, "add_note"):
         error.add_note("Traceback on the Spark worker:\n" + detail["traceback"].rstrip())
     return error
@@ -146,11 +147,11 @@ def decode_error(text: str) -> BaseException | None:
 # ----------------------------------------------------------------------------- per-worker state
 
 #: models kept by a Python worker across tasks and jobs: (class, kwargs digest, device) -> it
-_MODELS: OrderedDict[tuple[type, Any, str | None], Any] = OrderedDict()
+_MODELS: OrderedDict[tuple[Callable[..., Any], Any, str | None], Any] = OrderedDict()
 #: models a worker keeps at most (the least recently used one is dropped first)
 MAX_MODELS = 4
 #: per job (token): the first class object seen under each (name, kwargs) pair
-_CLASSES: OrderedDict[str, dict[tuple[str, Any], type]] = OrderedDict()
+_CLASSES: OrderedDict[str, dict[tuple[str, Any], Callable[..., Any]]] = OrderedDict()
 
 
 class _WorkerPool(InstancePool):
@@ -169,7 +170,12 @@ class _WorkerPool(InstancePool):
         super().__init__()
         self.token = token
 
-    def get(self, cls: type, kwargs: tuple[tuple[str, Any], ...], device: str | None = None) -> Any:
+    def get(
+        self,
+        cls: Callable[..., Any],
+        kwargs: tuple[tuple[str, Any], ...],
+        device: str | None = None,
+    ) -> Any:
         classes = _CLASSES.setdefault(self.token, {})
         _CLASSES.move_to_end(self.token)
         while len(_CLASSES) > 8:
@@ -278,7 +284,7 @@ class Stage:
         self.accumulator.add(report.as_dict())
 
     def _leaves(
-        self, batches, pipeline: BatchPipeline, report
+        self, batches: Iterator[pa.RecordBatch], pipeline: BatchPipeline, report: ExecutionReport
     ) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
         """``(leaf index, its output batches)``: one per read task (the task's index), or
         the whole partition (its index) for DataFrame input."""
@@ -302,7 +308,9 @@ class Stage:
         label = self.label.format(partition=index)
         yield partition, pipeline(self._frame_batches(batches, label, report), label, index)
 
-    def _frame_batches(self, batches, label: str, report) -> Iterator[pa.RecordBatch]:
+    def _frame_batches(
+        self, batches: Iterator[pa.RecordBatch], label: str, report: ExecutionReport
+    ) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             report.add(rows_read=batch.num_rows)
             batch = from_spark_batch(batch, self.in_schema, label)
@@ -312,13 +320,18 @@ class Stage:
                 batch = batch.select(list(self.columns))
             yield batch
 
-    def _partials(self, leaves) -> Iterator[pa.RecordBatch]:
-        """This partition's blocks of the fixed merge tree (:mod:`feedline.engines.batch.partials`)."""
+    def _partials(
+        self, leaves: Iterator[tuple[int, Iterator[pa.RecordBatch]]]
+    ) -> Iterator[pa.RecordBatch]:
+        """This partition's blocks of the fixed merge tree
+        (:mod:`feedline.engines.batch.partials`)."""
         from pyspark import cloudpickle
 
-        tree = TreeMerger(self.merge)
+        partial, merge = self.partial, self.merge
+        assert partial is not None and merge is not None  # set for the mode "partial"
+        tree = TreeMerger(merge)
         for index, stream in leaves:
-            tree.push(0, index, fold((self.partial(b) for b in stream if b.num_rows), self.merge))
+            tree.push(0, index, fold((partial(b) for b in stream if b.num_rows), merge))
         blocks = [b for b in tree.blocks() if b[2] is not None]
         if blocks:
             yield pa.record_batch(
@@ -329,14 +342,18 @@ class Stage:
                 }
             )
 
-    def _write(self, outputs, report: ExecutionReport) -> Iterator[pa.RecordBatch]:
+    def _write(
+        self, outputs: Iterator[pa.RecordBatch], report: ExecutionReport
+    ) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
+        spec = self.write
+        assert spec is not None  # set for the mode "write"
         context = TaskContext.get()
         part = context.partitionId() if context else 0
         attempt = context.attemptNumber() if context else 0
-        folder = self.write.staging.child(f"task-{part:05d}-{attempt}-{uuid.uuid4().hex[:8]}")
-        writer = ShardWriter(folder, schema=self.out_schema, **self.write.writer_kwargs)
+        folder = spec.staging.child(f"task-{part:05d}-{attempt}-{uuid.uuid4().hex[:8]}")
+        writer = ShardWriter(folder, schema=self.out_schema, **spec.writer_kwargs)
         try:
             for batch in outputs:
                 if batch.num_rows:
@@ -346,7 +363,7 @@ class Stage:
         except BaseException:
             writer.abort()
             raise
-        prefix = folder.path[len(self.write.staging.path) :].strip("/")
+        prefix = folder.path[len(spec.staging.path) :].strip("/")
         yield pa.record_batch(
             {
                 "part": pa.array([part] * len(shards), pa.int64()),

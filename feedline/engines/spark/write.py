@@ -8,8 +8,8 @@ interrupted job commits nothing: the previous dataset at the target, if any, sti
 and the staging folder is removed.
 
 ``"feedline"`` (default)
-    The fused stage ends in :class:`feedline.store.dataset_files.ShardWriter`: each Spark task writes
-    its own shards (folder ``task-<partition>-<attempt>-<id>``) and returns their
+    The fused stage ends in :class:`feedline.store.dataset_files.ShardWriter`: each Spark task
+    writes its own shards (folder ``task-<partition>-<attempt>-<id>``) and returns their
     ``{rows, bytes, row_groups, sha256}``. Same file format as the local engine, any
     schema (tensor columns included), checksums computed while writing, no second read.
     Only the shards reported by successful attempts are committed; files left by failed
@@ -193,7 +193,15 @@ def _describe(loc: Location) -> tuple[int, str, tuple[int, ...], str]:
     return size, checksum, footer.row_groups, footer.digest
 
 
-def _manifest(engine, plan, schema, shards, options, report, preprocessors) -> fmt.Manifest:
+def _manifest(
+    engine: SparkEngine,
+    plan: Plan,
+    schema: pa.Schema,
+    shards: list[fmt.ShardInfo],
+    options: WriteOptions,
+    report: ExecutionReport,
+    preprocessors: list[dict[str, Any]],
+) -> fmt.Manifest:
 
     return fmt.Manifest(
         schema=schema,

@@ -43,7 +43,7 @@ from feedline.io.csv.quotes import (
     lost_step,
     read_lines,
 )
-from feedline.io.source import ExecutionReport, FileSource, ReadTask, check_columns
+from feedline.io.source import ExecutionReport, FileSource, ReadFn, ReadTask, check_columns
 from feedline.io.storage.paths import Location, expand_paths
 
 __all__ = ["CsvSource"]
@@ -198,7 +198,15 @@ class CsvSource(FileSource):
                 )
         return tasks
 
-    def _range_reader(self, loc, start, end, schema, columns, predicate):
+    def _range_reader(
+        self,
+        loc: Location,
+        start: int,
+        end: int,
+        schema: pa.Schema,
+        columns: Sequence[str] | None,
+        predicate: pc.Expression | None,
+    ) -> ReadFn:
         """Read the lines that start in ``[start, end)`` into memory and parse them at once."""
 
         def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
@@ -264,7 +272,7 @@ class CsvSource(FileSource):
         schema: pa.Schema,
         columns: Sequence[str] | None,
         predicate: pc.Expression | None,
-    ):
+    ) -> ReadFn:
         """Stream one whole file (gzipped, small, or with values that span lines)."""
         parsed = _parsed_columns(columns, predicate)
         check_breaks = not self._newlines_in_values
@@ -329,7 +337,16 @@ class CsvSource(FileSource):
             )
         return read_error(exc, where, f"data row {done + 1} or after")
 
-    def _reread(self, loc, schema, columns, predicate, report, done, approx_row):
+    def _reread(
+        self,
+        loc: Location,
+        schema: pa.Schema,
+        columns: Sequence[str] | None,
+        predicate: pc.Expression | None,
+        report: ExecutionReport,
+        done: int,
+        approx_row: int,
+    ) -> Iterator[pa.RecordBatch]:
         """Read ``loc`` again line by line around the lines that leave a quote open,
         yielding only the rows after the ``done`` already yielded."""
         try:
@@ -344,7 +361,16 @@ class CsvSource(FileSource):
             raise read_error(exc, loc.url, f"data row {done + 1} or after") from exc
 
     def _read_lines(
-        self, lines, first_number, where, schema, columns, predicate, report, done, approx_row
+        self,
+        lines: Iterator[bytes],
+        first_number: int,
+        where: str,
+        schema: pa.Schema,
+        columns: Sequence[str] | None,
+        predicate: pc.Expression | None,
+        report: ExecutionReport,
+        done: int,
+        approx_row: int,
     ) -> Iterator[pa.RecordBatch]:
         return read_lines(
             lines,

@@ -45,7 +45,7 @@ CODEC_NAMES = {
     None: "no codec",
 }
 _FORMATS = ("PNG", "JPEG")
-_MODES = {
+_MODES: dict[str, tuple[type[np.unsignedinteger[Any]], int]] = {
     "L": (np.uint8, 2),
     "RGB": (np.uint8, 3),
     "I;16": (np.uint16, 2),
@@ -179,7 +179,7 @@ def decode_column(
     """One stored column decoded by ``plan``, plus the rows that failed and why."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    if plan.decodes:
+    if plan.decodes and plan.codec is not None:  # decodes: codec is one of three names
         decoder = {"npy": decode_npy, "npz": decode_npz, "image": decode_images}[plan.codec]
         cells = decoder(column)
         return cells_to_arrow(cells, plan.shape, plan.dtype)

@@ -35,7 +35,14 @@ import pyarrow.parquet as pq
 from feedline.errors import ConfigurationError, DataError, FormatError, SchemaError
 from feedline.io.petastorm.codecs import ColumnPlan, decode_column, plan_from_field, sniff_plan
 from feedline.io.petastorm.unischema import UNISCHEMA_KEY, Unischema, parse_unischema
-from feedline.io.source import ExecutionReport, ReadTask, Source, check_columns, fingerprint_of
+from feedline.io.source import (
+    ExecutionReport,
+    ReadFn,
+    ReadTask,
+    Source,
+    check_columns,
+    fingerprint_of,
+)
 from feedline.io.storage.paths import Location, expand_paths, resolve
 
 __all__ = ["PetastormSource"]
@@ -212,7 +219,7 @@ def _file_reader(
     predicate: pc.Expression | None,
     on_error: str,
     origin: str,
-):
+) -> ReadFn:
     def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
         try:
             with loc.fs.open(loc.path, "rb") as handle:

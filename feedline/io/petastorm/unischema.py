@@ -263,11 +263,11 @@ class _Machine:
         elif name == "LIST":
             self.stack.append(self.pop_mark())
         elif name in ("APPEND", "APPENDS"):
-            items = [self.pop()] if name == "APPEND" else self.pop_mark()
+            appended = [self.pop()] if name == "APPEND" else self.pop_mark()
             target = self.stack[-1] if self.stack else None
             if not isinstance(target, list):
                 raise _refuse("it appends to something that is not a list")
-            target.extend(items)
+            target.extend(appended)
         elif name == "EMPTY_DICT":
             self.stack.append({})
         elif name in ("DICT", "SETITEM", "SETITEMS"):

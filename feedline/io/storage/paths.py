@@ -3,8 +3,9 @@
 Any fsspec URL works (``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``, chained
 URLs) as well as local paths; ``storage_options`` go to the fsspec backend. Local paths and
 in-memory filesystems are used as they are (pyarrow's native local filesystem for reads).
-Every other filesystem is wrapped in :class:`~feedline.io.storage.retrying_fs.RetryingFileSystem`, so
-transient faults are retried under one :class:`~feedline.io.storage.retry.RetryPolicy`, chosen with
+Every other filesystem is wrapped in
+:class:`~feedline.io.storage.retrying_fs.RetryingFileSystem`, so transient faults are retried
+under one :class:`~feedline.io.storage.retry.RetryPolicy`, chosen with
 the reserved storage option ``"retry"`` (a policy, a dict of its fields, or the attempts;
 ``1`` turns retries off)::
 

@@ -1,4 +1,4 @@
-"""A wrapping fsspec filesystem applying a :class:`~feedline.io.storage.retry.RetryPolicy` to every call.
+"""A wrapping fsspec filesystem: every call under a :class:`~feedline.io.storage.retry.RetryPolicy`.
 
 :func:`feedline.io.storage.paths.resolve` wraps every remote filesystem in it. One bound,
 ``policy.attempts``, holds for every request, because exactly one layer retries it:
@@ -100,8 +100,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         self.root_marker = inner.root_marker
         self.sep = inner.sep
         # path helpers are classmethods on fsspec filesystems: take the inner ones
-        self._strip_protocol = inner._strip_protocol  # type: ignore[method-assign]
-        self._parent = inner._parent  # type: ignore[method-assign]
+        self._strip_protocol = inner._strip_protocol
+        self._parent = inner._parent
         self.dircache = inner.dircache
 
     # ------------------------------------------------------------------ the retry loop
@@ -128,8 +128,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         try:
             return policy.run(call, what=what, url=url)
         except StorageError as error:
-            last = getattr(error, "last_error", None)
-            if mine or last is None or error.__cause__ is not last:
+            last = error.last_error
+            if mine or error.__cause__ is not last or last is None:
                 raise
             # transient, and the backend's own retries ran out: say how many it made
             raise storage_error(what, url, last, attempts=backend_attempts(last) or 1) from last
@@ -153,56 +153,74 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         method = getattr(self.bare, name)
         return self.call(name, path, lambda _attempt: method(path, *args, **kwargs), own=True)
 
-    def info(self, path, **kwargs):
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         return self._simple("info", path, **kwargs)
 
-    def exists(self, path, **kwargs):
+    def exists(self, path: str, **kwargs: Any) -> bool:
         return self._simple("exists", path, **kwargs)
 
-    def isdir(self, path):
+    def isdir(self, path: str) -> bool:
         return self._simple("isdir", path)
 
-    def isfile(self, path):
+    def isfile(self, path: str) -> bool:
         return self._simple("isfile", path)
 
-    def ls(self, path, detail=True, **kwargs):
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         return self._simple("ls", path, detail=detail, **kwargs)
 
-    def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+    def find(
+        self,
+        path: str,
+        maxdepth: int | None = None,
+        withdirs: bool = False,
+        detail: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         return self._simple(
             "find", path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs
         )
 
-    def glob(self, path, maxdepth=None, **kwargs):
+    def glob(self, path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
         return self._simple("glob", path, maxdepth=maxdepth, **kwargs)
 
-    def du(self, path, total=True, maxdepth=None, withdirs=False, **kwargs):
+    def du(
+        self,
+        path: str,
+        total: bool = True,
+        maxdepth: int | None = None,
+        withdirs: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         return self._simple("du", path, total=total, maxdepth=maxdepth, withdirs=withdirs, **kwargs)
 
-    def size(self, path):
+    def size(self, path: str) -> Any:
         return self._simple("size", path)
 
-    def cat_file(self, path, start=None, end=None, **kwargs):
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
         # a body that breaks off mid-read is retried by no layer below
         return self._own("cat_file", path, start=start, end=end, **kwargs)
 
-    def checksum(self, path):
+    def checksum(self, path: str) -> int:
         return self._simple("checksum", path)
 
-    def modified(self, path):
+    def modified(self, path: str) -> Any:
         return self._simple("modified", path)
 
-    def created(self, path):
+    def created(self, path: str) -> Any:
         return self._simple("created", path)
 
-    def ukey(self, path):
+    def ukey(self, path: str) -> str:
         return self._simple("ukey", path)
 
-    def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs):
+    def get_file(
+        self, rpath: str, lpath: str, callback: Any = None, outfile: Any = None, **kwargs: Any
+    ) -> Any:
         kwargs = {**kwargs, **({} if callback is None else {"callback": callback})}
         return self._own("get_file", rpath, lpath, **kwargs)
 
-    def pipe_file(self, path, value, mode="overwrite", **kwargs):
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> Any:
         if mode != "create":
             return self._simple("pipe_file", path, value, mode=mode, **kwargs)
 
@@ -219,32 +237,49 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         self.inner.invalidate_cache(path)
         return result
 
-    def put_file(self, lpath, rpath, callback=None, mode="overwrite", **kwargs):
+    def put_file(
+        self,
+        lpath: str,
+        rpath: str,
+        callback: Any = None,
+        mode: str = "overwrite",
+        **kwargs: Any,
+    ) -> Any:
         kwargs = {**kwargs, **({} if callback is None else {"callback": callback})}
         method = self.inner.put_file
         return self.call("put_file", rpath, lambda _a: method(lpath, rpath, mode=mode, **kwargs))
 
-    def makedirs(self, path, exist_ok=False):
+    def makedirs(self, path: str, exist_ok: bool = False) -> Any:
         return self._simple("makedirs", path, exist_ok=exist_ok)
 
-    def mkdir(self, path, create_parents=True, **kwargs):
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> Any:
         return self._simple("mkdir", path, create_parents=create_parents, **kwargs)
 
-    def cp_file(self, path1, path2, **kwargs):
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> Any:
         return self.call("copy", path1, lambda _a: self.inner.cp_file(path1, path2, **kwargs))
 
-    def copy(self, path1, path2, recursive=False, maxdepth=None, on_error=None, **kwargs):
+    def copy(
+        self,
+        path1: str | list[str],
+        path2: str | list[str],
+        recursive: bool = False,
+        maxdepth: int | None = None,
+        on_error: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
         def call(_attempt: int) -> Any:
             return self.inner.copy(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
 
         return self.call("copy", path1 if isinstance(path1, str) else "", call)
 
-    def invalidate_cache(self, path=None):
+    def invalidate_cache(self, path: str | None = None) -> None:
         self.inner.invalidate_cache(path)
 
     # ------------------------------------------------------------------ side effects
 
-    def rm(self, path, recursive=False, maxdepth=None):
+    def rm(
+        self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None
+    ) -> None:
         def call(attempt: int) -> None:
             try:
                 self.inner.rm(path, recursive=recursive, maxdepth=maxdepth)
@@ -254,10 +289,17 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
 
         return self.call("rm", path if isinstance(path, str) else "", call)
 
-    def rm_file(self, path):
+    def rm_file(self, path: str) -> None:
         self.rm(path)
 
-    def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
+    def mv(
+        self,
+        path1: str,
+        path2: str,
+        recursive: bool = False,
+        maxdepth: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         def call(attempt: int) -> None:
             if attempt > 1 and not self.inner.exists(path1) and self.inner.exists(path2):
                 return  # the failed attempt moved it before failing (copy done, delete lost)
@@ -268,7 +310,8 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
     # ------------------------------------------------------------------ conditional requests
 
     def _s3(self) -> ModuleType | None:
-        """:mod:`feedline.io.storage.s3` when this storage takes conditional requests, else ``None``."""
+        """:mod:`feedline.io.storage.s3` when this storage takes conditional requests, else
+        ``None``."""
         if not self.backend_retries or "s3fs" not in sys.modules:
             return None
 
@@ -348,7 +391,15 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
 
     # ------------------------------------------------------------------ files
 
-    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kw):
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: int | None = None,
+        autocommit: bool = True,
+        cache_options: dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Any:
         options = dict(kw)
         if block_size is not None:
             options["block_size"] = block_size

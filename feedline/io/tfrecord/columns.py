@@ -212,7 +212,7 @@ def _raw_builder(
         view = memoryview(data) if data is not None else memoryview(b"")
         if rows.size == len(keep) and not missing.any():
             start = int(value_offsets[0])
-            raw = view[start : start + rows.size * width]
+            raw: memoryview | bytes = view[start : start + rows.size * width]
         else:
             default = b"" if spec.default is None else _default(spec).astype(dtype).tobytes()
             raw = b"".join([

@@ -121,7 +121,8 @@ def walk_records(
     pstarts: list[list[int]] = [[] for _ in range(width)]
     pstops: list[list[int]] = [[] for _ in range(width)]
     prows: list[list[int]] = [[] for _ in range(width)]
-    out = Parsed(n, kinds, pstarts, pstops, prows)
+    malformed: list[tuple[int, str]] = []
+    unknown: list[tuple[int, bytes]] = []
     lookup = keys.get
     for i in range(n):
         pos, end = starts[i], stops[i]
@@ -193,7 +194,7 @@ def walk_records(
                             prows.append([])
                         else:
                             if extra:
-                                out.extra.append((i, key))
+                                unknown.append((i, key))
                             continue
                     kind, lpos, lend = EMPTY, 0, 0
                     while vpos < vend:  # Feature: oneof, the last one set wins
@@ -257,15 +258,15 @@ def walk_records(
                     raise _Malformed("a value list runs past its feature")
         except (_Malformed, IndexError) as exc:
             reason = str(exc) if isinstance(exc, _Malformed) else "it ends inside a field"
-            out.malformed.append((i, f"is not a valid tf.train.Example: {reason}"))
+            malformed.append((i, f"is not a valid tf.train.Example: {reason}"))
     return Parsed(
         n,
         [np.asarray(k, np.int8) for k in kinds],
         [np.asarray(v, np.int64) for v in pstarts],
         [np.asarray(v, np.int64) for v in pstops],
         [np.asarray(v, np.int64) for v in prows],
-        out.malformed,
-        out.extra,
+        malformed,
+        unknown,
     )
 
 

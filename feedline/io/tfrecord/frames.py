@@ -163,7 +163,7 @@ def _sniff(head: bytes) -> str | None:
 
 def resolve_compression(loc: Location, compression: Compression) -> str | None:
     """``"GZIP"``, ``"ZLIB"`` or ``None`` for ``loc`` (``"auto"`` looks at the first bytes)."""
-    if compression is None or compression == "":
+    if compression in (None, ""):  # "" too: an empty setting means none
         return None
     text = str(compression).upper()
     if text in ("GZIP", "ZLIB"):

@@ -42,7 +42,7 @@ Examples
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -50,7 +50,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
-from feedline.io.source import ExecutionReport, FileSource, ReadTask, check_columns, fingerprint_of
+from feedline.io.source import (
+    ExecutionReport,
+    FileSource,
+    ReadFn,
+    ReadTask,
+    check_columns,
+    fingerprint_of,
+)
 from feedline.io.storage.paths import Location, expand_paths
 from feedline.io.tfrecord.columns import Problems, decode_columns
 from feedline.io.tfrecord.decode import (
@@ -58,6 +65,7 @@ from feedline.io.tfrecord.decode import (
     FLOAT,
     INT64,
     KIND_NAMES,
+    Parsed,
     bytes_values,
     float_values,
     int64_values,
@@ -170,12 +178,14 @@ class TfRecordSource(FileSource):
             kinds = parsed.kinds[column]
             seen = {k for k in kinds if k in (BYTES, FLOAT, INT64)}
             kind = seen.pop() if len(seen) == 1 else BYTES
-            decode = {BYTES: bytes_values, FLOAT: float_values, INT64: int64_values}[kind]
-            counts = decode(buf, parsed, column)[1]
+            decoders: dict[int, Callable[[bytes, Parsed, int], tuple[Any, ...]]] = {
+                BYTES: bytes_values, FLOAT: float_values, INT64: int64_values
+            }  # fmt: skip
+            counts: np.ndarray = decoders[kind](buf, parsed, column)[1]
             spec = infer_spec(kinds, counts)
             name = key.decode("utf-8", "replace")
             if spec is None:
-                first = {}
+                first: dict[int, int] = {}
                 for row, k in enumerate(kinds):
                     first.setdefault(k, row)
                 shown = ", ".join(
@@ -206,7 +216,8 @@ class TfRecordSource(FileSource):
             for loc in self._files
         ]
 
-    def _reader(self, loc: Location, names, specs, schema, predicate):
+    def _reader(self, loc: Location, names: list[str], specs: dict[str, Spec],
+                schema: pa.Schema, predicate: pc.Expression | None) -> ReadFn:  # fmt: skip
         wanted = [specs[name] for name in names]
         # a feature the sample did not have matters when every column is read
         check_new = self._inferred and len(names) == len(specs)
@@ -224,7 +235,9 @@ class TfRecordSource(FileSource):
 
         return read
 
-    def _batch(self, loc, block: Block, first, names, wanted, check_new, schema, report):
+    def _batch(self, loc: Location, block: Block, first: int, names: list[str],
+               wanted: list[Spec], check_new: bool, schema: pa.Schema,
+               report: ExecutionReport) -> pa.RecordBatch:  # fmt: skip
         last = min(first + self._batch_rows, len(block.starts))
         keys = {name.encode(): i for i, name in enumerate(names)}
         parsed = parse_records(block.buffer, block.starts[first:last], block.stops[first:last],

@@ -201,7 +201,16 @@ def _pieces(
     return s[order], e[order], r[order]
 
 
-def _merge(buf, parsed: Parsed, slow: np.ndarray, st, sp, keys, extra, known) -> Parsed:
+def _merge(
+    buf: bytes,
+    parsed: Parsed,
+    slow: np.ndarray,
+    st: np.ndarray,
+    sp: np.ndarray,
+    keys: dict[bytes, int],
+    extra: bool,
+    known: set[bytes] | None,
+) -> Parsed:
     """Replace the records in ``slow`` by their one-by-one walk."""
     if not slow.size:
         return parsed

@@ -166,7 +166,7 @@ def as_specs(features: Mapping[str, Any]) -> dict[str, Spec]:
     return {str(name): as_spec(spec) for name, spec in features.items()}
 
 
-def infer_spec(kinds: list[int], counts: np.ndarray) -> Spec | None:
+def infer_spec(kinds: np.ndarray, counts: np.ndarray) -> Spec | None:
     """The spec of one feature seen in sample records (``None`` when it has two kinds)."""
     seen = {k for k in kinds if k not in (MISSING, EMPTY)}
     if len(seen) > 1:

@@ -238,10 +238,10 @@ class _ShardReader:
         else:
             unknown = [m for f, m in sample.fields.items() if f not in self.fields]
             if unknown and not self.listed:
-                member = unknown[0]
+                extra = unknown[0]
                 raise SchemaError(
-                    f"The WebDataset shard {loc.url!r} has a field {_field(member.name)!r} "
-                    f"(member {member.name!r} at byte {member.offset}) that the first samples "
+                    f"The WebDataset shard {loc.url!r} has a field {_field(extra.name)!r} "
+                    f"(member {extra.name!r} at byte {extra.offset}) that the first samples "
                     f"did not have; the fields read are {list(self.fields)}. Fix: list the "
                     "fields to read with fields=[...] (others are then ignored), or raise "
                     "infer_samples= so the schema sees it."

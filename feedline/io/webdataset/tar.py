@@ -25,7 +25,10 @@ import tarfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Member", "Sample", "TarDamage", "iter_members", "iter_samples", "split_name"]
 
@@ -87,17 +90,18 @@ class _StrictTarInfo(tarfile.TarInfo):
     """A header parser that reports damage instead of ending the archive quietly."""
 
     @classmethod
-    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Self:
         try:
             return super().fromtarfile(tarfile_)
-        except tarfile.EOFHeaderError:
+        # the three header errors below are tarfile's own, left out of typeshed's stubs
+        except tarfile.EOFHeaderError:  # type: ignore[attr-defined]
             raise  # a zero block: the proper end of the archive
-        except tarfile.EmptyHeaderError:
+        except tarfile.EmptyHeaderError:  # type: ignore[attr-defined]
             raise TarDamage(
                 "the shard ends without the tar end-of-archive block (it was cut short)",
                 tarfile_.offset,
             ) from None
-        except tarfile.TruncatedHeaderError:
+        except tarfile.TruncatedHeaderError:  # type: ignore[attr-defined]
             raise TarDamage(
                 "the shard ends inside a tar header (cut short)", tarfile_.offset
             ) from None
@@ -127,11 +131,13 @@ def iter_members(
     offset, name = 0, None
     try:
         stream_in = _open_stream(raw)
-        mode = "r:" if skip_by_seeking and stream_in is raw else "r|"
+        mode: Literal["r:", "r|"] = "r:" if skip_by_seeking and stream_in is raw else "r|"
         with tarfile.open(fileobj=stream_in, mode=mode, tarinfo=_StrictTarInfo,
                           encoding="utf-8", errors="replace") as stream:  # fmt: skip
             while (info := stream.next()) is not None:
-                stream.members = []  # a TarFile keeps every TarInfo otherwise
+                # a TarFile keeps every TarInfo otherwise (members: set in __init__, not in
+                # typeshed)
+                stream.members = []  # type: ignore[attr-defined]
                 offset, name = info.offset, None
                 if not info.isreg():
                     continue

@@ -22,8 +22,8 @@ that differ from open_clip's only where ftfy changes the text (curly quotes, moj
 ligatures, width, control characters, a third level of HTML escaping).
 Blank lines of the merges file are ignored (the published code turns a short file's
 trailing newline into an empty vocabulary entry; it cuts the 16e6 file at merge 48 894,
-before its end). The id-array helpers it shares with :mod:`feedline.preprocess.text.tokenize` live in
-:mod:`feedline.preprocess.text.token_arrays`, the file reading in
+before its end). The id-array helpers it shares with :mod:`feedline.preprocess.text.tokenize`
+live in :mod:`feedline.preprocess.text.token_arrays`, the file reading in
 :mod:`feedline.preprocess.text.token_files` (both re-exported here).
 """
 

@@ -116,7 +116,7 @@ class _HFBackend:
         flat, lengths = self.encode_ids(_PROBES, False, chunked=True)[:2]
         if [a.tolist() for a in np.split(flat, np.cumsum(lengths)[:-1])] != whole:
             return None
-        found = set()
+        found: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
         for probe, bare in zip(_PROBES, whole, strict=True):
             full, n = self.tokenizer.encode(probe).ids, len(bare)
             starts = [k for k in range(len(full) - n + 1) if bare and full[k : k + n] == bare]
@@ -287,8 +287,11 @@ class Tokenize(Preprocessor):
         self.column, self.max_length, self.pad_id = column, max_length, pad_id
         self.pad, self.add_special_tokens = bool(pad), bool(add_special_tokens)
         self.truncation, self.on_null, self.sha256 = bool(truncation), on_null, sha256
-        self.source, self.tokenizer_json, self.clip_options = None, None, None
-        self._lock, self._backend = threading.Lock(), None
+        self.source: str | None = None
+        self.tokenizer_json: str | None = None
+        self.clip_options: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._backend: Any = None  # a ClipTokenizer or a tokenizers.Tokenizer, built once
         self._resolve(tokenizer)
 
     def _resolve(self, tokenizer: Any) -> None:
@@ -326,6 +329,7 @@ class Tokenize(Preprocessor):
         if self.tokenizer_json is not None:
             text, where = self.tokenizer_json, "the tokenizer given to Tokenize"
         else:
+            assert self.source is not None  # no tokenizer JSON: a file to read
             data, self.sha256 = read_source(self.source, self.sha256)
             text, where = data.decode("utf-8", errors="replace"), repr(self.source)
         try:

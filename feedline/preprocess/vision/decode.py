@@ -149,8 +149,8 @@ def render(
     scale = _draft(im, draft_scale((raw[2] - raw[0], raw[3] - raw[1]), out), mode) if draft else 1
     im.load()  # raises on truncated data (LOAD_TRUNCATED_IMAGES stays False)
     im = _to_mode(im, SimpleNamespace(image=Image, mode=mode, background=background))
-    raw = tuple(v / scale for v in raw)
-    picture = _resize(Image, im, raw, out, Image.Resampling[resample.upper()])
+    scaled = tuple(v / scale for v in raw)
+    picture = _resize(Image, im, scaled, out, Image.Resampling[resample.upper()])
     if orientation in _TRANSPOSE:
         picture = picture.transpose(Image.Transpose[_TRANSPOSE[orientation]])
     return picture, scale

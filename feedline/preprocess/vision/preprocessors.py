@@ -22,7 +22,7 @@ import warnings
 from collections import namedtuple
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +57,19 @@ def decode_pool() -> ThreadPoolExecutor:
 
 #: everything one decode needs (immutable, shared by the pool's threads); image: PIL.Image
 _Spec = namedtuple("_Spec", "image height width mode crop chw max_pixels resample background ops")
+
+
+class _ModeSpec(Protocol):
+    """What :func:`_to_mode` reads of a :data:`_Spec` (decode.py passes just these)."""
+
+    @property
+    def image(self) -> Any: ...  # the PIL.Image module
+    @property
+    def mode(self) -> str: ...
+    @property
+    def background(self) -> Sequence[int] | None: ...
+
+
 _DRAFTABLE = ("JPEG", "MPO")
 #: EXIF orientation -> where a point (x, y) of a w x h image lands after ``exif_transpose``
 _TURNS = {
@@ -133,7 +146,7 @@ def _draft(
     return (0.0, 0.0, float(w), float(h))
 
 
-def _to_mode(im: Any, spec: _Spec) -> Any:
+def _to_mode(im: Any, spec: _ModeSpec) -> Any:
     """Convert any decodable mode to ``spec.mode`` (alpha composited onto the background)."""
     Image, target = spec.image, spec.mode
     if im.mode == target:
@@ -257,7 +270,7 @@ class DecodeImages(Preprocessor):
                 f"background={background!r} must be an (r, g, b) tuple. Fix: e.g. "
                 "background=(255, 255, 255)."
             )
-        self.size: tuple[int, int] = hw  # type: ignore[assignment]
+        self.size: tuple[int, int] = hw
         self.mode, self.resize, self.layout = mode, resize, layout
         self.on_error, self.path_column, self.max_pixels = on_error, path_column, max_pixels
         self.resample = resample
@@ -318,7 +331,8 @@ class DecodeImages(Preprocessor):
                 f"{where} is {column.type}. Fix: pass the bytes column (read_images: 'bytes')."
             )
         pixels, reasons = self.decode(column.to_pylist())
-        bad = [i for i, reason in enumerate(reasons) if reason is not None]
+        failed = {i: reason for i, reason in enumerate(reasons) if reason is not None}
+        bad = list(failed)
         if bad:
             if self.path_column and batch.schema.get_field_index(self.path_column) >= 0:
                 paths = batch.column(self.path_column).take(pa.array(bad)).to_pylist()
@@ -326,14 +340,14 @@ class DecodeImages(Preprocessor):
             else:
                 names = [f"row {i} of the batch from {where}" for i in bad]
             if self.on_error == "raise":
-                raise DataError(self._message(names[0], reasons[bad[0]], len(bad) - 1))
+                raise DataError(self._message(names[0], failed[bad[0]], len(bad) - 1))
             if report is not None:
                 for name, i in zip(names, bad, strict=True):
-                    report.record_skip(name, reasons[i])
+                    report.record_skip(name, failed[i])
             else:  # called outside an engine: still never silent
                 warnings.warn(
                     f"DecodeImages skipped {len(bad)} undecodable image(s), e.g. "
-                    f"{names[0]}: {reasons[bad[0]]}",
+                    f"{names[0]}: {failed[bad[0]]}",
                     RuntimeWarning,
                     stacklevel=3,
                 )
@@ -450,11 +464,12 @@ class Normalize(Preprocessor):
         if type(images).__module__.partition(".")[0] == "torch":
             import torch
 
-            scale, offset = (
+            on_device = (
                 torch.from_numpy(c).to(images.device)
                 for c in self._coefficients(tuple(images.shape))
             )
-            return images.to(torch.float32).mul(scale).add_(offset)
+            scale_t, offset_t = on_device
+            return images.to(torch.float32).mul(scale_t).add_(offset_t)
         raise ConfigurationError(
             f"Normalize.apply needs a NumPy array or a torch tensor, got {type(images).__name__}."
             " Fix: np.asarray(...) it first, or use ds.transform(Normalize(...)) on Arrow data."
