@@ -118,8 +118,9 @@ def cache_key(layout: FileLayout, packing: Packing, options: Mapping[str, Any]) 
     >>> from feedline.loader.data.memory_cache import file_layout
     >>> from feedline.loader.data.columns import column_specs
     >>> from feedline.loader.data.packed_columns import plan_packing
+    >>> from feedline.store.shard_source import open_shard_source
     >>> ds = fl.range(10).write(tempfile.mkdtemp() + "/ds")
-    >>> layout = file_layout(fl.open(ds.path)._loader_source())
+    >>> layout = file_layout(open_shard_source(ds.path))
     >>> packing = plan_packing(column_specs(layout.source.schema()))
     >>> len(cache_key(layout, packing, {})), cache_key(layout, packing, {"a": 1}) == cache_key(
     ...     layout, packing, {})
@@ -367,8 +368,9 @@ def open_node_cache(
     >>> from feedline.loader.data.memory_cache import file_layout
     >>> from feedline.loader.data.columns import column_specs
     >>> from feedline.loader.data.packed_columns import plan_packing
+    >>> from feedline.store.shard_source import open_shard_source
     >>> ds = fl.range(5).write(tempfile.mkdtemp() + "/ds")
-    >>> layout = file_layout(fl.open(ds.path)._loader_source())
+    >>> layout = file_layout(open_shard_source(ds.path))
     >>> packing = plan_packing(column_specs(layout.source.schema()))
     >>> folder = tempfile.mkdtemp()
     >>> first = open_node_cache(layout, packing, folder)
