@@ -27,7 +27,7 @@ import os
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from feedline.loader.options import check_epoch, loader_options, options_signatu
 from feedline.loader.order.ahead import OrderAhead
 from feedline.loader.order.resume import epoch_plan, restore
 from feedline.loader.order.sample_order import EpochPlan
-from feedline.loader.order.state import State, epoch_batches, parse_states
+from feedline.loader.order.state import Segment, State, epoch_batches, parse_states
 from feedline.loader.pipeline import default_pipeline, group_size
 from feedline.loader.timing import Timing
 from feedline.tracking import EpochLogger
@@ -110,7 +110,8 @@ class Loader:
         self.seed = 0 if o.seed is None else o.seed
         self.drop_last = self.shuffle if o.drop_last is None else o.drop_last
         self.columns, self.cache, self.format = o.columns, o.cache, o.format
-        self.memory_budget, self.cache_limit = o.memory_budget, o.cache_limit
+        # sizes come in bytes (LoaderOptions parses "2GB")
+        self.memory_budget, self.cache_limit = cast(int, o.memory_budget), cast(int, o.cache_limit)
         self.return_padding_mask = o.return_padding_mask
         self.pad_last = o.pad_last or o.return_padding_mask
         self.pin_memory = o.pin_memory and can_pin(o.format, stacklevel=5)
@@ -121,12 +122,17 @@ class Loader:
         transformed = o.transform is not None and o.strings == "raise"
         self.windows, self.strings = o.windows, "list" if transformed else o.strings
         self.device = o.device
-        default_dir = o.cache_dir is True or o.cache_dir is None
-        self.cache_dir = default_cache_dir() if default_dir else o.cache_dir or None  # False: None
+        self.cache_dir: str | os.PathLike[str] | None
+        if o.cache_dir is True or o.cache_dir is None:
+            self.cache_dir = default_cache_dir()
+        else:
+            self.cache_dir = o.cache_dir or None  # False: remote shards are read directly
         self._requested_window = o.shuffle_window
         self.stack, self.dtype = o.stack, o.dtype
-        self.lists = {"shapes": o.shapes, "ragged": o.ragged, "pad_value": o.pad_value}
-        self._epoch, self._consumed, self._segments, self._restored = 0, 0, (), False
+        self.lists: dict[str, Any] = {"shapes": o.shapes, "ragged": o.ragged,
+                                      "pad_value": o.pad_value}  # fmt: skip
+        self._segments: tuple[Segment, ...] = ()
+        self._epoch, self._consumed, self._restored = 0, 0, False
         self._backend: Backend | None = None
         self._resolved: ShardSource | BatchStream | None = None
         self._plan_cache: tuple[Any, EpochPlan] | None = None
