@@ -4,7 +4,12 @@ The walk covers ``feedline.__all__`` (functions, classes and the ``__all__`` of 
 modules), the public methods of those classes (``Dataset``, ``Loader``, the engines, every
 preprocessor, ``fl.config``) and the objects public methods hand out (``GroupedDataset``).
 Every parameter and return is annotated, and no entry point hides its parameters behind
-``*args``/``**kwargs`` except those in :data:`CATCH_ALLS`, each with its reason.
+``*args``/``**kwargs`` except those in :data:`CATCH_ALLS`, each with its reason. The loader's
+options are the one family taken as ``*args, **options`` in the code: they are written once
+(the fields of ``LoaderOptions``) and shown one by one, by name, kind, type and default, in
+the ``__signature__`` that ``options_signature`` derives from them (what ``help()`` and
+``inspect`` read), so they are checked here through that signature, and the code's
+catch-all is allowed only where that derived signature is present.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from types import ModuleType
 import pytest
 
 import feedline as fl
-from feedline.preprocess.base import Preprocessor
 from feedline.dataset.grouped import GroupedDataset
+from feedline.loader.options import LoaderOptions
+from feedline.preprocess.base import Preprocessor
 
 #: the variadic parameters that stay, and why
 CATCH_ALLS = {
@@ -83,6 +89,33 @@ def entry_points() -> Iterator[tuple[str, Callable[..., object]]]:
 
 ENTRY_POINTS = dict(entry_points())
 
+#: the loader's options as parameters, in order: the tail of every signature that takes them
+LOADER_OPTIONS = list(inspect.signature(LoaderOptions).parameters.values())
+
+
+def _shown_variadics(function: Callable[..., object]) -> set[str]:
+    """The catch-alls ``help()`` and ``inspect.signature`` show."""
+    return {
+        ("*" if p.kind is p.VAR_POSITIONAL else "**") + p.name
+        for p in inspect.signature(function).parameters.values()
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+
+
+def _code_variadics(function: Callable[..., object]) -> set[str]:
+    """The catch-alls the code takes (a ``__signature__`` may show explicit parameters)."""
+    code = function.__code__
+    names = iter(code.co_varnames[code.co_argcount + code.co_kwonlyargcount :])
+    found = {"*" + next(names)} if code.co_flags & inspect.CO_VARARGS else set()
+    return found | ({"**" + next(names)} if code.co_flags & inspect.CO_VARKEYWORDS else set())
+
+
+def _shows_the_loader_options(function: Callable[..., object]) -> bool:
+    """True when the function's ``__signature__`` ends with every loader option, in order."""
+    shown = function.__dict__.get("__signature__")
+    tail = list(shown.parameters.values())[-len(LOADER_OPTIONS) :] if shown else []
+    return tail == LOADER_OPTIONS
+
 
 def test_the_walk_sees_the_main_entry_points() -> None:
     for name in ("Dataset.write", "Dataset.loader", "Loader.__init__", "StandardScaler.fit",
@@ -95,14 +128,20 @@ def test_the_walk_sees_the_main_entry_points() -> None:
 def test_no_catch_all_parameters() -> None:
     offenders = {}
     for name, function in ENTRY_POINTS.items():
-        variadic = {
-            ("*" if p.kind is p.VAR_POSITIONAL else "**") + p.name
-            for p in inspect.signature(function).parameters.values()
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        }
-        if not variadic <= {CATCH_ALLS.get(name)}:
-            offenders[name] = variadic
+        allowed = {CATCH_ALLS.get(name)}
+        shown, code = _shown_variadics(function), _code_variadics(function)
+        if not shown <= allowed or not (code <= allowed or _shows_the_loader_options(function)):
+            offenders[name] = shown | code
     assert not offenders, offenders
+
+
+def test_the_loader_options_are_shown_one_by_one() -> None:
+    """``Loader(dataset, *args, **options)`` shows every option as an explicit parameter."""
+    assert _code_variadics(ENTRY_POINTS["Loader.__init__"]) == {"*args", "**options"}
+    assert _shows_the_loader_options(ENTRY_POINTS["Loader.__init__"])
+    for name, function in ENTRY_POINTS.items():
+        if _code_variadics(function) - {CATCH_ALLS.get(name)}:
+            assert _shows_the_loader_options(function), name
 
 
 def test_every_parameter_and_the_return_are_annotated() -> None:

@@ -11,6 +11,7 @@ Examples
 from feedline.loader import nodes
 from feedline.loader.data.windows import Windows
 from feedline.loader.loader import Loader
+from feedline.loader.options import LoaderOptions
 from feedline.loader.transforms import ImageTransform
 
-__all__ = ["ImageTransform", "Loader", "Windows", "nodes"]
+__all__ = ["ImageTransform", "Loader", "LoaderOptions", "Windows", "nodes"]

@@ -1,182 +1,85 @@
 """The training loader: exact shuffling, equal shards per rank, prefetch and exact resume.
 
-Which rows each rank reads, in which order, is a pure function (:mod:`feedline.loader.order.sample_order`)
-of (row-group sizes, seed, epoch, rank, world size); the data path only gathers them. The
-requested columns are cached as NumPy arrays when they fit ``memory_budget`` (exact global
-permutation); otherwise row groups stream pool by pool (two-level shuffle, memory bounded by
-``shuffle_window``). A background thread keeps ``prefetch`` batches ready (small batches in
-groups of about 1 MiB, gathered with one take into reused buffers).
+Which rows each rank reads, in which order, is a pure function
+(:mod:`feedline.loader.order.sample_order`) of (row-group sizes, seed, epoch, rank, world
+size); the data path only gathers them. The requested columns are cached as NumPy arrays
+when they fit ``memory_budget`` (exact global permutation); otherwise row groups stream pool
+by pool (two-level shuffle, memory bounded by ``shuffle_window``). A background thread keeps
+``prefetch`` batches ready (small batches in groups of about 1 MiB, gathered with one take
+into reused buffers).
 
 The loader is a façade over a pipeline of nodes (:mod:`feedline.loader.nodes`): order →
 gather → map (``transform=``, in thread or process workers) → format → pin → prefetch →
 device. :meth:`Loader.source_node` starts a pipeline of your own.
+
+:class:`Loader` is one class over its checked :class:`~feedline.loader.options.LoaderOptions`.
+Its methods are thin; the work is in the modules named for it: the epochs' plans and orders
+(:mod:`feedline.loader.order.resume`, :mod:`feedline.loader.order.ahead`), the checkpoint
+(:mod:`feedline.loader.order.state`), the data path (:mod:`feedline.loader.data.backend`),
+the pipeline (:mod:`feedline.loader.pipeline`), the framework views
+(:mod:`feedline.loader.adapters`) and the measurements (:mod:`feedline.loader.timing`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from feedline.errors import ConfigurationError
-from feedline.loader.adapters.formats import FORMATS, can_pin
-from feedline.loader.adapters.torch import distributed_defaults
-from feedline.loader.checkpoints import LoaderCheckpoints
-from feedline.loader.data.backend import Backend, as_source, open_backend
-from feedline.loader.data.columns import parse_budget
+from feedline.loader.adapters.formats import can_pin
+from feedline.loader.adapters.tf import batch_shapes, import_tensorflow, tf_dataset
+from feedline.loader.adapters.torch import import_torch
+from feedline.loader.data.backend import Backend, LoaderInput, as_source, open_backend
 from feedline.loader.data.shard_cache import default_cache_dir
-from feedline.loader.data.windows import Windows, window_copier
+from feedline.loader.data.windows import window_copier
 from feedline.loader.nodes.base import Node
 from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.indices import Order
+from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.skips import Skips
 from feedline.loader.nodes.worker_pools import make_workers
+from feedline.loader.options import check_epoch, loader_options, options_signature, ranks
 from feedline.loader.order.ahead import OrderAhead
-from feedline.loader.order.epochs import LoaderEpochs, int_option
+from feedline.loader.order.resume import epoch_plan, restore
 from feedline.loader.order.sample_order import EpochPlan
+from feedline.loader.order.state import Segment, State, epoch_batches, parse_states
 from feedline.loader.pipeline import default_pipeline, group_size
 from feedline.loader.timing import Timing
-from feedline.loader.views import LoaderViews
 from feedline.tracking import EpochLogger
 
 if TYPE_CHECKING:
-    from feedline.dataset.dataset import Dataset
+    import tensorflow as tf
+    import torch.utils.data
+
+    from feedline.loader.adapters.torch_dataset import LoaderDataLoader
     from feedline.store.shard_source import BatchStream, ShardSource
 
 __all__ = ["Loader"]
 
-CACHES = ("auto", "memory", "node", "none")
 
-
-class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
+class Loader:
     """Batches of a dataset for a training loop (see ``Dataset.loader``).
 
     Parameters
     ----------
     dataset:
-        A :class:`~feedline.dataset.dataset.Dataset` (best: ``fl.open(path)`` of a written dataset), a
-        path to open, or a :class:`~feedline.store.shard_source.ShardSource`.
-    batch_size:
-        Samples per batch on each rank.
-    shuffle, seed:
-        Shuffle every epoch (the training default); the order depends only on ``(seed,
-        epoch)``. ``seed=None`` means 0, or the checkpoint's seed after
-        :meth:`load_state_dict`; an explicit seed must match the checkpoint's.
-    rank, world_size:
-        This process's rank and the number of processes; ranks get disjoint, equally many
-        batches that together cover the epoch. ``None`` (default): ``torch.distributed``'s
-        rank and world size when it is initialized, else 0 and 1.
-    drop_last:
-        ``True`` drops the remainder (< ``world_size * batch_size`` samples); ``False`` keeps
-        every sample: each rank's last batch is short (the last step's samples fill the
-        ranks' last batches in rank order, so a later rank's may be shorter or empty) and
-        every rank still yields ``len(loader)`` batches. ``None`` (default): ``True`` when
-        shuffling (training: a different remainder each epoch), ``False`` with
-        ``shuffle=False`` (evaluation: every sample, once). Evaluate with ``shuffle=False``.
-    pad_last:
-        With ``drop_last=False``: fill the last batches to ``batch_size`` by repeating
-        samples from the start of the epoch instead (full batches on every rank; the repeats
-        are marked in ``"_padded"`` with ``return_padding_mask=True``, which implies it).
-    columns:
-        Columns to load (default all). String columns need ``strings="list"`` (or a
-        ``transform``).
-    cache:
-        ``"memory"`` loads the columns into NumPy arrays (exact permutation), ``"none"``
-        streams row groups (two-level shuffle), ``"auto"`` caches when the estimate from the
-        schema and row count fits ``memory_budget``. ``"node"``: one cache per machine, a
-        file under ``<cache_dir>/node`` (default ``~/.cache/feedline/node``) that the first
-        loader process fills once (verified as it reads) and every loader process of the node
-        memory-maps read-only: 8 ranks hold one copy (the page cache's), a restarted job starts
-        at once, the permutation stays exact, and data larger than RAM is paged by the OS
-        (random reads from disk: slower than a memory cache when it does not fit). Works
-        across separately started processes (torchrun, ``torch.multiprocessing``, Ray Train);
-        numbers and tensors only; needs a written dataset. ``"auto"`` picks ``"node"`` when
-        ``world_size > 1`` and those hold, for an estimate of 64 MiB up to ``memory_budget``.
-        See :mod:`feedline.loader.data.node_cache`.
-    prefetch:
-        Batches a background thread keeps ready (at least). It gathers them in groups with one
-        take per column (the batches are views of it): ``prefetch`` batches, or as many as make
-        about 1 MiB when cached batches are small, at most 64. 0 gathers in the calling thread,
-        one batch at a time.
-    format:
-        ``"torch"`` (dict of ``torch.Tensor`` via ``torch.from_numpy``), ``"numpy"`` or ``"tf"``.
-        Dtypes: bool → ``torch.bool``; ints and floats kept; uint16/uint32 widened to
-        int32/int64 for torch, uint64 refused (see :mod:`feedline.loader.data.columns`).
-    pin_memory:
-        Gather into page-locked tensors (``format="torch"``; ignored with a warning when no
-        CUDA device is present).
-    shuffle_window:
-        Row groups per pool of the two-level shuffle. Default: exact permutation when cached,
-        as many groups as fit a third of ``memory_budget`` when streaming.
-    memory_budget:
-        Bytes (or ``"2GB"``) the loader may hold.
-    windows:
-        A :class:`~feedline.loader.data.windows.Windows` to yield time-series windows instead of rows.
-    strings:
-        ``"raise"`` (default) refuses string columns; ``"list"`` yields them as Python lists.
-    return_padding_mask:
-        Add a ``"_padded"`` boolean key, True where a sample repeats one to pad the epoch.
-    cache_dir, cache_limit:
-        Remote shards (any non-local URL, e.g. ``s3://``) are downloaded ahead of use into
-        the shard cache folder ``cache_dir`` (default ``~/.cache/feedline/shards``; shared
-        safely by the processes of a node and across datasets: files are named by checksum),
-        checked against the manifest's size and sha256 (once per loader), and read from
-        there; ``cache_limit`` (bytes or ``"20GB"``) caps the folder by evicting the least
-        recently used shards that no reader holds. ``cache_dir=False`` reads remote shards
-        directly. Local datasets are never copied. See :mod:`feedline.loader.data.shard_cache`.
-        ``cache="node"`` files go in ``<cache_dir>/node`` (``~/.cache/feedline/node`` when
-        ``cache_dir`` is the default or ``False``); point it at a local disk with room.
-    track:
-        ``True`` logs :meth:`metrics` (``loader/samples_per_s``, ``loader/data_wait_fraction``,
-        ``loader/batches``, ``loader/samples``, ``loader/seconds``) to the MLflow run active
-        when the loader is created, with ``step=epoch``, each time an epoch completes; a run
-        id logs to that run instead. Needs ``feedline[mlflow]``; see :mod:`feedline.tracking`.
-    stack:
-        ``{"features": ["a", "b", ...]}``: one ``(batch, F)`` array per key of those numeric
-        columns side by side (``F`` = their total width; a tensor column adds its element
-        count), held in their common dtype; the columns leave the batch dict unless
-        ``columns=`` names them (then they come as views of the stack). Scalar columns of one
-        dtype are held row-major in one block either way: a batch is one take per block.
-    dtype:
-        Convert as the cache fills: one dtype for every column of its family (``np.float32``
-        turns float64 features into float32 and keeps an int64 label), or
-        ``{column or stack: dtype}``.
-    transform, batched:
-        ``fn(sample: dict, rng: np.random.Generator) -> dict`` applied to every sample, or
-        with ``batched=True`` ``fn(batch: dict, rngs) -> dict`` to every batch
-        (:class:`~feedline.loader.nodes.Map`); ``rng`` is seeded by ``(seed, epoch, row
-        index)`` (:func:`~feedline.loader.order.rng.sample_rng`): augmentation differs per epoch,
-        repeats on a re-run and on an exact resume, whatever the workers. Results are stacked
-        per batch (arrays of one shape, numbers; other values as lists). String and binary
-        columns reach it as Python values (``strings="list"`` implied). A
-        :class:`~feedline.preprocess.vision.augment.Skipped` result (e.g. an undecodable image under
-        ``on_error="skip"``, see :class:`~feedline.loader.transforms.ImageTransform`) drops
-        that sample: its batch is shorter (never refilled, so resume stays exact and every
-        rank keeps ``len(loader)`` batches), and it is counted in :meth:`stats` and
-        :meth:`metrics`.
-    num_workers, worker_type:
-        Run ``transform`` in ``num_workers`` ``"thread"`` workers (GIL-releasing work:
-        Pillow decode, NumPy, tokenizers) or ``"process"`` workers (Python-heavy work; the
-        transform must be importable, outputs come back through shared memory); 0 runs it
-        in the prefetch thread. Workers start once per loader and stop on :meth:`close`,
-        garbage collection or exit; batches come out in order regardless of worker timing.
-    device:
-        Move each batch to this torch device (``"cuda"``, ``"cuda:1"``) with
-        ``non_blocking=True`` on a side CUDA stream, one batch ahead (pair with
-        ``pin_memory=True``); ``None`` or a CPU device leaves batches where they are.
-    shapes, ragged, pad_value:
-        List columns (``list`` / ``large_list`` / ``fixed_size_list`` of numbers, nested or
-        not, as Spark's ``ArrayType`` and pyarrow write arrays) load as tensors:
-        ``shapes={"image": (3, 64, 64)}`` gives a column's per-sample shape, else it is
-        that of the first row. Every row is checked as it loads; a row of another length
-        or a null row raises :class:`~feedline.errors.DataError` naming it, unless
-        ``ragged`` (one policy or ``{column: policy}``) is ``"pad"`` (short and null rows
-        filled with ``pad_value``), ``"truncate"`` (long rows cut) or ``"pad_or_truncate"``
-        (both; these need the shape in ``shapes``). See :mod:`feedline.arrow.list_tensors`.
+        What to read: a :class:`~feedline.dataset.dataset.Dataset` (best: ``fl.open(path)``
+        of a written dataset) or any object with a ``shard_source()`` method
+        (:class:`~feedline.store.shard_source.SupportsShardSource`), a path to open, or a
+        :class:`~feedline.store.shard_source.ShardSource` /
+        :class:`~feedline.store.shard_source.BatchStream`.
+    **options:
+        ``batch_size=256, shuffle=True, seed=None, ...``: the loader's options, each
+        documented (type, default, meaning) in :class:`~feedline.loader.options.LoaderOptions`
+        and listed one by one in the signature ``help(Loader)`` and
+        ``inspect.signature(Loader)`` show. They are checked when the loader is built (a wrong
+        name raises ``TypeError`` naming the closest one); the first 14 may also be passed by
+        position; ``loader.options`` holds them.
 
     Notes
     -----
@@ -194,107 +97,51 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
     [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     """
 
-    def __init__(
-        self,
-        dataset: Dataset | ShardSource | str | os.PathLike[str],
-        batch_size: int = 256,
-        shuffle: bool = True,
-        seed: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool | None = None,
-        columns: Sequence[str] | None = None,
-        cache: str = "auto",
-        prefetch: int = 2,
-        format: str = "torch",  # noqa: A002 - the documented public name
-        pin_memory: bool = False,
-        shuffle_window: int | None = None,
-        memory_budget: int | str = "2GB",
-        windows: Windows | None = None,
-        *,
-        strings: str = "raise",
-        return_padding_mask: bool = False,
-        track: bool | str = False,
-        cache_dir: str | os.PathLike[str] | bool | None = None,
-        cache_limit: int | str = "20GB",
-        stack: Mapping[str, Sequence[str]] | None = None,
-        dtype: Any = None,
-        pad_last: bool = False,
-        transform: Callable[..., Any] | None = None,
-        batched: bool = False,
-        num_workers: int = 0,
-        worker_type: str = "thread",
-        device: Any = None,
-        shapes: Mapping[str, Sequence[int]] | None = None,
-        ragged: str | Mapping[str, str] = "raise",
-        pad_value: float = 0,
-    ) -> None:
+    @options_signature
+    def __init__(self, dataset: LoaderInput, *args: Any, **options: Any) -> None:
+        self.options = o = loader_options(args, options)  # every option checked, once
         if isinstance(dataset, str | os.PathLike):  # opened now: a wrong path fails here
             dataset = as_source(dataset)
-        self.batch_size = int_option("batch_size", batch_size, 1)
-        self._seed_given = seed is not None
-        self.seed = 0 if seed is None else int_option("seed", seed, 0)
-        rank, world_size = distributed_defaults(rank, world_size)
-        self.world_size = int_option("world_size", world_size, 1)
-        self.rank, self.prefetch = int_option("rank", rank, 0), int_option("prefetch", prefetch, 0)
-        if self.rank >= self.world_size:
-            raise ConfigurationError(
-                f"Loader: rank={rank} is out of range for world_size={world_size}. Fix: pass "
-                "torch.distributed.get_rank() and get_world_size()."
-            )
-        if format not in FORMATS or cache not in CACHES:
-            raise ConfigurationError(
-                f"Loader: format={format!r} / cache={cache!r}; format is one of {FORMATS}, cache "
-                f"one of {CACHES}. Fix: pass one of those values."
-            )
-        if shuffle_window is not None:
-            shuffle_window = int_option("shuffle_window", shuffle_window, 1)
-        if windows is not None and (columns is not None or not isinstance(windows, Windows)):
-            raise ConfigurationError(
-                "Loader: windows= takes a fl.Windows(...) and picks its own columns "
-                "(features=/targets=). Fix: drop columns= or pass a Windows."
-            )
-        if isinstance(columns, str):
-            columns = [columns]
-        self.dataset, self.shuffle = dataset, bool(shuffle)
-        self.drop_last = self.shuffle if drop_last is None else bool(drop_last)
-        self.columns, self.cache, self.format = columns, cache, format
-        self.memory_budget = parse_budget(memory_budget)
-        self.return_padding_mask = bool(return_padding_mask)
-        self.pad_last = bool(pad_last) or self.return_padding_mask
-        self.pin_memory = bool(pin_memory) and can_pin(format, stacklevel=5)
-        self.transform, self.batched = transform, bool(batched)
-        self.num_workers, self.worker_type = num_workers, worker_type
+        self.dataset = dataset
+        # what this loader does with them, resolved against this process
+        self.rank, self.world_size = ranks(o)
+        self.batch_size, self.prefetch, self.shuffle = o.batch_size, o.prefetch, o.shuffle
+        self._seed_given = o.seed is not None
+        self.seed = 0 if o.seed is None else o.seed
+        self.drop_last = self.shuffle if o.drop_last is None else o.drop_last
+        self.columns, self.cache, self.format = o.columns, o.cache, o.format
+        # sizes come in bytes (LoaderOptions parses "2GB")
+        self.memory_budget, self.cache_limit = cast(int, o.memory_budget), cast(int, o.cache_limit)
+        self.return_padding_mask = o.return_padding_mask
+        self.pad_last = o.pad_last or o.return_padding_mask
+        self.pin_memory = o.pin_memory and can_pin(o.format, stacklevel=5)
+        self.transform, self.batched = o.transform, o.batched
+        self.num_workers, self.worker_type = o.num_workers, o.worker_type
         self._workers = self._make_workers()
-        if transform is not None and strings == "raise":
-            strings = "list"  # the transform gets string and binary values (e.g. encoded images)
-        self.windows, self.strings = windows, strings
-        self.device = self._check_device(device)
-        if cache_dir is True or cache_dir is None:
-            cache_dir = default_cache_dir()
-        elif cache_dir is not False and not os.fspath(cache_dir):
-            raise ConfigurationError(
-                "Loader: cache_dir='' names no folder. Fix: pass a folder for the shard cache, "
-                "None for the default (~/.cache/feedline/shards) or False to read remote "
-                "shards directly."
-            )
-        self.cache_dir = cache_dir or None
-        self.cache_limit = parse_budget(cache_limit)
-        self._requested_window = shuffle_window
-        self._epoch, self._consumed, self._segments, self._restored = 0, 0, (), False
+        # the transform gets string and binary values (e.g. encoded images)
+        transformed = o.transform is not None and o.strings == "raise"
+        self.windows, self.strings = o.windows, "list" if transformed else o.strings
+        self.device = o.device
+        self.cache_dir: str | os.PathLike[str] | None
+        if o.cache_dir is True or o.cache_dir is None:
+            self.cache_dir = default_cache_dir()
+        else:
+            self.cache_dir = o.cache_dir or None  # False: remote shards are read directly
+        self._requested_window = o.shuffle_window
+        self.stack, self.dtype = o.stack, o.dtype
+        self.lists: dict[str, Any] = {"shapes": o.shapes, "ragged": o.ragged,
+                                      "pad_value": o.pad_value}  # fmt: skip
+        self._segments: tuple[Segment, ...] = ()
+        self._epoch, self._consumed, self._restored = 0, 0, False
         self._backend: Backend | None = None
         self._resolved: ShardSource | BatchStream | None = None
-        self.stack, self.dtype = stack, dtype
-        self.lists = {"shapes": shapes, "ragged": ragged, "pad_value": pad_value}
         self._plan_cache: tuple[Any, EpochPlan] | None = None
         self._order_ahead: OrderAhead | None = None
         self._active: weakref.ref | None = None
         self._token: object = None
         self._timing = Timing(self.batch_size)
         self._skips = Skips()
-        self._tracker = None
-        if track is not False:
-            self._tracker = EpochLogger(track)
+        self._tracker = None if o.track is False else EpochLogger(o.track)
 
     def _source(self) -> ShardSource | BatchStream:
         """What this loader reads (see :func:`~feedline.loader.data.backend.as_source`), once."""
@@ -322,6 +169,94 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
         if self.return_padding_mask:
             shapes["_padded"] = ((), np.dtype(bool))
         return shapes
+
+    def _make_workers(self) -> Any:
+        """The transform's worker pool (started on first use, closed with the loader)."""
+        if self.transform is None:
+            return None
+        workers = make_workers(self.transform, self.num_workers, self.worker_type)
+        weakref.finalize(self, workers.close)
+        return workers
+
+    # ------------------------------------------------------------------ epochs
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch."""
+        return self._epoch
+
+    @property
+    def num_samples(self) -> int:
+        """Rows (or windows) in one epoch, before sharding."""
+        return self._prepare().num_samples
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the rest of a resumed epoch after an elastic resume)."""
+        if not self._segments:
+            return epoch_batches(self.num_samples, self.world_size, self.batch_size,
+                                 self.drop_last)  # fmt: skip
+        return self._plan().num_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its first batch at the next iteration.
+
+        Right after :meth:`load_state_dict`, setting the restored epoch keeps the restored
+        position, so ``for epoch in range(state["epoch"], E): loader.set_epoch(epoch)``
+        resumes exactly.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> loader = fl.range(6).loader(batch_size=3, format="numpy")
+        >>> loader.set_epoch(1)
+        >>> a = [b["id"].tolist() for b in loader]
+        >>> loader.set_epoch(1)
+        >>> a == [b["id"].tolist() for b in loader], loader.epoch
+        (True, 1)
+        """
+        epoch = check_epoch(epoch)
+        if self._restored and epoch == self._epoch:
+            return
+        self._close_active()
+        self._restored = False
+        self._epoch, self._consumed, self._segments = epoch, 0, ()
+
+    def _plan(self, epoch: int | None = None) -> EpochPlan:
+        """This rank's plan of ``epoch`` (default: the current one, with its segments):
+        :func:`~feedline.loader.order.resume.epoch_plan` of the epoch's order, cached."""
+        backend = self._prepare()
+        epoch = self._epoch if epoch is None else epoch
+        segments = self._segments if epoch == self._epoch else ()
+        key = (epoch, segments, self.shuffle, backend.window, self.seed)
+        if self._plan_cache is None or self._plan_cache[0] != key:
+            order = self._orders().get(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                                       window=backend.window)  # fmt: skip
+            plan = epoch_plan(
+                order, segments, rank=self.rank, world_size=self.world_size,
+                batch_size=self.batch_size, drop_last=self.drop_last, pad_last=self.pad_last,
+            )  # fmt: skip
+            self._plan_cache = (key, plan)
+        return self._plan_cache[1]
+
+    def _orders(self) -> OrderAhead:
+        """The epochs' orders, the next one drawn ahead (:mod:`feedline.loader.order.ahead`)."""
+        if self._order_ahead is None:
+            backend = self._prepare()  # an order drawn ahead may take an eighth of the cache
+            self._order_ahead = OrderAhead(backend.sizes, max_bytes=backend.nbytes // 8)
+        return self._order_ahead
+
+    def _draw_ahead(self, epoch: int) -> None:
+        """Start drawing epoch ``epoch``'s order (called by the gather, mid-epoch)."""
+        self._orders().ahead(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                             window=self._prepare().window)  # fmt: skip
+
+    def _position(self) -> EpochPlan:
+        """The current epoch's plan, moving on to the next epoch when this one is complete."""
+        plan = self._plan()
+        if plan.num_batches and self._consumed >= plan.num_batches:
+            self._epoch, self._consumed, self._segments = self._epoch + 1, 0, ()
+            plan = self._plan()
+        return plan
 
     # ------------------------------------------------------------------ iteration
 
@@ -415,26 +350,215 @@ class Loader(LoaderEpochs, LoaderCheckpoints, LoaderViews):
             if self._tracker is not None and last + 1 == plan.num_batches:
                 self._tracker.log_epoch(timing.metrics_of(epoch))
 
-    def _make_workers(self) -> Any:
-        """The transform's worker pool (started on first use, closed with the loader)."""
-        if self.transform is None:
-            return None
-        if not callable(self.transform):
-            raise ConfigurationError(
-                f"Loader: transform={self.transform!r} is not callable. Fix: pass fn(sample, "
-                "rng) -> dict (or fn(batch, rngs) -> dict with batched=True)."
-            )
-        workers = make_workers(self.transform, self.num_workers, self.worker_type)
-        weakref.finalize(self, workers.close)
-        return workers
+    # ------------------------------------------------------------------ checkpoints
 
-    def _check_device(self, device: Any) -> Any:
-        if device is not None and self.format != "torch":
-            raise ConfigurationError(
-                f"Loader: device={device!r} needs format='torch' (got {self.format!r}). Fix: "
-                "use format='torch', or move batches yourself."
-            )
-        return device
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position: tiny and JSON-safe (batches yielded to the caller so far).
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> loader = fl.range(8).loader(batch_size=2, format="numpy")
+        >>> _ = next(iter(loader))
+        >>> loader.state_dict()["batches"]
+        1
+        """
+        return State(
+            seed=self.seed, epoch=self._epoch, batches=self._consumed, rank=self.rank,
+            world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
+            shuffle=self.shuffle, shuffle_window=self._prepare().window,
+            num_samples=self.num_samples, history=self._segments, fingerprint=self._fingerprint,
+        ).as_dict()  # fmt: skip
+
+    @functools.cached_property
+    def _fingerprint(self) -> str | None:
+        """The dataset's fingerprint (its manifest's shard checksums); ``None`` if unwritten."""
+        return self._source().fingerprint
+
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """Resume from ``state_dict()``: the next iteration yields exactly the unseen batches.
+
+        Seed, shuffle and window come from the state (the order must be the checkpoint's); a
+        seed given explicitly to this loader must be the state's (else ConfigurationError).
+        With a different ``world_size``, ``batch_size`` or ``drop_last`` the samples no old
+        rank yielded are split over the new ranks (elastic resume). One state stands for all
+        old ranks having yielded as many batches (lock-step training); pass every old rank's
+        state otherwise.
+
+        Every field is validated first (types, ranges, keys, version), then the state must
+        have been taken on this dataset (the manifest's fingerprint and the sample count) at
+        a position its epoch holds; anything else raises :class:`ConfigurationError` naming
+        the field and leaves the loader as it was (see :mod:`feedline.loader.order.state`).
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> ds = fl.range(8)
+        >>> first = ds.loader(batch_size=2, format="numpy", seed=5)
+        >>> it = iter(first)
+        >>> head = [next(it)["id"].tolist() for _ in range(2)]
+        >>> resumed = ds.loader(batch_size=2, format="numpy")
+        >>> resumed.load_state_dict(first.state_dict())
+        >>> whole = [b["id"].tolist() for b in ds.loader(batch_size=2, format="numpy", seed=5)]
+        >>> head + [b["id"].tolist() for b in resumed] == whole
+        True
+        """
+        states = parse_states(state)  # before loading any data
+        backend = self._prepare()
+        at = restore(
+            states, num_samples=backend.num_samples, streaming=backend.mode == "none",
+            world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
+            fingerprint=self._fingerprint, seed=self.seed if self._seed_given else None,
+        )  # fmt: skip
+        self._close_active()
+        self.seed, self.shuffle, backend.window = at.seed, at.shuffle, at.window
+        self._epoch, self._segments, self._consumed = at.epoch, at.segments, at.batches
+        self._restored = True
+
+    # ------------------------------------------------------------------ views and reports
+
+    def to_tf_dataset(self, label: str | None = None) -> tf.data.Dataset:
+        """A ``tf.data.Dataset`` of this loader's batches (each pass iterates the loader).
+
+        Elements are dicts of tensors with a fixed batch dimension, or ``(features, label)``
+        pairs with ``label`` (ready for ``keras.Model.fit``); each pass is the loader's next
+        epoch. Needs ``feedline[tf]``.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> ds = fl.range(64).loader(batch_size=16).to_tf_dataset()  # doctest: +SKIP
+        >>> ds.element_spec  # doctest: +SKIP
+        {'id': TensorSpec(shape=(16,), dtype=tf.int64, name='id')}
+        """
+
+        import_tensorflow()
+        whole = not self._segments and (self._consumed == 0 or self._consumed >= len(self))
+        passes = len(self) if whole else None  # then every pass is a whole epoch
+        short = self.transform is not None or not (self.drop_last or self.pad_last)
+        rows = None if short else self.batch_size
+        return tf_dataset(lambda: self._iterate("numpy"), self._output_shapes(), rows, label,
+                          cardinality=passes)  # fmt: skip
+
+    def _output_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Per batch key: one sample's shape and dtype (a transform's: from a first batch)."""
+        if self.transform is None:
+            return self._shapes()
+        order = Order(self._plan, epoch=self._epoch, batch=0)
+        node = Map(Gather(order, self._prepare(), shuffle=self.shuffle, seed=self.seed),
+                   self.transform, batched=self.batched, seed=self.seed)  # fmt: skip
+        with node:
+            first = next(node, None)
+        shapes = {} if first is None else batch_shapes(first.data)
+        if self.return_padding_mask:
+            shapes["_padded"] = ((), np.dtype(bool))
+        return shapes
+
+    def as_torch_dataset(self) -> torch.utils.data.IterableDataset:
+        """This loader as a ``torch.utils.data.IterableDataset`` (DataLoader, Lightning).
+
+        Use ``DataLoader(ds, batch_size=None)`` (batches are made here) with
+        ``num_workers=0`` (the loader has its own workers); ``len(ds)`` and
+        ``ds.set_epoch(e)`` follow the loader. See :mod:`feedline.loader.adapters.torch_dataset`.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> from torch.utils.data import DataLoader
+        >>> ds = fl.range(6).loader(batch_size=3, shuffle=False).as_torch_dataset()
+        >>> [b["id"].tolist() for b in DataLoader(ds, batch_size=None)]
+        [[0, 1, 2], [3, 4, 5]]
+        """
+
+        import_torch()
+        from feedline.loader.adapters.torch_dataset import LoaderDataset  # imports torch
+
+        return LoaderDataset(self)
+
+    def as_torch_dataloader(self) -> LoaderDataLoader:
+        """This loader as a ready ``torch.utils.data.DataLoader`` that frameworks checkpoint.
+
+        Its ``state_dict()`` / ``load_state_dict()`` are this loader's exact position, so
+        PyTorch Lightning keeps it in checkpoints and ``fit(ckpt_path=...)`` resumes mid-epoch;
+        every ``iter()`` is a whole pass (an abandoned pass is dropped). Return it from
+        ``train_dataloader()`` / ``val_dataloader()``. See
+        :class:`~feedline.loader.adapters.torch_dataset.LoaderDataLoader`.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> dl = fl.range(6).loader(batch_size=3, shuffle=False).as_torch_dataloader()
+        >>> [b["id"].tolist() for b in dl], len(dl)
+        ([[0, 1, 2], [3, 4, 5]], 2)
+        """
+
+        import_torch()
+        from feedline.loader.adapters.torch_dataset import LoaderDataLoader  # imports torch
+
+        return LoaderDataLoader(self)
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """Per batch delivered so far (the last 100,000): when, and where the time went.
+
+        Each entry: ``epoch``, ``batch``, ``time`` (seconds since the loader first started
+        iterating), ``samples``, ``wait_s`` (the caller blocked in ``next()`` for it, the
+        first batch of an iteration counting from ``iter()``) and ``step_s`` (the caller's
+        time between the previous batch and asking for this one; 0 for an iteration's first).
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> loader = fl.range(8).loader(batch_size=4, format="numpy")
+        >>> _ = list(loader)
+        >>> [(t["epoch"], t["batch"], t["samples"], t["step_s"]) for t in loader.timeline()][0]
+        (0, 0, 4, 0.0)
+        """
+        return self._timing.timeline()
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Per epoch iterated so far: ``epoch``, ``batches``, ``samples``, ``seconds``,
+        ``samples_per_s`` and ``data_wait_fraction`` (wait / (wait + step)), from the caller's
+        side (see :meth:`timeline`; ``seconds`` leaves out pauses between iterations), and
+        ``skipped``: samples the transform dropped from the batches delivered.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> loader = fl.range(8).loader(batch_size=4, format="numpy")
+        >>> _ = list(loader)
+        >>> m = loader.metrics()[0]
+        >>> m["batches"], m["samples"], 0 <= m["data_wait_fraction"] <= 1, m["skipped"]
+        (2, 8, True, 0)
+        """
+        return [m | {"skipped": self._skips.of(m["epoch"])} for m in self._timing.metrics()]
+
+    def stats(self) -> dict[str, Any]:
+        """How the data is held: cache mode, cached bytes, window and streaming counters.
+
+        With a ``transform``: ``num_workers``, ``worker_type``, ``skipped`` (samples it dropped
+        from the batches delivered so far) and ``skipped_examples`` (the first 20, each naming
+        its epoch, sample and reason).
+
+        A remote dataset read through the shard cache adds its folder, limit and counters
+        (``shard_hits``, ``shard_downloads``, ``shard_download_bytes``, ``shard_evictions``,
+        ``shard_corrupt``, ``shard_prefetch_errors``; see
+        :class:`~feedline.loader.data.shard_cache.CacheStats`).
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> s = fl.range(10).loader(batch_size=2).stats()
+        >>> s["cache"], s["cache_bytes"], s["num_samples"]
+        ('memory', 80, 10)
+        """
+        out = self._prepare().describe()
+        if self.transform is not None:
+            out |= {"num_workers": self._workers.num_workers, "worker_type": self._workers.kind,
+                    "skipped": self._skips.total,
+                    "skipped_examples": list(self._skips.examples)}  # fmt: skip
+        return out
+
+    # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
         """Stop the current iteration and the transform's workers (threads or processes).

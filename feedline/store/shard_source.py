@@ -1,13 +1,16 @@
 """What the training loader reads: shards and their row groups, or a stream of batches.
 
-The loader never sees a :class:`~feedline.dataset.dataset.Dataset`, a reader or an engine (DESIGN.md,
-"the seam"). A written dataset or a plain Parquet folder reaches it as a
+The loader never sees a :class:`~feedline.dataset.dataset.Dataset`, a reader or an engine
+(DESIGN.md, "the seam"). A written dataset or a plain Parquet folder reaches it as a
 :class:`ShardSource`: its files, the rows of every row group, each file's manifest entry
 (size, sha256, footer digest; taken from the footers for plain Parquet, without checksums),
 the schema and the dataset's fingerprint. Anything else (a computed plan) reaches it as a
 :class:`BatchStream`: a schema, the row count when metadata tells it, and a factory of
-record batches. ``Dataset._loader_source()`` builds one or the other; a path is opened with
-:func:`open_shard_source`.
+record batches.
+
+What hands the loader one or the other is any object with a public
+``shard_source(columns=None)`` method (:class:`SupportsShardSource`, a structural protocol:
+``Dataset.shard_source()`` is one); a path is opened with :func:`open_shard_source`.
 
 Examples
 --------
@@ -26,7 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +45,14 @@ from feedline.store.dataset_files import open_source, plain_parquet_shards
 from feedline.store.footers import Footer, check_footer, footer_of_handle
 from feedline.store.manifest import ShardInfo
 
-__all__ = ["READ_BATCH_ROWS", "READ_BUFFER", "BatchStream", "ShardSource", "open_shard_source"]
+__all__ = [
+    "READ_BATCH_ROWS",
+    "READ_BUFFER",
+    "BatchStream",
+    "ShardSource",
+    "SupportsShardSource",
+    "open_shard_source",
+]
 
 #: rows decoded at a time when the caller names no other
 READ_BATCH_ROWS = 32 * 1024
@@ -277,6 +287,22 @@ class BatchStream:
     description: str = "a computed dataset"
     fingerprint: str | None = None
 
+    @classmethod
+    def from_table(cls, table: pa.Table, description: str = "an Arrow table") -> BatchStream:
+        """The rows of an in-memory ``table`` (its row count known).
+
+        Examples
+        --------
+        >>> stream = BatchStream.from_table(pa.table({"x": [1, 2], "y": [3, 4]}))
+        >>> stream.num_rows, stream.read_table(["y"])["y"].to_pylist()
+        (2, [3, 4])
+        """
+
+        def batches(columns: Sequence[str] | None) -> Iterator[pa.RecordBatch]:
+            return iter((table if columns is None else table.select(list(columns))).to_batches())
+
+        return cls(table.schema, table.num_rows, batches, description)
+
     def schema(self) -> pa.Schema:
         """The rows' schema (as ``Dataset.schema()``)."""
         return self.arrow_schema
@@ -295,6 +321,33 @@ class BatchStream:
 
     def __repr__(self) -> str:
         return f"BatchStream({self.description}, rows={self.num_rows})"
+
+
+@runtime_checkable
+class SupportsShardSource(Protocol):
+    """What the loader takes besides a path, a :class:`ShardSource` or a :class:`BatchStream`:
+    anything with a ``shard_source(columns=None)`` method that gives one of those two.
+
+    A structural protocol: an object needs the method, not a base class (``Dataset`` has it;
+    so can a reader of another format). ``columns`` narrows the source to those columns
+    (``None``: all). ``isinstance(obj, SupportsShardSource)`` checks that the method exists.
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> class Table:
+    ...     def __init__(self, table):
+    ...         self.table = table
+    ...     def shard_source(self, columns=None):
+    ...         return BatchStream.from_table(self.table.select(columns or self.table.schema.names))
+    >>> held = Table(pa.table({"x": [1, 2, 3]}))
+    >>> isinstance(held, SupportsShardSource), held.shard_source().num_rows
+    (True, 3)
+    """
+
+    def shard_source(self, columns: Sequence[str] | None = None) -> ShardSource | BatchStream:
+        """The shards (or the stream of batches) of ``columns`` (``None``: every column)."""
+        ...
 
 
 def open_shard_source(

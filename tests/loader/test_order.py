@@ -407,23 +407,23 @@ BAD_CALLS = [
     ),
     (
         lambda: split_for_rank(ORDER, rank=-1, world_size=4, batch_size=2, drop_last=True),
-        ["rank must be >= 0", "Fix"],
+        ["rank must be an int >= 0, got -1", "Fix"],
     ),
     (
         lambda: split_for_rank(ORDER, rank=0, world_size=0, batch_size=2, drop_last=True),
-        ["world_size must be >= 1", "Fix"],
+        ["world_size must be an int >= 1, got 0", "Fix"],
     ),
     (
         lambda: split_for_rank(ORDER, rank=0, world_size=2, batch_size=0, drop_last=True),
-        ["batch_size must be >= 1", "Fix"],
+        ["batch_size must be an int >= 1, got 0", "Fix"],
     ),
     (
         lambda: split_for_rank(ORDER, rank=1.5, world_size=2, batch_size=2, drop_last=True),
-        ["rank must be an integer", "1.5"],
+        ["rank must be an int >= 0, got 1.5 (float)", "Fix"],
     ),
     (
         lambda: split_for_rank(ORDER, rank=True, world_size=2, batch_size=2, drop_last=True),
-        ["rank must be an integer"],
+        ["rank must be an int >= 0, got True (bool)", "Fix"],
     ),
     (
         lambda: split_for_rank(
@@ -435,12 +435,18 @@ BAD_CALLS = [
         lambda: split_for_rank(ORDER * 1.0, rank=0, world_size=1, batch_size=2, drop_last=True),
         ["1-D integer", "float64"],
     ),
-    (lambda: epoch_permutation(10, -1, 0), ["epoch_permutation", "seed must be >= 0"]),
-    (lambda: epoch_permutation(-5, 0, 0), ["num_rows must be >= 0"]),
-    (lambda: block_shuffle_order([5, 5], 0, 0, 0), ["window must be >= 1"]),
+    (
+        lambda: epoch_permutation(10, -1, 0),
+        ["epoch_permutation", "seed must be an int >= 0, got -1"],
+    ),
+    (lambda: epoch_permutation(-5, 0, 0), ["num_rows must be an int >= 0, got -5"]),
+    (lambda: block_shuffle_order([5, 5], 0, 0, 0), ["window must be an int >= 1, got 0"]),
     (lambda: block_shuffle_order([5, -2], 0, 0, 1), ["row group sizes", "row group 1"]),
     (lambda: global_order([5], shuffle=True, seed=0, epoch=-3, window=None), ["epoch"]),
-    (lambda: resume_order(ORDER, consumed_global=-1), ["consumed_global must be >= 0"]),
+    (
+        lambda: resume_order(ORDER, consumed_global=-1),
+        ["consumed_global must be an int >= 0, got -1"],
+    ),
     (
         lambda: samples_seen(
             ORDER, consumed_per_rank=[1, 2, 3], world_size=2, batch_size=4, drop_last=True

@@ -17,12 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.store.page_copy import read_struct
-from feedline.store.shard_source import open_shard_source
-from feedline.loader.data.memory_cache import FileLayout, load_cache
 from feedline.loader.data.columns import column_specs
+from feedline.loader.data.memory_cache import FileLayout, load_cache
 from feedline.loader.data.packed_columns import column_views, plan_packing
 from feedline.loader.data.page_fill import PageFill
+from feedline.store.page_copy import read_struct
+from feedline.store.shard_source import open_shard_source
 
 ROWS = 600
 

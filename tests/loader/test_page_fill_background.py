@@ -1,4 +1,5 @@
-"""A memory cache whose data pages are copied in the background (feedline/loader/data/page_tasks.py).
+"""A memory cache whose data pages are copied in the background
+(feedline/loader/data/page_tasks.py).
 
 ``load_cache(..., background=True)`` returns once the small columns and every page header
 are read; a gather waits only for the pages its rows lie in. These tests check the values,
@@ -17,13 +18,13 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.store.page_copy import read_struct
-from feedline.store.shard_source import open_shard_source
-from feedline.loader.data.memory_cache import FileLayout, load_cache
 from feedline.loader.data.columns import column_specs
+from feedline.loader.data.memory_cache import FileLayout, load_cache
 from feedline.loader.data.packed_columns import column_views, plan_packing
 from feedline.loader.data.page_fill import OpenFiles, PageFill
 from feedline.loader.data.page_tasks import PageTasks
+from feedline.store.page_copy import read_struct
+from feedline.store.shard_source import open_shard_source
 
 ROWS = 2_000
 

@@ -19,11 +19,11 @@ import pytest
 
 import feedline as fl
 import feedline.store.footers as footer_module
-from feedline.store.shard_source import ShardSource, open_shard_source
-from feedline.loader.data.memory_cache import FileLayout, load_cache
 from feedline.loader.data.columns import column_specs
+from feedline.loader.data.memory_cache import FileLayout, load_cache
 from feedline.loader.data.packed_columns import column_views, plan_packing
 from feedline.loader.data.page_fill import PageFill
+from feedline.store.shard_source import ShardSource, open_shard_source
 
 ROWS, GROUP_ROWS, SHARD_ROWS = 2_000, 10, 1_000  # 2 shards of 100 row groups
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedline.errors import ConfigurationError
-from feedline.loader.order.sample_order import epoch_permutation
 from feedline.loader.order.rng import sample_rng, sample_rngs, sample_uniforms
+from feedline.loader.order.sample_order import epoch_permutation
 
 KEYS = st.tuples(st.integers(0, 2**63), st.integers(0, 10_000), st.integers(0, 2**40))
 

@@ -12,8 +12,8 @@ import pytest
 
 from feedline.errors import DataError
 from feedline.loader import Loader
-from feedline.loader.order.sample_order import block_shuffle_order, block_shuffle_pools
 from feedline.loader.nodes.background import Prefetcher
+from feedline.loader.order.sample_order import block_shuffle_order, block_shuffle_pools
 
 
 def ids(loader: Loader) -> np.ndarray:

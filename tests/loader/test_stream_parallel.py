@@ -15,10 +15,10 @@ import pytest
 import feedline as fl
 from feedline.errors import DataError
 from feedline.loader.data.backend import as_source
-from feedline.loader.data.memory_cache import FileLayout
 from feedline.loader.data.columns import column_specs
-from feedline.loader.order.sample_order import block_shuffle_order, block_shuffle_pools
+from feedline.loader.data.memory_cache import FileLayout
 from feedline.loader.data.row_group_stream import PoolReader
+from feedline.loader.order.sample_order import block_shuffle_order, block_shuffle_pools
 
 SHAPE = (3, 4, 4)
 FILES, ROWS_PER_FILE, GROUP = 3, 240, 40  # 18 row groups of 40 rows

@@ -14,8 +14,8 @@ import torch
 import feedline as fl
 from feedline.errors import ConfigurationError
 from feedline.loader import nodes
-from feedline.loader.order.sample_order import epoch_permutation, global_order
 from feedline.loader.order.ahead import MIN_ROWS, OrderAhead
+from feedline.loader.order.sample_order import epoch_permutation, global_order
 
 
 def wide(n: int) -> fl.Dataset:

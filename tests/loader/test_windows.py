@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import feedline as fl
 from feedline.errors import ConfigurationError, SchemaError
 from feedline.loader import Windows
-from feedline.loader.order.sample_order import epoch_permutation
 from feedline.loader.data.window_gather import gather_windows
 from feedline.loader.data.windows import window_counts, window_starts
+from feedline.loader.order.sample_order import epoch_permutation
 
 
 def series_table(seed: int = 0) -> pa.Table:

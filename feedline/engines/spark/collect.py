@@ -47,8 +47,8 @@ import pyarrow.compute as pc
 
 from feedline.engines.spark.plan import quiet_pandas_warning, spark_errors
 from feedline.engines.spark.types import from_spark_batch
+from feedline.host import memory_room
 from feedline.io.source import ExecutionReport
-from feedline.loader.data.node_cache import memory_room
 from feedline.plan.plan import Plan, pushdown
 
 __all__ = [

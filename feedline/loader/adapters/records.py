@@ -4,7 +4,8 @@ A record (a dict, e.g. from ``preprocessor.transform_record``) is turned into an
 with the dataset's column types and then through exactly the functions the loader's cache
 and streaming reader use (:func:`~feedline.loader.data.columns.column_specs`,
 :func:`~feedline.loader.data.columns.chunk_to_numpy`,
-:func:`~feedline.loader.data.memory_cache.take_rows`, :func:`~feedline.loader.data.memory_cache.as_batch_value`,
+:func:`~feedline.loader.data.memory_cache.take_rows`,
+:func:`~feedline.loader.data.memory_cache.as_batch_value`,
 :func:`~feedline.loader.adapters.formats.to_format`),
 so a served row gets the dtypes, shapes and values a training batch row had.
 """

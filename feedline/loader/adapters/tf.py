@@ -14,7 +14,7 @@ import numpy as np
 
 from feedline.errors import ConfigurationError, MissingDependencyError
 
-__all__ = ["import_tensorflow", "output_signature", "tf_dataset", "to_tf"]
+__all__ = ["batch_shapes", "import_tensorflow", "output_signature", "tf_dataset", "to_tf"]
 
 
 def import_tensorflow() -> Any:
@@ -39,6 +39,23 @@ def output_signature(
             (batch_size, *shape), tf.string if dtype.kind == "O" else tf.as_dtype(dtype), name=name
         )
         for name, (shape, dtype) in shapes.items()
+    }
+
+
+def batch_shapes(batch: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Per key of ``batch``: one sample's shape and dtype (an array's rows; anything else, such
+    as a list of strings, is a column of Python objects).
+
+    Examples
+    --------
+    >>> batch_shapes({"x": np.zeros((4, 3), np.float32), "s": ["a", "b", "c", "d"]})
+    {'x': ((3,), dtype('float32')), 's': ((), dtype('O'))}
+    """
+    return {
+        key: (value.shape[1:], value.dtype)
+        if isinstance(value, np.ndarray)
+        else ((), np.dtype(object))
+        for key, value in batch.items()
     }
 
 

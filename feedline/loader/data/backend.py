@@ -47,9 +47,14 @@ from feedline.loader.data.row_group_stream import PoolReader, StreamStats, seque
 from feedline.loader.data.shard_cache import ShardCache
 from feedline.loader.data.windows import Windows, WindowSampler
 from feedline.loader.order.sample_order import block_shuffle_pools
-from feedline.store.shard_source import BatchStream, ShardSource, open_shard_source
+from feedline.store.shard_source import (
+    BatchStream,
+    ShardSource,
+    SupportsShardSource,
+    open_shard_source,
+)
 
-__all__ = ["Backend", "as_source", "open_backend"]
+__all__ = ["Backend", "LoaderInput", "as_source", "open_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,28 +66,35 @@ STREAM_POOLS = 3
 AUTO_NODE_BYTES = 64 << 20
 
 
-def as_source(data: Any) -> ShardSource | BatchStream:
-    """What the loader reads from ``data``: a path (opened with
-    :func:`~feedline.store.shard_source.open_shard_source`), a ``ShardSource`` / ``BatchStream``
-    as it is, or anything with a ``_loader_source()`` method (a ``Dataset``).
+#: what a loader reads: shards, a stream of batches, an object that gives one (a ``Dataset``),
+#: or the path of a written dataset or a Parquet folder
+LoaderInput = ShardSource | BatchStream | SupportsShardSource | str | os.PathLike[str]
+
+
+def as_source(data: LoaderInput) -> ShardSource | BatchStream:
+    """What the loader reads from ``data``: a ``ShardSource`` / ``BatchStream`` as it is, a path
+    (opened with :func:`~feedline.store.shard_source.open_shard_source`), or what the
+    ``shard_source()`` method of ``data`` gives
+    (:class:`~feedline.store.shard_source.SupportsShardSource`: a ``Dataset``).
 
     Examples
     --------
-    >>> import feedline as fl
-    >>> as_source(fl.range(3)).num_rows
+    >>> import feedline as fl, tempfile
+    >>> out = fl.range(3).write(tempfile.mkdtemp() + "/ds").path
+    >>> as_source(out).num_rows
     3
     """
     if isinstance(data, ShardSource | BatchStream):
         return data
     if isinstance(data, str | os.PathLike):
         return open_shard_source(data)
-    make = getattr(data, "_loader_source", None)
-    if make is None:
+    if not isinstance(data, SupportsShardSource):
         raise ConfigurationError(
             f"Loader: cannot read {type(data).__name__} objects. Fix: pass a feedline Dataset "
-            "(fl.open(path), fl.from_arrow(...)), a dataset path or a ShardSource."
+            "(fl.open(path), fl.from_arrow(...)), a dataset path, a ShardSource, or an object "
+            "with a shard_source() method (feedline.store.shard_source.SupportsShardSource)."
         )
-    return make()
+    return data.shard_source()
 
 
 @dataclass
@@ -166,7 +178,7 @@ class Backend:
 
 
 def open_backend(
-    source: ShardSource | BatchStream,
+    data: LoaderInput,
     *,
     columns: Sequence[str] | None,
     windows: Windows | None,
@@ -186,7 +198,8 @@ def open_backend(
     node_dir: str | os.PathLike[str] | None = None,
     window_copier: str = "numpy",
 ) -> Backend:
-    """Decide how to serve ``source`` and load it when it is cached.
+    """Decide how to serve ``data`` (any input of :func:`as_source`) and load it when it is
+    cached.
 
     ``cache="node"`` maps a node cache file in ``node_dir`` (see
     :mod:`feedline.loader.data.node_cache`), filling it first if no process did; ``"auto"`` does
@@ -196,8 +209,9 @@ def open_backend(
 
     Remote shards are read through a :class:`~feedline.loader.data.shard_cache.ShardCache` in
     ``cache_dir`` (holding at most ``cache_limit`` bytes) when ``cache_dir`` is given.
-    ``stack`` and ``dtype`` are the loader's (see :func:`~feedline.loader.data.packed_columns.plan_packing`
-    and :func:`~feedline.loader.data.columns.with_dtypes`); ``shapes``, ``ragged`` and
+    ``stack`` and ``dtype`` are the loader's (see
+    :func:`~feedline.loader.data.packed_columns.plan_packing` and
+    :func:`~feedline.loader.data.column_dtypes.with_dtypes`); ``shapes``, ``ragged`` and
     ``pad_value`` too (list columns, see :func:`~feedline.loader.data.columns.column_specs`).
     ``window_copier`` is what copies ``windows=`` batches (see
     :class:`~feedline.loader.data.windows.WindowSampler`: ``"torch"`` for torch batches).
@@ -205,12 +219,15 @@ def open_backend(
     Examples
     --------
     >>> import feedline as fl
-    >>> b = open_backend(fl.range(10)._loader_source(), columns=None, windows=None,
-    ...                  cache="auto", strings="raise", widen_unsigned=False, budget=10**6,
-    ...                  window=None)
+    >>> from feedline.store.shard_source import BatchStream
+    >>> import pyarrow as pa
+    >>> source = BatchStream.from_table(pa.table({"id": range(10)}))
+    >>> b = open_backend(source, columns=None, windows=None, cache="auto", strings="raise",
+    ...                  widen_unsigned=False, budget=10**6, window=None)
     >>> b.mode, b.num_samples, b.nbytes
     ('memory', 10, 80)
     """
+    source = as_source(data)
     layout = file_layout(source)
     shards = None
     if layout is not None and cache_dir is not None and not all(f.is_local for f in layout.files):

@@ -160,12 +160,13 @@ def file_layout(source: LoaderSource) -> FileLayout | None:
 
     Examples
     --------
-    >>> import feedline as fl, tempfile
+    >>> import feedline as fl, pyarrow as pa, tempfile
+    >>> from feedline.store.shard_source import open_shard_source
     >>> out = tempfile.mkdtemp() + "/ds"
     >>> _ = fl.range(10).write(out, rows_per_shard=6, row_group_rows=3)
-    >>> file_layout(fl.open(out)._loader_source()).row_group_sizes
+    >>> file_layout(open_shard_source(out)).row_group_sizes
     [3, 3, 3, 1]
-    >>> file_layout(fl.range(10)._loader_source()) is None
+    >>> file_layout(BatchStream.from_table(pa.table({"id": range(10)}))) is None
     True
     """
     return FileLayout(source) if isinstance(source, ShardSource) else None
@@ -176,10 +177,12 @@ def known_rows(source: LoaderSource) -> int | None:
 
     Examples
     --------
-    >>> import feedline as fl
-    >>> known_rows(fl.range(10).limit(4)._loader_source())
+    >>> import pyarrow as pa
+    >>> known_rows(BatchStream.from_table(pa.table({"id": range(4)})))
     4
-    >>> known_rows(fl.range(10).filter(lambda b: b["id"])._loader_source()) is None
+    >>> table = pa.table({"id": range(10)})
+    >>> filtered = BatchStream(table.schema, None, lambda columns: iter(table.to_batches()))
+    >>> known_rows(filtered) is None  # only running the filter tells
     True
     """
     return source.num_rows
@@ -189,8 +192,8 @@ class ColumnCache:
     """Columns held as NumPy arrays, gathered by row index.
 
     Built from a dict of arrays (each gathered with its own take) or from a
-    :class:`~feedline.loader.data.packed_columns.Packing` and its storage (scalar columns packed by dtype,
-    one take per block). ``arrays`` is every column's array (for packed columns a strided
+    :class:`~feedline.loader.data.packed_columns.Packing` and its storage (scalar columns packed
+    by dtype, one take per block). ``arrays`` is every column's array (for packed columns a strided
     view of its block).
 
     Examples
@@ -493,10 +496,11 @@ def load_cache(
 
     Examples
     --------
-    >>> import feedline as fl, pyarrow as pa
+    >>> import pyarrow as pa
     >>> from feedline.loader.data.columns import column_specs
-    >>> ds = fl.from_arrow(pa.table({"x": [1.0, 2.0, 3.0]}))
-    >>> load_cache(ds._loader_source(), column_specs(ds.schema())).arrays["x"].tolist()
+    >>> table = pa.table({"x": [1.0, 2.0, 3.0]})
+    >>> cache = load_cache(BatchStream.from_table(table), column_specs(table.schema))
+    >>> cache.arrays["x"].tolist()
     [1.0, 2.0, 3.0]
     """
     packing = specs if isinstance(specs, Packing) else plan_packing(specs)
@@ -518,8 +522,9 @@ def read_table(source: LoaderSource, columns: Sequence[str], layout: FileLayout 
 
     Examples
     --------
-    >>> import feedline as fl
-    >>> read_table(fl.range(3)._loader_source(), ["id"], None)["id"].to_pylist()
+    >>> import pyarrow as pa
+    >>> source = BatchStream.from_table(pa.table({"id": range(3)}))
+    >>> read_table(source, ["id"], None)["id"].to_pylist()
     [0, 1, 2]
     """
     if layout is None:

@@ -1,12 +1,12 @@
 """One loader cache per node: the requested columns in one memory-mapped file all local ranks share.
 
 ``cache="node"`` (and ``cache="auto"`` when several ranks train) keeps the packed row-major
-arrays of :mod:`feedline.loader.data.memory_cache` in a file under ``<cache_dir>/node`` instead of in
-each process's memory. The first loader process of a node fills it; every loader process
-(torchrun ranks, ``torch.multiprocessing`` spawns, Ray Train workers, a restarted job) maps
-it read-only, so the node holds one copy in the page cache however many ranks read it, and
-a batch of the exact global shuffle is still one ``np.take`` per block. Data larger than
-RAM works: the kernel pages the file in and out.
+arrays of :mod:`feedline.loader.data.memory_cache` in a file under ``<cache_dir>/node``
+instead of in each process's memory. The first loader process of a node fills it; every
+loader process (torchrun ranks, ``torch.multiprocessing`` spawns, Ray Train workers, a
+restarted job) maps it read-only, so the node holds one copy in the page cache however many
+ranks read it, and a batch of the exact global shuffle is still one ``np.take`` per block.
+Data larger than RAM works: the kernel pages the file in and out.
 
 The file: a 4 KiB-aligned header (magic, version, CRC of the JSON that follows) describing
 the arrays (key, dtype, shape, offset, bytes, CRC-32C of each), the dataset it came from and
@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError, IntegrityError, StorageError
+from feedline.host import memory_room
 from feedline.loader.data.memory_cache import ColumnCache, FileLayout, load_cache
 from feedline.loader.data.packed_columns import Packing
 from feedline.loader.data.shard_cache import default_cache_dir
@@ -117,8 +118,9 @@ def cache_key(layout: FileLayout, packing: Packing, options: Mapping[str, Any]) 
     >>> from feedline.loader.data.memory_cache import file_layout
     >>> from feedline.loader.data.columns import column_specs
     >>> from feedline.loader.data.packed_columns import plan_packing
+    >>> from feedline.store.shard_source import open_shard_source
     >>> ds = fl.range(10).write(tempfile.mkdtemp() + "/ds")
-    >>> layout = file_layout(fl.open(ds.path)._loader_source())
+    >>> layout = file_layout(open_shard_source(ds.path))
     >>> packing = plan_packing(column_specs(layout.source.schema()))
     >>> len(cache_key(layout, packing, {})), cache_key(layout, packing, {"a": 1}) == cache_key(
     ...     layout, packing, {})
@@ -253,42 +255,6 @@ def _try_open(
     return header, _views(memory, header, header["data_offset"])
 
 
-def memory_room() -> int:
-    """Bytes of memory this process's page cache can use: the machine's physical memory,
-    or its memory cgroup's limit when that is lower (cgroup v2 or v1).
-
-    Examples
-    --------
-    >>> 0 < memory_room() <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    True
-    """
-    room = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for limit in _cgroup_limits():
-        room = min(room, limit)
-    return room
-
-
-def _cgroup_limits() -> Iterator[int]:
-    """The memory limits of this process's cgroup (its own line of ``/proc/self/cgroup``)."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        _, controllers, group = line.split(":", 2)
-        if controllers == "":  # cgroup v2
-            files = [Path("/sys/fs/cgroup", group.lstrip("/"), "memory.max")]
-        elif "memory" in controllers.split(","):  # cgroup v1
-            files = [Path("/sys/fs/cgroup/memory", group.lstrip("/"), "memory.limit_in_bytes")]
-        else:
-            continue
-        for file in files:
-            with contextlib.suppress(OSError, ValueError):
-                text = file.read_text().strip()
-                if text != "max":
-                    yield int(text)
-
-
 def _restamp(path: Path, header: dict[str, Any], locked: bool) -> None:
     """Mark a file checked after a reboot as of this boot (so it is not checked again).
 
@@ -402,8 +368,9 @@ def open_node_cache(
     >>> from feedline.loader.data.memory_cache import file_layout
     >>> from feedline.loader.data.columns import column_specs
     >>> from feedline.loader.data.packed_columns import plan_packing
+    >>> from feedline.store.shard_source import open_shard_source
     >>> ds = fl.range(5).write(tempfile.mkdtemp() + "/ds")
-    >>> layout = file_layout(fl.open(ds.path)._loader_source())
+    >>> layout = file_layout(open_shard_source(ds.path))
     >>> packing = plan_packing(column_specs(layout.source.schema()))
     >>> folder = tempfile.mkdtemp()
     >>> first = open_node_cache(layout, packing, folder)

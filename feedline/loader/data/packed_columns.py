@@ -132,8 +132,9 @@ class Packing:
         return out | {c.name: (c.shape, c.dtype) for c in self.singles}
 
     def allocate(self, rows: int) -> dict[str, np.ndarray]:
-        """Empty storage for ``rows`` rows: one array per block and per single column
-        (large ones in memory the kernel can populate in bulk: :mod:`feedline.loader.data.bulk_arrays`)."""
+        """Empty storage for ``rows`` rows: one array per block and per single column (large
+        ones in memory the kernel can populate in bulk: :mod:`feedline.loader.data.bulk_arrays`).
+        """
         out = {b.key: empty((rows, b.width), b.dtype) for b in self.blocks}
         return out | {c.name: empty((rows, *c.shape), c.dtype) for c in self.singles}
 

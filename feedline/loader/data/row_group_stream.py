@@ -1,7 +1,7 @@
 """Streaming reads for data over the memory budget: one pool of row groups at a time.
 
-The two-level shuffle of :func:`feedline.loader.order.sample_order.block_shuffle_order` permutes the row
-groups, cuts them into pools of ``window`` groups and permutes rows inside each pool. A
+The two-level shuffle of :func:`feedline.loader.order.sample_order.block_shuffle_order` permutes
+the row groups, cuts them into pools of ``window`` groups and permutes rows inside each pool. A
 :class:`PoolReader` serves batches of global row indices by loading the pools they fall in
 (whole pools, each row group read once per epoch) and evicting the pools the batch no
 longer needs. Batches walk the global order forwards, so at most the two pools a batch

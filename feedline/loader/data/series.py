@@ -207,12 +207,13 @@ def load_series(
 
     Examples
     --------
-    >>> import feedline as fl, pyarrow as pa
+    >>> import pyarrow as pa
     >>> from feedline.loader.data.columns import column_specs
-    >>> ds = fl.from_arrow(pa.table({"s": [1, 0, 0], "t": [0, 1, 0], "v": [5.0, 2.0, 1.0]}))
-    >>> specs = column_specs(ds.schema(), ["v", "t"])
-    >>> out = load_series(ds._loader_source(), {"inputs": specs}, by="s", order_by="t",
-    ...                   layout=None)
+    >>> from feedline.store.shard_source import BatchStream
+    >>> table = pa.table({"s": [1, 0, 0], "t": [0, 1, 0], "v": [5.0, 2.0, 1.0]})
+    >>> specs = column_specs(table.schema, ["v", "t"])
+    >>> out = load_series(BatchStream.from_table(table), {"inputs": specs}, by="s",
+    ...                   order_by="t", layout=None)
     >>> out.arrays["inputs"].tolist(), out.bounds.tolist()
     ([[1.0, 0.0], [2.0, 1.0], [5.0, 0.0]], [0, 2, 3])
     """

@@ -7,8 +7,8 @@ boundary. The features (and targets) are packed once, row-major, into one contig
 
 The interface the loader uses is small: :class:`WindowSampler` numbers the windows (the
 loader's samples, shuffled, sharded and resumed by the pure functions of
-:mod:`feedline.loader.order.sample_order`), :meth:`WindowSampler.window_starts` maps window ids to start
-rows (:func:`window_starts`: O(series) memory, not O(windows)), and :func:`gather_windows`
+:mod:`feedline.loader.order.sample_order`), :meth:`WindowSampler.window_starts` maps window ids to
+start rows (:func:`window_starts`: O(series) memory, not O(windows)), and :func:`gather_windows`
 copies only the batch's windows (indexing a strided view of every window with the start
 rows): memory is O(data + batch), never the ``(windows, size, width)`` tensor. A batch
 indexes :func:`window_blocks`, every window as one opaque item, so each window is one
@@ -208,11 +208,12 @@ class WindowSampler:
 
     Examples
     --------
-    >>> import feedline as fl, pyarrow as pa
+    >>> import pyarrow as pa
+    >>> from feedline.store.shard_source import BatchStream
     >>> v = [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]
-    >>> ds = fl.from_arrow(pa.table({"s": [0, 0, 0, 1, 1, 1], "v": v}))
-    >>> sampler = WindowSampler(ds._loader_source(), Windows(2, 1, by="s", features="v"),
-    ...                         layout=None, widen_unsigned=False)
+    >>> source = BatchStream.from_table(pa.table({"s": [0, 0, 0, 1, 1, 1], "v": v}))
+    >>> sampler = WindowSampler(source, Windows(2, 1, by="s", features="v"), layout=None,
+    ...                         widen_unsigned=False)
     >>> sampler.num_rows, sampler.window_starts(np.array([0, 1])).tolist()
     (2, [0, 3])
     >>> batch = sampler.gather(np.array([1, 0]))

@@ -45,8 +45,8 @@ class Batch:
     """One batch on its way through the nodes (see the module docstring).
 
     ``skipped`` lists what a transform dropped from this batch (e.g.
-    :class:`~feedline.preprocess.vision.augment.Skipped` markers), so it is counted where the batch is
-    delivered. ``pending`` is set while the batch's tensors are still being copied to an
+    :class:`~feedline.preprocess.vision.augment.Skipped` markers), so it is counted where the
+    batch is delivered. ``pending`` is set while the batch's tensors are still being copied to an
     accelerator (see :class:`~feedline.loader.nodes.CopyToDevice`).
     """
 

@@ -19,8 +19,8 @@ class Order(Node):
     Parameters
     ----------
     plan:
-        An :class:`~feedline.loader.order.sample_order.EpochPlan`, or a function ``epoch -> EpochPlan``
-        (then :meth:`reset` may move to another epoch).
+        An :class:`~feedline.loader.order.sample_order.EpochPlan`, or a function
+        ``epoch -> EpochPlan`` (then :meth:`reset` may move to another epoch).
     epoch, batch:
         Where to start.
     ahead:

@@ -128,8 +128,8 @@ def apply_samples(
             raise UserFunctionError(
                 f"The loader's transform {_describe(fn)} returned {type(result).__name__} for "
                 f"the sample at row index {index}; it must return a dict of the sample's "
-                "fields (or a feedline.preprocess.vision.augment.Skipped marker to drop the sample). "
-                "Fix: return the (modified) sample dict."
+                "fields (or a feedline.preprocess.vision.augment.Skipped marker to drop the "
+                "sample). Fix: return the (modified) sample dict."
             )
         kept.append(dict(result))
     return kept, skipped, markers

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.checks import checked_int
 from feedline.loader.nodes.process_pool import ProcessWorkers
 from feedline.loader.nodes.samples import takes_index
 from feedline.loader.nodes.worker_task import Chunk, Pending, run_chunk
@@ -36,6 +37,7 @@ __all__ = [
     "InlineWorkers",
     "Pending",
     "ThreadWorkers",
+    "check_workers",
     "make_workers",
 ]
 
@@ -126,20 +128,39 @@ def make_workers(fn: Callable[..., Any], num_workers: int, worker_type: str) -> 
     >>> make_workers(lambda s, rng: s, 0, "thread").kind
     'inline'
     """
-    if worker_type not in WORKER_TYPES:
-        raise ConfigurationError(
-            f"worker_type={worker_type!r} is not one of {WORKER_TYPES}. Fix: 'thread' for "
-            "GIL-releasing work (Pillow, NumPy, tokenizers), 'process' for Python-heavy "
-            "transforms."
-        )
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ConfigurationError(
-            f"num_workers={num_workers!r} must be an int >= 0. Fix: 0 runs the transform in "
-            "the loader's own thread; N > 0 starts N workers."
-        )
+    num_workers = check_workers(num_workers, worker_type)
     if num_workers == 0:
         return InlineWorkers(fn)
     if worker_type == "thread":
         return ThreadWorkers(fn, num_workers)
 
     return ProcessWorkers(fn, num_workers)
+
+
+def check_workers(num_workers: int, worker_type: str) -> int:
+    """``num_workers`` as an int, when it is one >= 0 and ``worker_type`` is one of
+    :data:`WORKER_TYPES`; else :class:`~feedline.errors.ConfigurationError` saying what to pass.
+
+    Examples
+    --------
+    >>> check_workers(2, "process")
+    2
+    >>> check_workers(-1, "thread")
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: num_workers=-1 must be an int >= 0. Fix: 0 runs ...
+    """
+    if worker_type not in WORKER_TYPES:
+        raise ConfigurationError(
+            f"worker_type={worker_type!r} is not one of {WORKER_TYPES}. Fix: 'thread' for "
+            "GIL-releasing work (Pillow, NumPy, tokenizers), 'process' for Python-heavy "
+            "transforms."
+        )
+
+    def fail(expected: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"num_workers={num_workers!r} must be {expected}. Fix: 0 runs the transform in "
+            "the loader's own thread; N > 0 starts N workers."
+        )
+
+    return checked_int(num_workers, 0, fail=fail)

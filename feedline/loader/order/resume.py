@@ -122,7 +122,7 @@ class Position:
 
 
 def restore(
-    states: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    states: Mapping[str, Any] | State | Sequence[Mapping[str, Any] | State],
     *,
     num_samples: int,
     streaming: bool,

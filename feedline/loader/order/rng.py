@@ -19,13 +19,13 @@ tag])``) by a spawn key, so a sample's draws never coincide with the epoch permu
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.checks import checked_int
 
 __all__ = ["sample_rng", "sample_rngs", "sample_uniforms"]
 
@@ -36,14 +36,13 @@ _FIX = "pass non-negative integers (the loader's seed, the epoch and the global 
 
 
 def _non_negative(name: str, value: Any) -> int:
-    if isinstance(value, bool | np.bool_) or not hasattr(value, "__index__"):
-        raise ConfigurationError(
-            f"sample_rng: {name} must be an integer, got {value!r} ({type(value).__name__}). "
+    def fail(expected: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"sample_rng: {name} must be {expected}, got {value!r} ({type(value).__name__}). "
             f"Fix: {_FIX}"
         )
-    if (out := operator.index(value)) < 0:
-        raise ConfigurationError(f"sample_rng: {name} must be >= 0, got {out}. Fix: {_FIX}")
-    return out
+
+    return checked_int(value, 0, fail=fail)
 
 
 def _indices(indices: Sequence[int] | np.ndarray) -> np.ndarray:

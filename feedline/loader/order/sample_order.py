@@ -10,7 +10,6 @@ from the same region of the global order (memory locality for the two-level shuf
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.checks import checked_int
 
 __all__ = [
     "EpochPlan",
@@ -61,15 +61,16 @@ class EpochPlan:
 
 
 def _int(where: str, name: str, value: Any, minimum: int, fix: str) -> int:
-    """Return ``value`` as an int >= ``minimum`` or raise a ConfigurationError."""
-    if isinstance(value, bool | np.bool_) or not hasattr(value, "__index__"):
-        raise ConfigurationError(
-            f"{where}: {name} must be an integer, got {value!r} ({type(value).__name__}). "
+    """``value`` as an int >= ``minimum`` (:func:`~feedline.loader.checks.checked_int`), or a
+    ConfigurationError naming ``where`` and ``name``."""
+
+    def fail(expected: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"{where}: {name} must be {expected}, got {value!r} ({type(value).__name__}). "
             f"Fix: {fix}"
         )
-    if (out := operator.index(value)) < minimum:
-        raise ConfigurationError(f"{where}: {name} must be >= {minimum}, got {out}. Fix: {fix}")
-    return out
+
+    return checked_int(value, minimum, fail=fail)
 
 
 def _order(where: str, order: Any) -> np.ndarray:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.checks import checked_int
 
 __all__ = [
     "MAX_WORLD_SIZE",
@@ -59,12 +60,7 @@ def _fail(field: str, value: Any, expected: str) -> ConfigurationError:
 
 
 def _int(value: Any, field: str, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise _fail(field, value, "an int")
-    if value < low or (high is not None and value > high):
-        bound = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
-        raise _fail(field, value, bound)
-    return int(value)
+    return checked_int(value, low, high, fail=lambda expected: _fail(field, value, expected))
 
 
 def _bool(value: Any, field: str) -> bool:
@@ -255,9 +251,9 @@ def epoch_batches(n: int, world_size: int, batch_size: int, drop_last: bool) -> 
 def real_samples(n: int, rank: int, count: int, world_size: int, batch_size: int) -> int:
     """How many of ``rank``'s first ``count`` samples are real ones, not padding repeats.
 
-    In the layout of :mod:`feedline.loader.order.sample_order` rank ``r``'s ``k``-th batch takes global
-    positions ``k * world_size * batch_size + r * batch_size`` onwards; positions past ``n``
-    pad the epoch. Arithmetic only, so a huge padded layout costs nothing.
+    In the layout of :mod:`feedline.loader.order.sample_order` rank ``r``'s ``k``-th batch
+    takes global positions ``k * world_size * batch_size + r * batch_size`` onwards;
+    positions past ``n`` pad the epoch. Arithmetic only, so a huge padded layout costs nothing.
 
     Examples
     --------
