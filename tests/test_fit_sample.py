@@ -172,3 +172,16 @@ def test_bad_fraction_or_seed_is_a_configuration_error(written):
             fl.StandardScaler("x").fit(fl.open(written), fraction=fraction, seed=seed)
     with pytest.raises(ConfigurationError, match="no rows"):
         fl.StandardScaler("x").fit(fl.open(written), fraction=0.0)
+
+
+def test_a_chain_fits_every_step_on_one_row_sample():
+    """Without row groups to choose, the steps of a chain still see the same sampled rows."""
+    x = np.random.default_rng(0).normal(size=2000)
+    x[::7] = np.nan
+    ds = fl.from_arrow(pa.table({"x": x}))
+    chain = fl.Chain([fl.Imputer("x"), fl.StandardScaler("x")]).fit(ds, fraction=0.5, seed=1)
+    imputer, scaler = chain.steps
+    assert scaler.fitted["count"]["x"] == imputer.fitted["rows"]["x"]
+    sampled = ds.fit_sample(0.5, seed=1)
+    assert sampled.plan.ops[-1] == Sample(0.5, 1)
+    assert imputer.state == fl.Imputer("x").fit(sampled).state

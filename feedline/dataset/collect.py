@@ -17,7 +17,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -95,7 +95,7 @@ def polars_frame(table: pa.Table) -> polars.DataFrame:
         raise MissingDependencyError("polars", "polars", "Dataset.to_polars()") from exc
     tensors = [f.name for f in table.schema if isinstance(f.type, pa.FixedShapeTensorType)]
     plain = table.drop_columns(tensors)
-    frame = pl.from_arrow(plain) if plain.num_columns else pl.DataFrame()
+    frame = cast("polars.DataFrame", pl.from_arrow(plain)) if plain.num_columns else pl.DataFrame()
     if not tensors:
         return frame
     series = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -114,7 +114,9 @@ class Dataset:
         manifest = self.manifest
         if manifest is None or not manifest.preprocessors:
             return None
-        steps = [from_state(entry.get("state")) for entry in manifest.preprocessors]
+        # from_state says what is wrong with an entry that holds no state dict
+        states = [cast("dict[str, Any]", entry.get("state")) for entry in manifest.preprocessors]
+        steps = [from_state(state) for state in states]
         return steps[0] if len(steps) == 1 else Chain(steps)
 
     def __repr__(self) -> str:
@@ -585,6 +587,36 @@ class Dataset:
             plan = plan.then(Select(plans.names_of(columns, "aggregate(columns=...)")))
         return resolved.aggregate(plan, partial, merge)
 
+    def fit_sample(
+        self, fraction: float | None, seed: int = 0, *, engine: str | Engine | None = None
+    ) -> Dataset:
+        """The rows a fit on ``fraction`` reads, as a dataset: what ``aggregate(...,
+        fraction=fraction, seed=seed)`` reads, for fits of several passes over one sample
+        (a :class:`~feedline.Chain` fits each step on the sample and the steps before it).
+
+        A Parquet or feedline input read through row-wise operators gives a row-group sample
+        (only the chosen row groups are read; unfitted preprocessors in this dataset are
+        fitted first, on ``engine`` and all of its data); anything else
+        ``sample(fraction, seed)``. ``fraction`` ``None`` or ``1``: this dataset.
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> out = tempfile.mkdtemp() + "/ds"
+        >>> _ = fl.range(1000).write(out, rows_per_shard=500, row_group_rows=100)
+        >>> sampled = fl.open(out).fit_sample(0.2, seed=0)
+        >>> sampled.plan.source.kind, sampled.count()
+        ('row-group sample', 200)
+        >>> fl.range(10).fit_sample(0.5).plan.ops[-1]
+        Sample(fraction=0.5, seed=0)
+        """
+        sampled = fit_sample(self._plan, fraction, seed)
+        if sampled is self._plan:
+            return self
+        if sampled.source is self._plan.source:  # a row sample appended: derived from this
+            return self._derived(sampled)
+        return Dataset(Plan(sampled.source, self.fitted_plan(engine).ops))
+
     # ------------------------------------------------------------------ execution
 
     def _execute(
@@ -923,8 +955,9 @@ class Dataset:
         schema = self.schema()
 
         def batches(names: Sequence[str] | None) -> Iterator[pa.RecordBatch]:
-            same = names is None or list(names) == schema.names
-            return (self if same else self.select(list(names))).iter_batches()
+            if names is None or list(names) == schema.names:
+                return self.iter_batches()
+            return self.select(list(names)).iter_batches()
 
         return outputs.shard_source(self._plan, schema, batches, repr(self).splitlines()[0])
 

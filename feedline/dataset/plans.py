@@ -391,8 +391,8 @@ def split(
     >>> len(split(fl.range(10).plan, 4))
     4
     """
-    if isinstance(fractions, int) and not isinstance(fractions, bool):
-        if fractions < 1:
+    if isinstance(fractions, int):
+        if isinstance(fractions, bool) or fractions < 1:
             raise ConfigurationError(
                 f"split({fractions}) needs at least one part. Fix: pass e.g. split(4)."
             )

@@ -110,20 +110,16 @@ class Chain(Preprocessor):
     def _fit(
         self, ds: Dataset, fraction: float | None, seed: int, engine: str | Engine | None
     ) -> Preprocessor:
-        # each pass is a Dataset pass over ``ds`` and the steps fitted so far, sampled by
-        # ``fraction`` (a row-group sample reads the same row groups in every pass)
-        data = ds
+        data = ds.fit_sample(fraction, seed, engine=engine)  # one sample for every pass
         fitted: list[Preprocessor] = []
         i = 0
         while i < len(self.steps):
             group = _fit_group(self.steps, i)
             if len(group) == 1 and (group[0].is_fitted or not _aggregates(group[0])):
-                step = group[0]
-                if not step.is_fitted:
-                    step = step.fit(data, fraction=fraction, seed=seed, engine=engine)
+                step = group[0] if group[0].is_fitted else group[0].fit(data, engine=engine)
                 done = [step]
             else:
-                done = _fit_together(group, data, fraction, seed, engine)
+                done = _fit_together(group, data, engine)
             for step in done:
                 fitted.append(step)
                 data = data.transform(step)
@@ -164,11 +160,7 @@ def _fit_group(steps: tuple[Preprocessor, ...], start: int) -> list[Preprocessor
 
 
 def _fit_together(
-    group: list[Preprocessor],
-    data: Dataset,
-    fraction: float | None,
-    seed: int,
-    engine: str | Engine | None,
+    group: list[Preprocessor], data: Dataset, engine: str | Engine | None
 ) -> list[Preprocessor]:
     columns = list(dict.fromkeys(c for step in group for c in step.fit_columns()))
     with progress_bar(f"fit {', '.join(map(repr, group))}") as advance:
@@ -176,8 +168,6 @@ def _fit_together(
             counting(lambda batch: tuple(step.partial(batch) for step in group), advance, engine),
             lambda a, b: tuple(step.merge(x, y) for step, x, y in zip(group, a, b, strict=True)),
             engine=engine,
-            fraction=fraction,
-            seed=seed,
             columns=columns,
         )
     if merged is None:
