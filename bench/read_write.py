@@ -84,8 +84,8 @@ def checks_off(pages: bool = True, footers: bool = True) -> Iterator[None]:
     """
     import pyarrow.dataset as pads
 
-    import feedline.store.dataset_files as fmt
     import feedline.io.parquet as fpq
+    import feedline.store.dataset_files as fmt
     import feedline.store.shard_source as loader_reads
 
     def unverified_file(*args, **kwargs):
@@ -119,16 +119,16 @@ def measure_checks(table: pa.Table, work: Path, repeat: int, record: Callable) -
     """
     from dataclasses import replace
 
-    from feedline.store.shards import file_checksum
     from feedline.io.storage.paths import resolve
-    from feedline.loader.data.memory_cache import load_cache
     from feedline.loader.data.columns import column_specs
+    from feedline.loader.data.memory_cache import load_cache
+    from feedline.store.shards import file_checksum
 
     out = work / "checked"
     fl.from_arrow(table).write(out, compression="zstd", rows_per_shard=-(-table.num_rows // 16),
                                bytes_per_shard=None)
     numeric = [f.name for f in table.schema if f.name != "category"]
-    source = fl.open(out)._loader_source(numeric)  # what Dataset.loader() reads
+    source = fl.open(out).shard_source(numeric)  # what Dataset.loader() reads
     specs = column_specs(source.schema(), numeric)
 
     def load(variant):  # the loader skips footer checks for a source without manifest entries

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
+import feedline.engines.base as engine_base
 from feedline.io.parquet import ParquetSource
 
 
@@ -506,3 +507,70 @@ def test_preprocessor_is_none_without_a_stored_pipeline(tmp_path):
     fl.range(3).transform(fl.StandardScaler("id")).write(tmp_path / "one")
     one = fl.open(tmp_path / "one").preprocessor
     assert isinstance(one, fl.StandardScaler) and one.transform_record({"id": 1}) == {"id": 0.0}
+
+
+# ------------------------------------------------------------------ one class, its seams
+
+
+def test_dataset_is_one_class():
+    assert fl.Dataset.__mro__ == (fl.Dataset, object)
+
+
+def test_aggregate_samples_and_selects_columns(tmp_path):
+    out = tmp_path / "ds"
+    fl.range(1000).with_columns(y=pc.field("id") * 2).write(
+        out, rows_per_shard=500, row_group_rows=100
+    )
+    ds = fl.open(out)
+    names: set[tuple[str, ...]] = set()
+
+    def partial(batch: pa.RecordBatch) -> int:
+        names.add(tuple(batch.schema.names))
+        return batch.num_rows
+
+    assert ds.aggregate(partial, lambda a, b: a + b, fraction=0.2, columns=["y"]) == 200
+    assert names == {("y",)}
+    assert ds.aggregate(partial, lambda a, b: a + b, fraction=1.0) == 1000
+    for fraction in (1.5, -0.1):
+        with pytest.raises(fl.ConfigurationError, match="Fix:"):
+            ds.aggregate(partial, lambda a, b: a + b, fraction=fraction)
+    with pytest.raises(fl.ConfigurationError, match="Fix:"):
+        ds.aggregate(partial, lambda a, b: a + b, columns=[])
+
+
+def test_a_terminal_call_resolves_its_engine_once(tmp_path, monkeypatch):
+    """write (with the fits it triggers and stats=True), count, to_arrow, aggregate, stats:
+    each builds its engine from the name once and hands that engine down."""
+    (tmp_path / "counted_engine.py").write_text(
+        "from feedline.engines.local.engine import LocalEngine\n"
+        "made = []\n"
+        "def make():\n"
+        "    made.append(1)\n"
+        "    return LocalEngine()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(engine_base._REGISTRY, "counted", ("counted_engine:make", None, None))
+    import counted_engine
+
+    def pipeline() -> fl.Dataset:  # two unfitted preprocessors: two fits before the pass
+        table = pa.table({"x": [1.0, 2.0, 3.0, 4.0], "c": ["a", "b", "a", "c"]})
+        return fl.from_arrow(table).transform(fl.StandardScaler("x")).transform(
+            fl.StringIndexer("c")
+        )
+
+    calls = {
+        "write": lambda: pipeline().write(tmp_path / "out", engine="counted", stats=True),
+        "count": lambda: pipeline().sort("x").count(engine="counted"),
+        "to_arrow": lambda: pipeline().to_arrow(engine="counted"),
+        "to_numpy": lambda: pipeline().to_numpy(["x"], engine="counted"),
+        "iter_batches": lambda: list(pipeline().iter_batches(engine="counted")),
+        "aggregate": lambda: pipeline().aggregate(len, max, "counted", fraction=0.5),
+        "stats": lambda: fl.stats(pipeline(), engine="counted"),
+        "fit": lambda: fl.MinMaxScaler("x").fit(pipeline(), engine="counted"),
+    }
+    for name, call in calls.items():
+        before = len(counted_engine.made)
+        call()
+        assert len(counted_engine.made) - before == 1, name
+    fitted = fl.open(tmp_path / "out").preprocessor
+    assert [type(step).__name__ for step in fitted.steps] == ["StandardScaler", "StringIndexer"]

@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
+from feedline.dataset.fit import fit_sample
 from feedline.errors import ConfigurationError, DataError
 from feedline.io.sampling import RowGroupSample, choose_row_groups
 from feedline.plan.plan import Sample
-from feedline.dataset.fit import fit_data
 
 ROWS, SHARD, GROUP = 4000, 1000, 100
 
@@ -138,7 +138,7 @@ def test_plain_parquet_reads_footers_and_pushes_the_filter(tmp_path):
         part = data.slice(i * SHARD, SHARD)
         pq.write_table(part, folder / f"p{i}.parquet", row_group_size=GROUP)
     ds = fl.read_parquet(folder).filter(pc.equal(pc.bit_wise_and(pc.field("id"), 1), 0))
-    sampled = fit_data(ds, 0.1, seed=2)
+    sampled = fl.Dataset(fit_sample(ds.plan, 0.1, seed=2))
     assert sampled.plan.source.kind == "row-group sample"
     ids = sampled.to_arrow()["id"].to_numpy()
     assert len(ids) == 200 and (ids % 2 == 0).all()
@@ -148,18 +148,22 @@ def test_plain_parquet_reads_footers_and_pushes_the_filter(tmp_path):
 
 def test_upstream_preprocessors_are_fitted_on_all_rows(written):
     ds = fl.open(written).transform(fl.StandardScaler("x"))
-    sampled = fit_data(ds, 0.1, seed=0)
-    upstream = sampled.plan.ops[-1].preprocessor
+    rows = ds.aggregate(lambda b: b.num_rows, lambda a, b: a + b, fraction=0.1, seed=0)
+    assert rows == ROWS // 10  # the pass read the sample ...
+    upstream = ds.fitted_plan().ops[-1].preprocessor  # ... after fitting this on every row
     assert upstream.state == fl.StandardScaler("x").fit(fl.open(written)).state
     assert upstream.fitted["count"]["x"] == ROWS
+    sampled = fit_sample(ds.fitted_plan(), 0.1, seed=0)
+    assert sampled.source.kind == "row-group sample"
+    assert sampled.ops[-1].preprocessor is upstream
 
 
 def test_other_inputs_and_operators_keep_the_row_sample(tmp_path, written):
     csv = tmp_path / "t.csv"
     pacsv.write_csv(table(100), csv)
     for ds in (fl.read_csv(csv), fl.from_arrow(table(100)), fl.open(written).limit(500)):
-        assert fit_data(ds, 0.5, seed=0).plan.ops[-1] == Sample(0.5, 0)
-    assert fit_data(fl.open(written), 1.0, seed=0).plan.source.kind == "feedline"
+        assert fit_sample(ds.plan, 0.5, seed=0).ops[-1] == Sample(0.5, 0)
+    assert fit_sample(fl.open(written).plan, 1.0, seed=0).source.kind == "feedline"
 
 
 def test_bad_fraction_or_seed_is_a_configuration_error(written):
@@ -168,3 +172,16 @@ def test_bad_fraction_or_seed_is_a_configuration_error(written):
             fl.StandardScaler("x").fit(fl.open(written), fraction=fraction, seed=seed)
     with pytest.raises(ConfigurationError, match="no rows"):
         fl.StandardScaler("x").fit(fl.open(written), fraction=0.0)
+
+
+def test_a_chain_fits_every_step_on_one_row_sample():
+    """Without row groups to choose, the steps of a chain still see the same sampled rows."""
+    x = np.random.default_rng(0).normal(size=2000)
+    x[::7] = np.nan
+    ds = fl.from_arrow(pa.table({"x": x}))
+    chain = fl.Chain([fl.Imputer("x"), fl.StandardScaler("x")]).fit(ds, fraction=0.5, seed=1)
+    imputer, scaler = chain.steps
+    assert scaler.fitted["count"]["x"] == imputer.fitted["rows"]["x"]
+    sampled = ds.fit_sample(0.5, seed=1)
+    assert sampled.plan.ops[-1] == Sample(0.5, 1)
+    assert imputer.state == fl.Imputer("x").fit(sampled).state

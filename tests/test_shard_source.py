@@ -11,8 +11,8 @@ import pytest
 
 import feedline as fl
 from feedline.errors import ConfigurationError, IntegrityError, SchemaError
-from feedline.store.shard_source import BatchStream, ShardSource, open_shard_source
 from feedline.loader import Loader
+from feedline.store.shard_source import BatchStream, ShardSource, open_shard_source
 
 
 def test_a_written_dataset_is_described_by_its_manifest(tmp_path: Path) -> None:
@@ -41,15 +41,15 @@ def test_a_parquet_folder_is_described_by_its_footers(tmp_path: Path) -> None:
 def test_datasets_give_shards_or_a_batch_stream(tmp_path: Path) -> None:
     fl.from_arrow(pa.table({"a": [1, 2, 3], "b": [4, 5, 6]})).write(tmp_path / "ds")
     opened = fl.open(tmp_path / "ds")
-    selected = opened.select(["b"])._loader_source()
+    selected = opened.select(["b"]).shard_source()
     assert isinstance(selected, ShardSource) and selected.schema().names == ["b"]
-    assert opened._loader_source(["a"]).schema().names == ["a"]
-    computed = opened.filter(lambda b: np.asarray(b["a"]) > 1)._loader_source()
+    assert opened.shard_source(["a"]).schema().names == ["a"]
+    computed = opened.filter(lambda b: np.asarray(b["a"]) > 1).shard_source()
     assert isinstance(computed, BatchStream) and computed.num_rows is None
     assert computed.read_table(["b"])["b"].to_pylist() == [5, 6]
-    assert isinstance(opened.limit(2)._loader_source(), BatchStream)
-    assert opened.limit(2)._loader_source().num_rows == 2  # known from the manifest
-    assert fl.range(7).limit(3)._loader_source().num_rows == 3
+    assert isinstance(opened.limit(2).shard_source(), BatchStream)
+    assert opened.limit(2).shard_source().num_rows == 2  # known from the manifest
+    assert fl.range(7).limit(3).shard_source().num_rows == 3
 
 
 def test_the_loader_takes_a_dataset_a_path_or_a_shard_source(tmp_path: Path) -> None:

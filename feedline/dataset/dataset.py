@@ -1,34 +1,52 @@
-"""The lazy :class:`Dataset`: an immutable plan with a fluent API and terminal calls."""
+"""The lazy :class:`Dataset`: an immutable plan with a fluent API and terminal calls.
+
+One class, thin methods: each builds or runs a plan through the module for its role
+(:mod:`feedline.dataset.plans` builds plans, :mod:`feedline.dataset.collect` brings rows into
+this process, :mod:`feedline.dataset.outputs` writes them out, :mod:`feedline.dataset.fit`
+holds the fit pass) and wraps a new plan into a new ``Dataset``. A terminal call resolves its
+``engine=`` once and hands the :class:`~feedline.engines.base.Engine` down.
+"""
 
 from __future__ import annotations
 
 import operator
-import threading
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.arrow.pandas_metadata import valid_pandas_schema
-from feedline.dataset.column_methods import RelationalMethods
-from feedline.dataset.conveniences import ConvenienceMethods
-from feedline.dataset.outputs import OutputMethods
-from feedline.engines.base import Engine, get_engine
+from feedline.dataset import collect, outputs, plans
+from feedline.dataset.fit import FitCache, fit_call, fit_sample
+from feedline.dataset.grouped import GroupedDataset
+from feedline.engines.base import Engine, WriteInfo, get_engine
 from feedline.engines.batch.fusion import rebatch
 from feedline.engines.local.engine import plan_schema
+from feedline.engines.ray.bridge import streaming_split, to_ray
+from feedline.engines.spark.bridge import to_spark
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport, Source
-from feedline.plan.inference import check_model_options
-from feedline.plan.plan import Filter, Limit, MapBatches, Plan, Sample, Select, Transform, pushdown
+from feedline.loader.loader import Loader
+from feedline.loader.options import options_signature
+from feedline.plan.plan import Limit, Plan, Select, Transform, pushdown
 from feedline.plan.relational import RelationalSource, plan_lines
 from feedline.preprocess.base import from_state
 from feedline.preprocess.chain import Chain
-from feedline.ui.display import describe
-from feedline.ui.progress import bar as progress_bar
+from feedline.statistics.compute import store_stats
+from feedline.store.dataset_files import open_source
+from feedline.store.shard_source import BatchStream, ShardSource
+from feedline.ui.display import describe, print_table, to_html
 
 if TYPE_CHECKING:
     import pandas
+    import polars
+    import pyspark.sql
+    import ray.data
+    from pyspark.sql import SparkSession
+    from rich.console import Console
 
     from feedline.preprocess.base import Preprocessor
     from feedline.store.manifest import Manifest
@@ -38,7 +56,7 @@ __all__ = ["Dataset"]
 T = TypeVar("T")
 
 
-class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
+class Dataset:
     """A lazy, immutable pipeline. Every method returns a new ``Dataset``; nothing runs
     until a terminal call (``iter_batches``, ``to_arrow``, ``take``, ``count``, ``write``).
 
@@ -50,11 +68,11 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
     [5, 6, 7]
     """
 
-    def __init__(self, plan: Plan, _fits: _FitCache | None = None) -> None:
+    def __init__(self, plan: Plan, _fits: FitCache | None = None) -> None:
         self._plan = plan
         # Fitted preprocessors, shared with every dataset derived from this one (their
         # plans extend this plan, so a preprocessor at the same position saw the same data).
-        self._fits = _fits if _fits is not None else _FitCache()
+        self._fits = _fits if _fits is not None else FitCache()
 
     @classmethod
     def from_source(cls, source: Source) -> Dataset:
@@ -96,19 +114,21 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         manifest = self.manifest
         if manifest is None or not manifest.preprocessors:
             return None
-
-        steps = [from_state(entry.get("state")) for entry in manifest.preprocessors]
-        if len(steps) == 1:
-            return steps[0]
-
-        return Chain(steps)
+        # from_state says what is wrong with an entry that holds no state dict
+        states = [cast("dict[str, Any]", entry.get("state")) for entry in manifest.preprocessors]
+        steps = [from_state(state) for state in states]
+        return steps[0] if len(steps) == 1 else Chain(steps)
 
     def __repr__(self) -> str:
-
         return describe(self._plan)
 
-    def _then(self, op: Any) -> Dataset:
-        return Dataset(self._plan.then(op), self._fits)
+    def _repr_html_(self) -> str:
+        """The notebook view: plan, schema table, and the row count when metadata knows it."""
+        return to_html(self._plan)
+
+    def _derived(self, plan: Plan) -> Dataset:
+        """A dataset of ``plan``, which extends this one's: it shares the fitted preprocessors."""
+        return Dataset(plan, self._fits)
 
     # ------------------------------------------------------------------ transformations
 
@@ -121,13 +141,7 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         >>> fl.from_arrow(pa.table({"a": [1], "b": [2]})).select("b").schema().names
         ['b']
         """
-        names = (columns,) if isinstance(columns, str) else tuple(columns)
-        if not names or not all(isinstance(c, str) for c in names):
-            raise ConfigurationError(
-                f"select() needs one or more column names, got {columns!r}. Fix: pass a list of "
-                "strings."
-            )
-        return self._then(Select(names))
+        return self._derived(plans.select(self._plan, columns))
 
     def filter(self, predicate: pc.Expression | Callable[[pa.RecordBatch], Any]) -> Dataset:
         """Keep rows where ``predicate`` holds.
@@ -144,12 +158,7 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         >>> fl.range(10).filter(lambda b: pc.less(b["id"], 3)).count()
         3
         """
-        if not isinstance(predicate, pc.Expression) and not callable(predicate):
-            raise ConfigurationError(
-                "filter() takes a pyarrow expression or a function, got "
-                f"{type(predicate).__name__}. Fix: e.g. ds.filter(pc.field('price') > 0)."
-            )
-        return self._then(Filter(predicate))
+        return self._derived(plans.filter_rows(self._plan, predicate))
 
     def map_batches(
         self,
@@ -187,53 +196,27 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         >>> ds.to_arrow()["twice"].to_pylist()
         [0, 2, 4, 6]
         """
-
-        if not callable(fn):
-            raise ConfigurationError(
-                f"map_batches() needs a function or class, got {fn!r}. Fix: pass a callable "
-                "taking a pa.RecordBatch, or a class whose instances are callable."
-            )
-        if batch_size is not None and batch_size < 1:
-            raise ConfigurationError(
-                f"batch_size={batch_size} must be >= 1. Fix: pass a positive int or None."
-            )
-        if fn_constructor_kwargs and not isinstance(fn, type):
-            raise ConfigurationError(
-                "fn_constructor_kwargs only applies when fn is a class. Fix: drop it or pass a "
-                "class."
-            )
-        device = check_model_options(fn, device, fn_constructor_kwargs, concurrency)
-        if isinstance(passthrough, str):
-            passthrough = [passthrough]
-        return self._then(
-            MapBatches(
+        return self._derived(
+            plans.map_batches(
+                self._plan,
                 fn,
-                batch_size,
-                tuple(sorted((fn_kwargs or {}).items())),
-                tuple(sorted((fn_constructor_kwargs or {}).items())),
-                output_schema,
-                concurrency,
-                device,
-                tuple(passthrough or ()),
+                batch_size=batch_size,
+                fn_kwargs=fn_kwargs,
+                fn_constructor_kwargs=fn_constructor_kwargs,
+                output_schema=output_schema,
+                concurrency=concurrency,
+                device=device,
+                passthrough=passthrough,
             )
         )
 
     def transform(self, preprocessor: Preprocessor) -> Dataset:
         """Apply a preprocessor; an unfitted one is fitted when the plan first executes."""
-        if not hasattr(preprocessor, "transform_batch"):
-            raise ConfigurationError(
-                f"transform() needs a feedline preprocessor, got {type(preprocessor).__name__}. "
-                "Fix: use e.g. fl.StandardScaler(...) or map_batches for plain functions."
-            )
-        return self._then(Transform(preprocessor))
+        return self._derived(plans.transform(self._plan, preprocessor))
 
     def limit(self, n: int) -> Dataset:
         """Keep the first ``n`` rows (in stored order when order is preserved)."""
-        if not isinstance(n, int) or n < 0:
-            raise ConfigurationError(
-                f"limit() needs a non-negative int, got {n!r}. Fix: pass e.g. ds.limit(100)."
-            )
-        return self._then(Limit(n))
+        return self._derived(plans.limit(self._plan, n))
 
     def sample(
         self, fraction: float | None = None, seed: int = 0, *, n: int | None = None
@@ -253,17 +236,221 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         7
         """
         if n is not None:
-            if fraction is not None or not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                raise ConfigurationError(
-                    f"sample() takes either fraction= or a non-negative int n=, got "
-                    f"fraction={fraction!r}, n={n!r}. Fix: pass one, e.g. ds.sample(n=1000)."
-                )
+            plans.check_sample_n(fraction, n)
             return self.random_shuffle(seed).limit(n)
-        if fraction is None or not 0.0 <= fraction <= 1.0:
-            raise ConfigurationError(
-                f"sample() needs 0 <= fraction <= 1, got {fraction}. Fix: pass e.g. 0.1 for 10%."
-            )
-        return self._then(Sample(float(fraction), int(seed)))
+        return self._derived(plans.sample(self._plan, fraction, seed))
+
+    # ------------------------------------------------------------------ relational
+
+    def sort(
+        self,
+        by: str | Sequence[str],
+        descending: bool | Sequence[bool] = False,
+        nulls_last: bool = True,
+    ) -> Dataset:
+        """Rows ordered by the columns ``by`` (the first decides, later ones break ties).
+
+        ``descending`` is one flag or one per column; nulls go last (``nulls_last=False``:
+        first); NaN sorts above every number. Rows equal on every key come in an
+        unspecified order. Runs out of core: larger-than-memory inputs spill to disk.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa
+        >>> ds = fl.from_arrow(pa.table({"k": [2, None, 1], "v": ["b", "n", "a"]}))
+        >>> ds.sort("k").to_arrow()["v"].to_pylist()
+        ['a', 'b', 'n']
+        >>> ds.sort(["k"], descending=True, nulls_last=False).to_arrow()["k"].to_pylist()
+        [None, 2, 1]
+        """
+        return Dataset(plans.sort(self._plan, by, descending, nulls_last))
+
+    def groupby(self, keys: str | Sequence[str]) -> GroupedDataset:
+        """Group rows by ``keys`` (null is a key of its own); aggregate with ``.agg(...)``.
+
+        ``keys=[]`` aggregates the whole dataset into one row. See
+        :meth:`feedline.dataset.grouped.GroupedDataset.agg` for the functions.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa
+        >>> ds = fl.from_arrow(pa.table({"k": ["a", "b", "a"], "x": [1, 2, 3]}))
+        >>> out = ds.groupby("k").agg(n=("*", "count"), total=("x", "sum")).sort("k")
+        >>> out.to_arrow().to_pydict()
+        {'k': ['a', 'b'], 'n': [2, 1], 'total': [4, 2]}
+        """
+        return GroupedDataset(self, plans.group_keys(keys))
+
+    def join(
+        self,
+        other: Dataset,
+        on: str | Sequence[str],
+        how: str = "inner",
+        suffix: str = "_right",
+    ) -> Dataset:
+        """Rows of this dataset matched with rows of ``other`` on equal ``on`` columns.
+
+        ``how``: ``"inner"`` (matching pairs), ``"left"`` (every left row, nulls where
+        nothing matches), ``"outer"`` (every row of both), ``"semi"`` (left rows with a
+        match, left columns only), ``"anti"`` (left rows without one). The key columns
+        appear once (an outer join fills them from either side); right columns whose
+        names are taken get ``suffix``. Null keys never match. Row order is unspecified.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa
+        >>> left = fl.from_arrow(pa.table({"id": [1, 2], "x": ["a", "b"]}))
+        >>> right = fl.from_arrow(pa.table({"id": [2, 3], "x": ["B", "C"]}))
+        >>> left.join(right, on="id").to_arrow().to_pydict()
+        {'id': [2], 'x': ['b'], 'x_right': ['B']}
+        >>> left.join(right, on="id", how="anti").to_arrow()["id"].to_pylist()
+        [1]
+        """
+        return Dataset(plans.join(self._plan, other, on, how, suffix))
+
+    def union(self, *others: Dataset) -> Dataset:
+        """All rows of this dataset and of ``others`` (duplicates kept, order unspecified).
+
+        Every dataset needs the same column names and types (in any order); the result has
+        this dataset's column order.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> fl.range(2).union(fl.range(3)).count()
+        5
+        """
+        return Dataset(plans.union(self._plan, others))
+
+    def unique(self, subset: str | Sequence[str] | None = None) -> Dataset:
+        """Distinct rows; with ``subset``, one row per distinct value of those columns
+        (which row of each is unspecified). Nulls count as equal to each other.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa
+        >>> ds = fl.from_arrow(pa.table({"a": [1, 1, 2], "b": [0, 0, 5]}))
+        >>> ds.unique().count(), ds.unique("a").count()
+        (2, 2)
+        """
+        return Dataset(plans.unique(self._plan, subset))
+
+    def random_shuffle(self, seed: int = 0) -> Dataset:
+        """The rows in a random order that depends only on ``seed`` and the rows' content.
+
+        Each row is keyed by a seeded 64-bit hash of its values
+        (:mod:`feedline.plan.rowhash`) and the rows are sorted by it, so every engine,
+        batching and file layout gives the same order; identical rows are interchangeable.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> a = fl.range(6).random_shuffle(seed=1).to_arrow()["id"].to_pylist()
+        >>> sorted(a), a == fl.range(6).random_shuffle(seed=1).to_arrow()["id"].to_pylist()
+        ([0, 1, 2, 3, 4, 5], True)
+        """
+        return Dataset(plans.random_shuffle(self._plan, seed))
+
+    def repartition(self, n: int) -> Dataset:
+        """The same rows cut into ``n`` partitions of near-equal size (the local engine
+        yields ``n`` batches; Spark and Ray ``n`` partitions/blocks), order unspecified.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> [b.num_rows for b in fl.range(10).repartition(3).iter_batches()]
+        [4, 3, 3]
+        """
+        return Dataset(plans.repartition(self._plan, n))
+
+    def split(
+        self,
+        fractions: Sequence[float] | int,
+        seed: int = 0,
+        stratify: str | None = None,
+    ) -> list[Dataset]:
+        """Disjoint datasets that together hold every row exactly once.
+
+        ``fractions`` (positive, summing to 1; or an int ``n`` for ``n`` equal parts) are
+        cut by rank of a seeded row-content key (see :meth:`random_shuffle`): in a stratum
+        of ``n`` rows, piece ``i`` gets the ranks ``floor(c_(i-1) * n) <= r < floor(c_i * n)``
+        with ``c`` the cumulative fractions, so sizes are exact and the partition is the
+        same on every engine and file layout. ``stratify`` names a column whose every value
+        (null included) is cut separately, keeping its proportions in every piece.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> parts = fl.range(10).split([0.5, 0.3, 0.2], seed=0)
+        >>> [p.count() for p in parts]
+        [5, 3, 2]
+        """
+        return [Dataset(plan) for plan in plans.split(self._plan, fractions, seed, stratify)]
+
+    def train_test_split(
+        self, test_size: float, seed: int = 0, stratify: str | None = None
+    ) -> tuple[Dataset, Dataset]:
+        """``(train, test)``: ``split([1 - test_size, test_size], seed, stratify)``.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> train, test = fl.range(100).train_test_split(test_size=0.25, seed=0)
+        >>> train.count(), test.count()
+        (75, 25)
+        """
+        train, test = self.split(plans.train_test_fractions(test_size), seed, stratify)
+        return train, test
+
+    # ------------------------------------------------------------------ column edits
+
+    def with_columns(
+        self, columns: Mapping[str, pc.Expression] | None = None, /, **named: pc.Expression
+    ) -> Dataset:
+        """Add or replace columns computed by pyarrow expressions (all on the input rows).
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow.compute as pc
+        >>> ds = fl.range(3).with_columns(double=pc.field("id") * 2)
+        >>> ds.schema().names, ds.to_arrow()["double"].to_pylist()
+        (['id', 'double'], [0, 2, 4])
+        """
+        return self._derived(plans.with_columns(self._plan, columns, named))
+
+    def rename(self, mapping: Mapping[str, str]) -> Dataset:
+        """Rename columns (``{"old": "new"}``); the others keep their names and places.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> fl.range(1).rename({"id": "row"}).schema().names
+        ['row']
+        """
+        return self._derived(plans.rename(self._plan, mapping))
+
+    def drop(self, columns: str | Sequence[str]) -> Dataset:
+        """Remove ``columns``.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa
+        >>> fl.from_arrow(pa.table({"a": [1], "b": [2]})).drop("a").schema().names
+        ['b']
+        """
+        return self._derived(plans.drop(self._plan, columns))
+
+    def cast(self, types: Mapping[str, pa.DataType | str]) -> Dataset:
+        """Cast columns to Arrow types (``{"x": pa.float32()}`` or ``{"x": "float32"}``);
+        a value the new type cannot hold raises ``DataError``.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> fl.range(2).cast({"id": "float32"}).schema().field("id").type
+        DataType(float)
+        """
+        return self._derived(plans.cast(self._plan, types))
 
     # ------------------------------------------------------------------ inspection
 
@@ -272,14 +459,47 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
 
         Its ``pandas`` metadata keeps only what is still true of the columns.
         """
-        return valid_pandas_schema(plan_schema(self._resolved_plan()))
+        return valid_pandas_schema(plan_schema(self.fitted_plan()))
+
+    def fitted_plan(self, engine: str | Engine | None = None) -> Plan:
+        """The plan with its unfitted preprocessors fitted on the data before them: what an
+        engine runs.
+
+        Each preprocessor is fitted once (on ``engine``) for a dataset and all datasets
+        derived from it; later calls reuse the fitted copies and read nothing. Statistics and
+        the engines' bridges (``to_spark``) take the plan to run from here.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa
+        >>> ds = fl.from_arrow(pa.table({"x": [1.0, 3.0]})).transform(fl.StandardScaler("x"))
+        >>> ds.plan.ops[0].preprocessor.is_fitted, ds.fitted_plan().ops[0].preprocessor.is_fitted
+        (False, True)
+        """
+        return self._fitted_plan(get_engine(engine))
+
+    def _fitted_plan(self, engine: Engine) -> Plan:
+        ops: list[Any] = []
+        for position, op in enumerate(self._plan.ops):
+            if isinstance(op, Transform) and not getattr(op.preprocessor, "is_fitted", True):
+                upstream = Dataset(Plan(self._plan.source, tuple(ops)), self._fits)
+                op = self._fits.get(position, op, fit_call(op.preprocessor, upstream, engine))
+            ops.append(op)
+        source = self._plan.source
+        if isinstance(source, RelationalSource):  # fit the inputs' preprocessors too
+            source = source.with_inputs(
+                [
+                    Dataset(plan, self._fits.child(number))._fitted_plan(engine)
+                    for number, plan in enumerate(source.inputs)
+                ]
+            )
+        return Plan(source, tuple(ops))
 
     def explain(self, analyze: bool = False, engine: str | Engine | None = None) -> str:
         """The plan, one operator per line, with what is pushed into the reader.
 
         With ``analyze=True`` the plan runs (output discarded) and the counters are shown.
         """
-
         lines = ["Logical plan:"]
         lines += [f"  {line}" for line in plan_lines(self._plan)]
         pushed = pushdown(self._plan)
@@ -295,7 +515,7 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
     def analyze(self, engine: str | Engine | None = None) -> ExecutionReport:
         """Run the plan, discard the rows, and return the execution counters."""
         report = ExecutionReport()
-        for _ in self._execute(engine, preserve_order=False, report=report):
+        for _ in self._execute(get_engine(engine), preserve_order=False, report=report):
             pass
         return report
 
@@ -314,9 +534,11 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         (10, 6)
         """
         if all(isinstance(op, Select | Limit) for op in self._plan.ops):
-            # a relational source types itself from its inputs: fit their preprocessors first
-            relational = isinstance(self._plan.source, RelationalSource)
-            plan = self._resolved_plan(engine) if relational else self._plan
+            plan = self._plan
+            if isinstance(plan.source, RelationalSource):
+                # a relational source types itself from its inputs: fit their preprocessors
+                engine = get_engine(engine)  # resolved once: aggregate below passes it on
+                plan = self._fitted_plan(engine)
             plan_schema(plan)  # validates selected columns without reading data
             total = plan.known_rows()
             if total is not None:
@@ -328,6 +550,10 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         partial: Callable[[pa.RecordBatch], T],
         merge: Callable[[T, T], T],
         engine: str | Engine | None = None,
+        *,
+        fraction: float | None = None,
+        seed: int = 0,
+        columns: Sequence[str] | None = None,
     ) -> T | None:
         """Merge ``partial(batch)`` over every batch of the dataset, on ``engine``.
 
@@ -336,46 +562,68 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         ``None`` when the dataset has no batches. Preprocessors fit and ``fl.stats`` compute
         through this call, so they never touch an engine themselves.
 
+        ``fraction`` reads a sample of about that share of the rows, the same for the same
+        ``seed`` on every engine: the chosen row groups only, for a Parquet or feedline input
+        read through row-wise operators (select, filter, map_batches, transform, sample);
+        otherwise ``sample(fraction, seed)`` (see :mod:`feedline.dataset.fit`). Unfitted
+        preprocessors in the dataset are fitted first, on all of its data. ``columns``
+        selects the columns ``partial`` sees (after the sample).
+
         Examples
         --------
-        >>> import feedline as fl
+        >>> import feedline as fl, tempfile
         >>> fl.range(10).aggregate(lambda b: b.num_rows, lambda a, b: a + b)
         10
+        >>> out = tempfile.mkdtemp() + "/ds"
+        >>> _ = fl.range(1000).write(out, rows_per_shard=500, row_group_rows=100)
+        >>> fl.open(out).aggregate(len, lambda a, b: a + b, fraction=0.2, columns=["id"])
+        200
         """
-        return get_engine(engine).aggregate(self._resolved_plan(engine), partial, merge)
+        if fraction is not None:
+            plans.check_fraction(fraction)  # before any preprocessor is fitted
+        resolved = get_engine(engine)
+        plan = fit_sample(self._fitted_plan(resolved), fraction, seed)
+        if columns is not None:
+            plan = plan.then(Select(plans.names_of(columns, "aggregate(columns=...)")))
+        return resolved.aggregate(plan, partial, merge)
+
+    def fit_sample(
+        self, fraction: float | None, seed: int = 0, *, engine: str | Engine | None = None
+    ) -> Dataset:
+        """The rows a fit on ``fraction`` reads, as a dataset: what ``aggregate(...,
+        fraction=fraction, seed=seed)`` reads, for fits of several passes over one sample
+        (a :class:`~feedline.Chain` fits each step on the sample and the steps before it).
+
+        A Parquet or feedline input read through row-wise operators gives a row-group sample
+        (only the chosen row groups are read; unfitted preprocessors in this dataset are
+        fitted first, on ``engine`` and all of its data); anything else
+        ``sample(fraction, seed)``. ``fraction`` ``None`` or ``1``: this dataset.
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> out = tempfile.mkdtemp() + "/ds"
+        >>> _ = fl.range(1000).write(out, rows_per_shard=500, row_group_rows=100)
+        >>> sampled = fl.open(out).fit_sample(0.2, seed=0)
+        >>> sampled.plan.source.kind, sampled.count()
+        ('row-group sample', 200)
+        >>> fl.range(10).fit_sample(0.5).plan.ops[-1]
+        Sample(fraction=0.5, seed=0)
+        """
+        sampled = fit_sample(self._plan, fraction, seed)
+        if sampled is self._plan:
+            return self
+        if sampled.source is self._plan.source:  # a row sample appended: derived from this
+            return self._derived(sampled)
+        return Dataset(Plan(sampled.source, self.fitted_plan(engine).ops))
 
     # ------------------------------------------------------------------ execution
 
-    def _resolved_plan(self, engine: str | Engine | None = None) -> Plan:
-        """The plan with unfitted preprocessors fitted on the data before them.
-
-        Each preprocessor is fitted once for a dataset and all datasets derived from it.
-        """
-        ops: list[Any] = []
-        for position, op in enumerate(self._plan.ops):
-            if isinstance(op, Transform) and not getattr(op.preprocessor, "is_fitted", True):
-                upstream = Dataset(Plan(self._plan.source, tuple(ops)), self._fits)
-                op = self._fits.get(position, op, lambda o=op, u=upstream: _fit(o, u, engine))
-            ops.append(op)
-        source = self._plan.source
-        if isinstance(source, RelationalSource):  # fit the inputs' preprocessors too
-            source = source.with_inputs(
-                [
-                    Dataset(plan, self._fits.child(number))._resolved_plan(engine)
-                    for number, plan in enumerate(source.inputs)
-                ]
-            )
-        return Plan(source, tuple(ops))
-
     def _execute(
-        self,
-        engine: str | Engine | None,
-        *,
-        preserve_order: bool,
-        report: ExecutionReport | None = None,
+        self, engine: Engine, *, preserve_order: bool, report: ExecutionReport | None = None
     ) -> Iterator[pa.RecordBatch]:
-        return get_engine(engine).execute(
-            self._resolved_plan(engine), preserve_order=preserve_order, report=report
+        return engine.execute(
+            self._fitted_plan(engine), preserve_order=preserve_order, report=report
         )
 
     def iter_batches(
@@ -398,7 +646,7 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
             raise ConfigurationError(
                 f"batch_size={batch_size} must be >= 1. Fix: pass a positive int or None."
             )
-        stream = self._execute(engine, preserve_order=preserve_order)
+        stream = self._execute(get_engine(engine), preserve_order=preserve_order)
         return rebatch(stream, batch_size) if batch_size else stream
 
     def to_arrow(
@@ -410,13 +658,10 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         true of the result's columns (:mod:`feedline.arrow.pandas_metadata`). ``progress``: a
         bar of the rows collected (``None``: ``fl.config.progress``).
         """
-        batches: list[pa.RecordBatch] = []
-        with progress_bar("collect rows", progress=progress) as advance:
-            for batch in self._execute(engine, preserve_order=True):
-                batches.append(batch)
-                advance(batch.num_rows)
-        table = pa.Table.from_batches(batches) if batches else self.schema().empty_table()
-        return table.replace_schema_metadata(valid_pandas_schema(table.schema).metadata)
+        resolved = get_engine(engine)
+        return collect.collect_table(
+            resolved, lambda: self._fitted_plan(resolved), progress=progress
+        )
 
     def to_pandas(
         self, engine: str | Engine | None = None, *, progress: bool | None = None
@@ -429,36 +674,259 @@ class Dataset(RelationalMethods, ConvenienceMethods, OutputMethods):
         """The first ``n`` rows as a list of dicts (reads only what it needs)."""
         return self.limit(n).to_arrow(engine).to_pylist()
 
+    # ------------------------------------------------------------------ quick looks
+
+    def head(self, n: int = 5, engine: str | Engine | None = None) -> pa.Table:
+        """The first ``n`` rows as a ``pyarrow.Table``; only what they need is read and run.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> fl.range(1_000_000).head(3)["id"].to_pylist()
+        [0, 1, 2]
+        """
+        return self.limit(collect.check_rows(n)).to_arrow(engine)
+
+    def show(
+        self,
+        n: int = 10,
+        *,
+        engine: str | Engine | None = None,
+        console: Console | None = None,
+    ) -> None:
+        """Print the first ``n`` rows as a table on the console (with ``rich``).
+
+        Each column header gives its name and type; long strings are cut, lists shortened
+        and tensors summarized as ``<tensor<dtype, shape>>``. ``console`` is a
+        ``rich.console.Console`` (default: a new one on stdout).
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa
+        >>> from rich.console import Console
+        >>> console = Console(width=60, color_system=None)
+        >>> fl.from_arrow(pa.table({"word": ["hi", "yo"]})).show(1, console=console)
+        ┏━━━━━━━━┓
+        ┃ word   ┃
+        ┃ string ┃
+        ┡━━━━━━━━┩
+        │ hi     │
+        └────────┘
+        """
+        print_table(self.head(n, engine), None, console)
+
+    def to_polars(self, engine: str | Engine | None = None) -> polars.DataFrame:
+        """Run the plan and collect the result as a Polars DataFrame.
+
+        Fixed-shape tensor columns become Polars ``Array`` columns of the same shape.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> fl.range(3).to_polars()["id"].to_list()
+        [0, 1, 2]
+        """
+        return collect.polars_frame(self.to_arrow(engine))
+
+    def to_numpy(
+        self,
+        columns: str | Sequence[str] | None = None,
+        stack: bool = False,
+        *,
+        order: Literal["C", "F"] = "C",
+        engine: str | Engine | None = None,
+    ) -> dict[str, np.ndarray] | np.ndarray:
+        """Run the plan and return its columns as NumPy arrays.
+
+        ``stack=False``: a dict of one array per column (numeric columns 1-D, fixed-shape
+        tensors ``(rows, *shape)``, other types object arrays). ``stack=True``: one
+        ``(rows, C)`` array of ``columns`` (default: the numeric columns, in order), which
+        must be numeric and of one dtype; ``order="F"`` makes each column contiguous.
+        Float nulls become NaN; nulls in other types raise :class:`~feedline.DataError`.
+
+        Every array is allocated once at its final size and filled straight from the Arrow
+        buffers (no table concatenation). A Parquet input read as stored (column selections
+        at most) is read in parallel, each file into its own slice, with row counts from the
+        footers; see :mod:`feedline.dataset.to_numpy`.
+
+        Examples
+        --------
+        >>> import feedline as fl, pyarrow as pa
+        >>> ds = fl.from_arrow(pa.table({"a": [1.0, 2.0], "b": [3.0, 4.0], "s": ["x", "y"]}))
+        >>> ds.to_numpy(stack=True)
+        array([[1., 3.],
+               [2., 4.]])
+        >>> ds.to_numpy(["s"])["s"].tolist()
+        ['x', 'y']
+        """
+        resolved = get_engine(engine)
+        plan = self._fitted_plan(resolved)
+        return collect.collect_arrays(resolved, plan, columns, stack, order=order)
+
+    # ------------------------------------------------------------------ outputs
+
+    def write(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        engine: str | Engine | None = None,
+        rows_per_shard: int | None = None,
+        bytes_per_shard: int | str | None = "256MiB",
+        row_group_rows: int | None = None,
+        compression: str | None = "zstd",
+        preserve_order: bool = True,
+        storage_options: dict[str, Any] | None = None,
+        on_rows: Callable[[int], None] | None = None,
+        stats: bool = False,
+        progress: bool | None = None,
+    ) -> WriteInfo:
+        """Materialize the dataset as a feedline dataset (shards + manifest) at ``path``.
+
+        Many small inputs become few right-sized shards: a shard closes after
+        ``rows_per_shard`` rows or about ``bytes_per_shard`` bytes. The manifest is
+        committed last, so an interrupted write never leaves a dataset that opens.
+        ``stats=True`` then stores ``fl.stats`` of the committed data in the manifest's
+        ``statistics`` (a second, parallel read of the shards on the same engine, and an
+        atomic manifest replacement; see :func:`feedline.statistics.compute.store_stats`).
+        ``progress`` shows a bar of the rows written (``None``: ``fl.config.progress``, by
+        default only on a terminal or in a notebook; see :mod:`feedline.ui.progress`).
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> info = fl.range(1000).write(tempfile.mkdtemp() + "/out", rows_per_shard=400)
+        >>> info.rows, info.shards
+        (1000, 3)
+        """
+        resolved = get_engine(engine)
+        info = outputs.write(
+            resolved,
+            lambda: self._fitted_plan(resolved),
+            path,
+            rows_per_shard=rows_per_shard,
+            bytes_per_shard=bytes_per_shard,
+            row_group_rows=row_group_rows,
+            compression=compression,
+            preserve_order=preserve_order,
+            storage_options=storage_options,
+            on_rows=on_rows,
+            progress=progress,
+        )
+        if stats:
+            written = Dataset.from_source(open_source(path, storage_options=storage_options))
+            store_stats(written, engine=resolved)
+        return info
+
+    def write_tfrecord(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        engine: str | Engine | None = None,
+        compression: str | None = None,
+        records_per_file: int | None = None,
+        bytes_per_file: int | str | None = "256MiB",
+        overwrite: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> WriteInfo:
+        """Write the rows as TFRecord files of ``tf.train.Example`` records (for tf.data).
+
+        The plan runs on ``engine`` and its batches stream into ``part-00000.tfrecord``,
+        ``part-00001.tfrecord`` … in the folder ``path`` (a new file after
+        ``records_per_file`` records or about ``bytes_per_file`` bytes), ``compression``
+        ``None``, ``"GZIP"`` or ``"ZLIB"``. Integers and booleans become ``int64_list``,
+        floats ``float_list`` (float32), binary and strings ``bytes_list``; lists and
+        tensors are flattened. See :mod:`feedline.io.tfrecord.writer`.
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> info = fl.range(10).write_tfrecord(tempfile.mkdtemp(), records_per_file=4)
+        >>> info.rows, info.shards
+        (10, 3)
+        """
+        resolved = get_engine(engine)
+        return outputs.write_tfrecord(
+            resolved,
+            lambda: self._fitted_plan(resolved),
+            path,
+            compression=compression,
+            records_per_file=records_per_file,
+            bytes_per_file=bytes_per_file,
+            overwrite=overwrite,
+            storage_options=storage_options,
+        )
+
+    def to_spark(self, spark: SparkSession | None = None) -> pyspark.sql.DataFrame:
+        """This dataset as a lazy Spark DataFrame (see
+        :func:`feedline.engines.spark.bridge.to_spark`)."""
+        return to_spark(self, spark)
+
+    def to_ray(self, engine: str | Engine | None = None) -> ray.data.Dataset:
+        """This dataset as a lazy ``ray.data.Dataset`` (see
+        :func:`feedline.engines.ray.bridge.to_ray`)."""
+        return to_ray(self.fitted_plan(), engine)
+
+    def streaming_split(
+        self, n: int, *, equal: bool = True, engine: str | Engine | None = None
+    ) -> list[ray.data.DataIterator]:
+        """``n`` disjoint streams of this dataset for ``n`` Ray consumers (Ray Train workers),
+        computed on Ray as they are read, nothing written first (see
+        :func:`feedline.engines.ray.bridge.streaming_split`)."""
+        return streaming_split(self.fitted_plan(), n, equal=equal, engine=engine)
+
+    @options_signature
+    def loader(self, *args: Any, **options: Any) -> Loader:
+        """A training loader over this dataset: ``Loader(self, *args, **options)``.
+
+        Every option (``batch_size``, ``shuffle``, ``seed``, ...) is a field of
+        :class:`~feedline.loader.options.LoaderOptions`, which documents and checks it; this
+        signature lists them all, as :class:`~feedline.loader.Loader`'s does.
+
+        Training: ``ds.loader(batch_size=256, seed=0)`` (shuffled, remainder dropped);
+        evaluation: ``ds.loader(batch_size=256, shuffle=False)`` (every sample once, a short
+        last batch).
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> [b["id"].tolist() for b in fl.range(5).loader(batch_size=2, shuffle=False)]
+        [[0, 1], [2, 3], [4]]
+        """
+        return Loader(self, *args, **options)
+
+    def shard_source(self, columns: Sequence[str] | None = None) -> ShardSource | BatchStream:
+        """What a loader reads; the loader never sees a Dataset.
+
+        A written dataset or a Parquet folder read as it is (a plan of column selections at
+        most) gives its :class:`~feedline.store.shard_source.ShardSource` (files, row groups,
+        checksums, schema); any other plan a :class:`~feedline.store.shard_source.BatchStream`
+        of its batches (row count known when metadata tells). ``columns`` selects columns
+        first. :class:`feedline.loader.Loader` calls this on whatever it is given.
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> fl.range(10).limit(4).shard_source().num_rows
+        4
+        >>> out = tempfile.mkdtemp() + "/ds"
+        >>> _ = fl.range(10).write(out)
+        >>> type(fl.open(out).shard_source(["id"])).__name__
+        'ShardSource'
+        """
+        if columns is not None:
+            return self.select(list(columns)).shard_source()
+        schema = self.schema()
+
+        def batches(names: Sequence[str] | None) -> Iterator[pa.RecordBatch]:
+            if names is None or list(names) == schema.names:
+                return self.iter_batches()
+            return self.select(list(names)).iter_batches()
+
+        return outputs.shard_source(self._plan, schema, batches, repr(self).splitlines()[0])
+
+    # the name the loader still calls in this branch (feedline/loader is rewritten apart)
+
 
 def _num_rows(batch: pa.RecordBatch) -> int:
     """A batch's partial count (for :meth:`Dataset.count`)."""
     return batch.num_rows
-
-
-def _fit(op: Transform, upstream: Dataset, engine: str | Engine | None) -> Any:
-    """Fit ``op``'s preprocessor on ``upstream`` with the engine that runs the plan."""
-    if engine is None:
-        return op.preprocessor.fit(upstream)
-    return op.preprocessor.fit(upstream, engine=engine)
-
-
-class _FitCache:
-    """Fitted ``Transform`` operators by (position in the plan, operator identity)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._fitted: dict[tuple[int, int], tuple[Transform, Transform]] = {}
-        self._children: dict[int, _FitCache] = {}
-
-    def child(self, number: int) -> _FitCache:
-        """The cache of a relational operator's input ``number`` (kept with this one)."""
-        with self._lock:
-            return self._children.setdefault(number, _FitCache())
-
-    def get(self, position: int, op: Transform, fit: Callable[[], Any]) -> Transform:
-        key = (position, id(op))
-        with self._lock:
-            if key not in self._fitted:
-                # the original op is kept in the value so its id cannot be reused
-                self._fitted[key] = (op, Transform(fit()))
-            return self._fitted[key][1]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from feedline.errors import ConfigurationError
-from feedline.plan.relational import AGG_FUNCTIONS
+from feedline.dataset.plans import aggregate
 
 if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset
@@ -39,18 +38,4 @@ class GroupedDataset:
         >>> out.to_arrow().to_pydict()
         {'k': [1, 2], 'mean': [2.0, None], 'n': [2, 0]}
         """
-        specs = []
-        for out, spec in aggs.items():
-            ok = isinstance(spec, tuple) and len(spec) == 2 and spec[1] in AGG_FUNCTIONS
-            if not ok or not isinstance(spec[0], str) or (spec[0] == "*" and spec[1] != "count"):
-                raise ConfigurationError(
-                    f"agg(): {out}={spec!r} must be (column, fn) with fn in "
-                    f"{list(AGG_FUNCTIONS)} (column '*' only with 'count'). "
-                    "Fix: e.g. agg(total=('price', 'sum'), rows=('*', 'count'))."
-                )
-            specs.append((out, None if spec[0] == "*" else spec[0], spec[1]))
-        if not specs:
-            raise ConfigurationError(
-                "agg() needs at least one aggregate. Fix: e.g. agg(rows=('*', 'count'))."
-            )
-        return self._dataset._relational("aggregate", {"keys": self.keys, "aggs": tuple(specs)})
+        return type(self._dataset)(aggregate(self._dataset.plan, self.keys, aggs))

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from feedline.dataset.fit import fit_data
 from feedline.errors import ConfigurationError, DataError, FeedlineError, FormatError, SchemaError
 from feedline.preprocess.state_checks import check_fitted, invalid_state, non_finite
 from feedline.ui.progress import bar as progress_bar
@@ -168,11 +167,15 @@ class Preprocessor(ABC):
         fitted = copy.copy(self)
         if not self.needs_fit:
             return fitted
-        data = fit_data(ds, fraction, seed, engine)
-        data = data.select(list(self.fit_columns()))
         with progress_bar(f"fit {self!r}", progress=progress) as advance:
-            partial = counting(self.partial, advance, engine)
-            merged = data.aggregate(partial, self.merge, engine=engine)
+            merged = ds.aggregate(  # a Dataset pass: the dataset samples, fits what is upstream
+                counting(self.partial, advance, engine),
+                self.merge,
+                engine=engine,
+                fraction=fraction,
+                seed=seed,
+                columns=list(self.fit_columns()),
+            )
         if merged is None:
             raise ConfigurationError(
                 f"{type(self).__name__}({', '.join(self.columns)}) cannot be fitted: the data "

@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.dataset.fit import fit_data
 from feedline.errors import ConfigurationError, DataError, FormatError, SchemaError
 from feedline.preprocess.base import Preprocessor, from_state, register
 from feedline.preprocess.scalers import float_values, is_numeric, tensor_array
@@ -111,7 +110,7 @@ class Chain(Preprocessor):
     def _fit(
         self, ds: Dataset, fraction: float | None, seed: int, engine: str | Engine | None
     ) -> Preprocessor:
-        data = fit_data(ds, fraction, seed, engine)  # a row-group sample where possible
+        data = ds.fit_sample(fraction, seed, engine=engine)  # one sample for every pass
         fitted: list[Preprocessor] = []
         i = 0
         while i < len(self.steps):
@@ -165,10 +164,11 @@ def _fit_together(
 ) -> list[Preprocessor]:
     columns = list(dict.fromkeys(c for step in group for c in step.fit_columns()))
     with progress_bar(f"fit {', '.join(map(repr, group))}") as advance:
-        merged = data.select(columns).aggregate(
+        merged = data.aggregate(
             counting(lambda batch: tuple(step.partial(batch) for step in group), advance, engine),
             lambda a, b: tuple(step.merge(x, y) for step, x, y in zip(group, a, b, strict=True)),
             engine=engine,
+            columns=columns,
         )
     if merged is None:
         raise ConfigurationError(

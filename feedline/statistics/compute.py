@@ -43,6 +43,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from feedline.engines.base import get_engine
 from feedline.errors import FormatError
 from feedline.statistics.accumulators import CoMoments
 from feedline.statistics.indexed import indexed_labels, indexed_outputs
@@ -96,6 +97,7 @@ def stats(
     (2.0, 1, ['a', 2])
     """
 
+    engine = get_engine(engine)  # resolved once, for every pass below
     if columns is not None:
         ds = ds.select(list(columns))
     indexed = indexed_outputs(ds) if categorical is None else list(categorical)

@@ -58,7 +58,7 @@ def indexed_labels(ds: Dataset, engine: str | Engine | None = None) -> dict[str,
     """Each indexed column's labels (label ``i`` has id ``i``); fits unfitted indexers (once
     per dataset: fits are cached, so after :func:`stats` ran this reads no data)."""
     out: dict[str, list[str]] = {}
-    for indexer in _steps(ds, ds._resolved_plan(engine).ops):
+    for indexer in _steps(ds, ds.fitted_plan(engine).ops):
         if indexer.is_fitted:
             for column, name in zip(indexer.columns, indexer.output, strict=True):
                 out[name] = indexer.labels(column)

@@ -12,7 +12,6 @@ from feedline.loader.data.window_gather import strided_windows, window_blocks
 from feedline.loader.data.windows import Windows, WindowSampler, window_starts
 from feedline.loader.order.ahead import MIN_ROWS
 from feedline.loader.order.sample_order import global_order
-from feedline.store.shard_source import BatchStream
 
 
 @pytest.mark.parametrize(
@@ -44,7 +43,7 @@ def _sampler(lengths: list[int], stride: int) -> WindowSampler:
     series = np.repeat(np.arange(len(lengths)), lengths)
     table = pa.table({"s": series, "v": np.arange(len(series), dtype=np.float32)})
     windows = Windows(3, 2, stride=stride, by="s", features="v")
-    return WindowSampler(BatchStream.from_table(table), windows, layout=None,
+    return WindowSampler(fl.from_arrow(table).shard_source(), windows, layout=None,
                          widen_unsigned=False)  # fmt: skip
 
 

@@ -18,7 +18,6 @@ from feedline.loader.data.window_gather import (
     torch_window_blocks,
 )
 from feedline.loader.data.windows import WindowSampler, window_copier
-from feedline.store.shard_source import BatchStream
 
 torch = pytest.importorskip("torch")
 
@@ -54,7 +53,7 @@ def test_the_loader_picks_the_torch_copy_only_on_the_loops_thread() -> None:
     assert window_copier("torch", 2) == "numpy"  # a second OpenMP team beside the loop's
     assert window_copier("numpy", 0) == "numpy"
     with pytest.raises(ConfigurationError, match="copier='cuda'"):
-        WindowSampler(BatchStream.from_table(_dataset().to_arrow()), _windows(), layout=None,
+        WindowSampler(_dataset().shard_source(), _windows(), layout=None,
                       widen_unsigned=False, copier="cuda")  # fmt: skip
 
 

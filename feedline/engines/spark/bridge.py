@@ -196,7 +196,7 @@ def to_spark(ds: Any, spark: Any = None) -> Any:
     if isinstance(plan.source, SparkFrameSource) and not plan.ops:
         return plan.source.dataframe
     engine = SparkEngine(spark)
-    return engine.dataframe(ds._resolved_plan())
+    return engine.dataframe(ds.fitted_plan())
 
 
 def clear_spark_cache(cache_dir: str | None = None) -> int:
