@@ -33,9 +33,9 @@ def main() -> None:
 
     import feedline as fl
     import feedline.store.footers as footer_module
-    from feedline.store.shard_source import open_shard_source
-    from feedline.loader.data.memory_cache import load_cache
     from feedline.loader.data.columns import column_specs
+    from feedline.loader.data.memory_cache import load_cache
+    from feedline.store.shard_source import open_shard_source
 
     parsed = [0]
     real_digest = footer_module.footer_digest

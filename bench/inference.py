@@ -47,8 +47,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import feedline as fl
-from feedline.engines.batch.fusion import as_record_batches
 from feedline.arrow.python_columns import to_arrow_array
+from feedline.engines.batch.fusion import as_record_batches
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"

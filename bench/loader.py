@@ -1013,9 +1013,9 @@ def w_run_feedline(spec: dict[str, Any], batches: int, prefetch: int = 2) -> dic
     import torch
 
     import feedline as fl
+    from feedline.loader.data.window_gather import gather_windows, strided_windows, window_blocks
     from feedline.loader.nodes.gather_threads import GatherThreads, batch_cuts, gather_threads
     from feedline.loader.pipeline import group_size
-    from feedline.loader.data.window_gather import gather_windows, strided_windows, window_blocks
 
     holder: dict[str, Any] = {}
     windows = fl.Windows(W_SIZE, W_HORIZON, by="series", order_by="t",
@@ -2201,10 +2201,10 @@ def b_write_lists(table: Any, out: Path) -> None:
     4 shards of 4 row groups, a manifest with sizes, sha256 and footer digests."""
     import pyarrow.parquet as pq
 
+    from feedline.io.storage.paths import resolve
     from feedline.store.footers import footer_of
     from feedline.store.manifest import MANIFEST_NAME, Manifest, ShardInfo
     from feedline.store.shards import dictionary_columns, file_checksum
-    from feedline.io.storage.paths import resolve
 
     out.mkdir(parents=True, exist_ok=True)
     n, shards = table.num_rows, []
@@ -2639,8 +2639,8 @@ def l_decode_floor(spec: dict[str, Any]) -> dict[str, Any]:
 
     import feedline as fl
     from feedline.loader.data.backend import as_source
-    from feedline.loader.data.memory_cache import MAX_READ_THREADS, read_rows
     from feedline.loader.data.columns import column_specs
+    from feedline.loader.data.memory_cache import MAX_READ_THREADS, read_rows
     from feedline.loader.data.packed_columns import plan_packing
 
     source = as_source(fl.read_parquet(spec["dir"]))

@@ -58,8 +58,8 @@ if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         read_tfrecord,
         read_webdataset,
     )
-    from feedline.engines.base import WriteInfo, get_engine
     from feedline.engines.local.engine import LocalEngine
+    from feedline.engines.protocol import WriteInfo, get_engine
     from feedline.engines.ray.engine import RayEngine
     from feedline.engines.spark.bridge import clear_spark_cache
     from feedline.engines.spark.engine import SparkEngine, spark_session
@@ -116,7 +116,7 @@ _LAZY: dict[str, str] = {
     "StringIndexer": "feedline.preprocess.encoders",
     "Tokenize": "feedline.preprocess.text.tokenize",
     "Windows": "feedline.loader.data.windows",
-    "WriteInfo": "feedline.engines.base",
+    "WriteInfo": "feedline.engines.protocol",
     "charts": "feedline.ui.charts",
     "clear_spark_cache": "feedline.engines.spark.bridge",
     "compare": "feedline.statistics.drift",
@@ -129,7 +129,7 @@ _LAZY: dict[str, str] = {
     "from_polars": "feedline.dataset.from_memory",
     "from_ray": "feedline.dataset.from_memory",
     "from_spark": "feedline.dataset.from_memory",
-    "get_engine": "feedline.engines.base",
+    "get_engine": "feedline.engines.protocol",
     "open": "feedline.dataset.readers",
     "preprocess": "feedline.preprocess",
     "range": "feedline.dataset.readers",

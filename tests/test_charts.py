@@ -13,8 +13,8 @@ import pytest
 
 import feedline as fl
 from feedline.cli.bench_loader import bench_loader
-from feedline.ui.charts import DPI, FIGSIZE, bin_timeline, plot_loader_timeline
 from feedline.cli.main import main
+from feedline.ui.charts import DPI, FIGSIZE, bin_timeline, plot_loader_timeline
 
 pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")

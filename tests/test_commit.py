@@ -25,12 +25,12 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
+from feedline.io.storage.paths import resolve
 from feedline.store import commit as commit_mod
 from feedline.store import write_lock as writelock
-from feedline.store.write_lock import LOCK_NAME
-from feedline.store.manifest import MANIFEST_NAME
 from feedline.store.commit import STAGING_PREFIX
-from feedline.io.storage.paths import resolve
+from feedline.store.manifest import MANIFEST_NAME
+from feedline.store.write_lock import LOCK_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 OLD = list(range(0, 500))

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-import feedline.engines.base as engine_base
+import feedline.engines.protocol as engine_base
 from feedline.io.parquet import ParquetSource
 
 

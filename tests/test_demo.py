@@ -14,10 +14,10 @@ from rich.console import Console
 
 import feedline as fl
 from feedline.cli.main import main
-from feedline.demo.synthetic import make_catalog
 from feedline.demo import run_demo
 from feedline.demo.catalog import is_heldout, key_of, retrieval
 from feedline.demo.pipelines import write_catalog
+from feedline.demo.synthetic import make_catalog
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ import pytest
 import feedline as fl
 from feedline.dataset.fit import fit_sample
 from feedline.errors import ConfigurationError, DataError
-from feedline.io.sampling import RowGroupSample, choose_row_groups
 from feedline.plan.plan import Sample
+from feedline.store.sampling import RowGroupSample, choose_row_groups
 
 ROWS, SHARD, GROUP = 4000, 1000, 100
 

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.store.manifest import MANIFEST_NAME
 from feedline.store.commit import STAGING_PREFIX
+from feedline.store.manifest import MANIFEST_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -35,20 +35,29 @@ READERS = (
     "feedline.dataset.readers",
     "feedline.io.csv",
     "feedline.io.jsonl",
-    "feedline.io.text",
-    "feedline.io.images",
+    "feedline.io.text_files",
+    "feedline.io.image_folders",
     "feedline.io.tfrecord",
     "feedline.io.webdataset",
     "feedline.io.petastorm",
 )
 _TOP = ("feedline.dataset", "feedline.cli", "feedline.demo")
+#: the engines themselves; ``feedline.engines.protocol`` (the Engine protocol, its results and
+#: the registry of names) is the contract the layers above the plan may name
+ENGINES = (
+    "feedline.engines.local",
+    "feedline.engines.spark",
+    "feedline.engines.ray",
+    "feedline.engines.batch",
+    "feedline.engines.schema",
+)
 
 #: layer -> module prefixes that nothing in the layer may reach, following every import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "feedline.loader": (*_TOP, *READERS, "feedline.engines", "feedline.plan"),
     "feedline.engines": (*_TOP, "feedline.loader"),
-    "feedline.preprocess": (*_TOP, "feedline.engines", "feedline.loader"),
-    "feedline.statistics": (*_TOP, "feedline.engines", "feedline.loader"),
+    "feedline.preprocess": (*_TOP, *ENGINES, "feedline.loader"),
+    "feedline.statistics": (*_TOP, *ENGINES, "feedline.loader"),
     "feedline.tracking": (*_TOP, "feedline.engines", "feedline.loader", "feedline.plan"),
     "feedline.plan": (*_TOP, "feedline.engines", "feedline.loader", "feedline.preprocess"),
     "feedline.store": (*_TOP, "feedline.engines", "feedline.loader", "feedline.plan"),

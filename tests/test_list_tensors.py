@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.arrow.list_tensors import list_to_numpy
+from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.loader.data.columns import chunk_to_numpy, column_specs
 
 ROWS = 120

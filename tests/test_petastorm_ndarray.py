@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.io.npy_arrow import cells_to_arrow
 from feedline.io.npy import decode_npy
+from feedline.io.npy_arrow import cells_to_arrow
 
 
 def npy(array: np.ndarray, allow_pickle: bool = False) -> bytes:

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import feedline as fl
-import feedline.io.text as text_module
+import feedline.io.text_files as text_module
 from feedline.io.csv.reader import CsvSource
 
 # --------------------------------------------------------------------------- parquet

@@ -16,8 +16,8 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 import feedline as fl
-from feedline.io.storage.retrying_fs import RetryingFileSystem
 from feedline.io.storage.paths import resolve
+from feedline.io.storage.retrying_fs import RetryingFileSystem
 
 
 def _ids(ds: fl.Dataset) -> list[int]:

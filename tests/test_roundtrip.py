@@ -44,8 +44,8 @@ import pytest
 from polars.exceptions import PanicException
 
 import feedline as fl
-from feedline.errors import DataError, FeedlineError, SchemaError
 from feedline.arrow.tensor_codec import is_tensor_type
+from feedline.errors import DataError, FeedlineError, SchemaError
 
 D, T = dt.datetime, dt.time
 PARIS = "Europe/Paris"

@@ -24,7 +24,7 @@ import pytest
 import feedline as fl
 from feedline.dataset.grouped import GroupedDataset
 from feedline.loader.options import LoaderOptions
-from feedline.preprocess.base import Preprocessor
+from feedline.preprocess.preprocessor import Preprocessor
 
 #: the variadic parameters that stay, and why
 CATCH_ALLS = {

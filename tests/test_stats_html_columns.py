@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.statistics.result import Stats
 from feedline.statistics.html_page import histogram, log_scale, render_html
+from feedline.statistics.result import Stats
 
 NS = "{http://www.w3.org/2000/svg}"
 

@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
+from feedline.arrow.tensor_codec import TENSOR_KEY
 from feedline.errors import DataError, SchemaError
+from feedline.io.storage.paths import resolve
 from feedline.store.footers import footer_of
 from feedline.store.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from feedline.store.shards import file_checksum
-from feedline.io.storage.paths import resolve
-from feedline.arrow.tensor_codec import TENSOR_KEY
 
 
 def images(n: int, seed: int = 0) -> np.ndarray:

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pytest
 
 import feedline as fl
-from feedline.io.tfrecord.reader import INFER_RECORDS
 from feedline.io.tfrecord.frames import frame
+from feedline.io.tfrecord.reader import INFER_RECORDS
 
 tf = pytest.importorskip("tensorflow")
 

@@ -22,7 +22,7 @@ from feedline.cli.bench_loader import bench_loader
 from feedline.cli.text import count, percent, rate, safe_table, safe_text, seconds, size
 from feedline.demo import run_demo
 from feedline.errors import ConfigurationError, FeedlineError
-from feedline.io.images import IMAGE_SUFFIXES
+from feedline.io.image_folders import IMAGE_SUFFIXES
 from feedline.io.storage.paths import parse_storage_options, resolve
 from feedline.preprocess.vision.preprocessors import DecodeImages
 from feedline.statistics.compute import stats, stored_stats

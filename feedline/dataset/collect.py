@@ -3,12 +3,12 @@
 What :meth:`feedline.Dataset.to_arrow`, ``to_polars`` and ``to_numpy`` run, given the engine
 and the plan (its preprocessors fitted); the ``Dataset`` methods only resolve those. Filling
 NumPy arrays lives in :mod:`feedline.dataset.to_numpy`, printing tables in
-:mod:`feedline.ui.display`.
+:mod:`feedline.dataset.display`.
 
 Examples
 --------
 >>> import feedline as fl
->>> from feedline.engines.base import get_engine
+>>> from feedline.engines.protocol import get_engine
 >>> plan = fl.range(3).plan
 >>> collect_table(get_engine("local"), lambda: plan)["id"].to_pylist()
 [0, 1, 2]
@@ -32,7 +32,7 @@ from feedline.ui.progress import bar as progress_bar
 if TYPE_CHECKING:
     import polars
 
-    from feedline.engines.base import Engine
+    from feedline.engines.protocol import Engine
 
 __all__ = ["check_rows", "collect_arrays", "collect_table", "polars_frame"]
 
@@ -64,7 +64,7 @@ def collect_table(
     Examples
     --------
     >>> import feedline as fl
-    >>> from feedline.engines.base import get_engine
+    >>> from feedline.engines.protocol import get_engine
     >>> collect_table(get_engine(), lambda: fl.range(0).plan).num_rows
     0
     """
@@ -121,7 +121,7 @@ def collect_arrays(
     Examples
     --------
     >>> import feedline as fl
-    >>> from feedline.engines.base import get_engine
+    >>> from feedline.engines.protocol import get_engine
     >>> collect_arrays(get_engine(), fl.range(3).plan, stack=True).ravel().tolist()
     [0, 1, 2]
     """

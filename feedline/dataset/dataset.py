@@ -4,7 +4,7 @@ One class, thin methods: each builds or runs a plan through the module for its r
 (:mod:`feedline.dataset.plans` builds plans, :mod:`feedline.dataset.collect` brings rows into
 this process, :mod:`feedline.dataset.outputs` writes them out, :mod:`feedline.dataset.fit`
 holds the fit pass) and wraps a new plan into a new ``Dataset``. A terminal call resolves its
-``engine=`` once and hands the :class:`~feedline.engines.base.Engine` down.
+``engine=`` once and hands the :class:`~feedline.engines.protocol.Engine` down.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import pyarrow.compute as pc
 
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.dataset import collect, outputs, plans
+from feedline.dataset.display import describe, print_table, to_html
 from feedline.dataset.fit import FitCache, fit_call, fit_sample
 from feedline.dataset.grouped import GroupedDataset
-from feedline.engines.base import Engine, WriteInfo, get_engine
 from feedline.engines.batch.fusion import rebatch
 from feedline.engines.local.engine import plan_schema
+from feedline.engines.protocol import Engine, WriteInfo, get_engine
 from feedline.engines.ray.bridge import streaming_split, to_ray
 from feedline.engines.spark.bridge import to_spark
 from feedline.errors import ConfigurationError
@@ -33,12 +34,11 @@ from feedline.loader.loader import Loader
 from feedline.loader.options import options_signature
 from feedline.plan.plan import Limit, Plan, Select, Transform, pushdown
 from feedline.plan.relational import RelationalSource, plan_lines
-from feedline.preprocess.base import from_state
 from feedline.preprocess.chain import Chain
+from feedline.preprocess.preprocessor import from_state
 from feedline.statistics.compute import store_stats
 from feedline.store.dataset_files import open_source
 from feedline.store.shard_source import BatchStream, ShardSource
-from feedline.ui.display import describe, print_table, to_html
 
 if TYPE_CHECKING:
     import pandas
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from rich.console import Console
 
-    from feedline.preprocess.base import Preprocessor
+    from feedline.preprocess.preprocessor import Preprocessor
     from feedline.store.manifest import Manifest
 
 __all__ = ["Dataset"]
@@ -923,8 +923,6 @@ class Dataset:
             return self.select(list(names)).iter_batches()
 
         return outputs.shard_source(self._plan, schema, batches, repr(self).splitlines()[0])
-
-    # the name the loader still calls in this branch (feedline/loader is rewritten apart)
 
 
 def _num_rows(batch: pa.RecordBatch) -> int:

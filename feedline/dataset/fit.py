@@ -5,8 +5,8 @@ fraction=f, seed=s)`` calls) reads :func:`fit_sample` of the dataset's plan, its
 preprocessors fitted first. Appending ``Sample(f, s)`` to the plan would read every row group
 and drop rows; when the plan reads Parquet (or a feedline dataset) through row-wise
 operators only (select, filter, map_batches, transform, sample), its source is replaced by a
-:class:`~feedline.io.sampling.RowGroupSample`, so only the sampled row groups are read (see
-:mod:`feedline.io.sampling` for how they are chosen). Anything else (a limit, a relational
+:class:`~feedline.store.sampling.RowGroupSample`, so only the sampled row groups are read (see
+:mod:`feedline.store.sampling` for how they are chosen). Anything else (a limit, a relational
 operator, a CSV or in-memory input) keeps the row-level sample.
 
 :class:`FitCache` keeps the preprocessors a plan's ``transform`` steps fitted, so a dataset and
@@ -22,11 +22,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from feedline.dataset.plans import sample
-from feedline.io.sampling import row_group_sample
 from feedline.plan.plan import Filter, MapBatches, Plan, Sample, Select, Transform
+from feedline.store.sampling import row_group_sample
 
 if TYPE_CHECKING:
-    from feedline.engines.base import Engine
+    from feedline.engines.protocol import Engine
 
 __all__ = ["FitCache", "fit_call", "fit_sample"]
 
@@ -72,7 +72,7 @@ def fit_call(preprocessor: Any, upstream: Any, engine: Engine) -> Callable[[], A
     Examples
     --------
     >>> import feedline as fl
-    >>> from feedline.engines.base import get_engine
+    >>> from feedline.engines.protocol import get_engine
     >>> fit_call(fl.StandardScaler("id"), fl.range(3), get_engine())().fitted["mean"]
     {'id': 1.0}
     """

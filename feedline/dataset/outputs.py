@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from feedline.arrow.sizes import parse_bytes
-from feedline.engines.base import Engine, WriteInfo, WriteOptions
+from feedline.engines.protocol import Engine, WriteInfo, WriteOptions
 from feedline.io.parquet import ParquetSource
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import resolve
@@ -76,7 +76,7 @@ def write(
     Examples
     --------
     >>> import feedline as fl, tempfile
-    >>> from feedline.engines.base import get_engine
+    >>> from feedline.engines.protocol import get_engine
     >>> info = write(get_engine(), lambda: fl.range(10).plan, tempfile.mkdtemp() + "/out")
     >>> info.rows
     10
@@ -118,7 +118,7 @@ def write_tfrecord(
     Examples
     --------
     >>> import feedline as fl, tempfile
-    >>> from feedline.engines.base import get_engine
+    >>> from feedline.engines.protocol import get_engine
     >>> write_tfrecord(get_engine(), lambda: fl.range(5).plan, tempfile.mkdtemp()).rows
     5
     """

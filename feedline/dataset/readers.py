@@ -15,12 +15,12 @@ import pyarrow as pa
 
 from feedline.dataset.dataset import Dataset
 from feedline.io.csv.reader import CsvSource
-from feedline.io.images import ImageFolderSource
+from feedline.io.image_folders import ImageFolderSource
 from feedline.io.jsonl import JsonlSource
 from feedline.io.memory import RangeSource
 from feedline.io.parquet import ParquetSource
 from feedline.io.petastorm.reader import PetastormSource
-from feedline.io.text import TextSource
+from feedline.io.text_files import TextSource
 from feedline.io.tfrecord.reader import TfRecordSource
 from feedline.io.webdataset.reader import WebDatasetSource
 from feedline.store.dataset_files import open_source

@@ -34,13 +34,14 @@ import numpy as np
 from feedline.loader.adapters.formats import can_pin
 from feedline.loader.adapters.tf import batch_shapes, import_tensorflow, tf_dataset
 from feedline.loader.adapters.torch import import_torch
+from feedline.loader.adapters.torch_dataset import torch_dataloader, torch_dataset
 from feedline.loader.data.backend import Backend, LoaderInput, as_source, open_backend
 from feedline.loader.data.shard_cache import default_cache_dir
 from feedline.loader.data.windows import window_copier
-from feedline.loader.nodes.base import Node
 from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.indices import Order
 from feedline.loader.nodes.map import Map
+from feedline.loader.nodes.node import Node
 from feedline.loader.nodes.skips import Skips
 from feedline.loader.nodes.worker_pools import make_workers
 from feedline.loader.options import check_epoch, loader_options, options_signature, ranks
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     import tensorflow as tf
     import torch.utils.data
 
-    from feedline.loader.adapters.torch_dataset import LoaderDataLoader
     from feedline.store.shard_source import BatchStream, ShardSource
 
 __all__ = ["Loader"]
@@ -470,19 +470,17 @@ class Loader:
         [[0, 1, 2], [3, 4, 5]]
         """
 
-        import_torch()
-        from feedline.loader.adapters.torch_dataset import LoaderDataset  # imports torch
+        import_torch()  # a clear error when torch is not installed
+        return torch_dataset(self)
 
-        return LoaderDataset(self)
-
-    def as_torch_dataloader(self) -> LoaderDataLoader:
+    def as_torch_dataloader(self) -> torch.utils.data.DataLoader:
         """This loader as a ready ``torch.utils.data.DataLoader`` that frameworks checkpoint.
 
         Its ``state_dict()`` / ``load_state_dict()`` are this loader's exact position, so
         PyTorch Lightning keeps it in checkpoints and ``fit(ckpt_path=...)`` resumes mid-epoch;
         every ``iter()`` is a whole pass (an abandoned pass is dropped). Return it from
         ``train_dataloader()`` / ``val_dataloader()``. See
-        :class:`~feedline.loader.adapters.torch_dataset.LoaderDataLoader`.
+        :func:`~feedline.loader.adapters.torch_dataset.torch_dataloader`.
 
         Examples
         --------
@@ -492,10 +490,8 @@ class Loader:
         ([[0, 1, 2], [3, 4, 5]], 2)
         """
 
-        import_torch()
-        from feedline.loader.adapters.torch_dataset import LoaderDataLoader  # imports torch
-
-        return LoaderDataLoader(self)
+        import_torch()  # a clear error when torch is not installed
+        return torch_dataloader(self)
 
     def timeline(self) -> list[dict[str, Any]]:
         """Per batch delivered so far (the last 100,000): when, and where the time went.

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 
 from feedline.loader.data.backend import Backend
-from feedline.loader.nodes.base import Node
 from feedline.loader.nodes.collate import Format
 from feedline.loader.nodes.device import AwaitDevice, CopyToDevice, Pin, ToDevice
 from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.map import Map
+from feedline.loader.nodes.node import Node
 from feedline.loader.nodes.prefetch import Prefetch
 
 __all__ = ["GROUP_BYTES", "MAX_GROUP", "SPLIT_GROUP_BYTES", "default_pipeline", "group_size"]

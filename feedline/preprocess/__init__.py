@@ -3,7 +3,6 @@
 Importing this package registers the built-in preprocessors with :func:`from_state`.
 """
 
-from feedline.preprocess.base import Preprocessor, from_state, register
 from feedline.preprocess.chain import Chain, Concat
 from feedline.preprocess.discretize import Bucketizer, QuantileDiscretizer
 from feedline.preprocess.encoders import OneHotEncoder, StringIndexer
@@ -11,6 +10,7 @@ from feedline.preprocess.hashing import HashingEncoder
 from feedline.preprocess.imputer import Imputer
 from feedline.preprocess.list_tensor import ListToTensor
 from feedline.preprocess.ndarray import DecodeNdarray
+from feedline.preprocess.preprocessor import Preprocessor, from_state, register
 from feedline.preprocess.scalers import MinMaxScaler, RobustScaler, StandardScaler
 from feedline.preprocess.text.clip_bpe import ClipTokenizer
 from feedline.preprocess.text.tokenize import Tokenize

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError, FormatError, SchemaError
-from feedline.preprocess.base import Preprocessor, from_state, register
+from feedline.preprocess.preprocessor import Preprocessor, from_state, register
 from feedline.preprocess.scalers import float_values, is_numeric, tensor_array
 from feedline.preprocess.state_checks import invalid_state
 from feedline.ui.progress import bar as progress_bar
@@ -19,7 +19,7 @@ from feedline.ui.progress import counting, scope
 
 if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset
-    from feedline.engines.base import Engine
+    from feedline.engines.protocol import Engine
 
 __all__ = ["Chain", "Concat"]
 
@@ -41,7 +41,7 @@ class Chain(Preprocessor):
     Examples
     --------
     >>> import feedline as fl, pyarrow as pa
-    >>> from feedline.preprocess.base import from_state
+    >>> from feedline.preprocess.preprocessor import from_state
     >>> from feedline.preprocess.chain import Chain
     >>> from feedline.preprocess.imputer import Imputer
     >>> from feedline.preprocess.scalers import StandardScaler

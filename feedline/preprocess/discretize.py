@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, DataError
-from feedline.preprocess.base import register
+from feedline.preprocess.preprocessor import register
 from feedline.preprocess.scalers import (
     ColumnwisePreprocessor,
     float_values,

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError
-from feedline.preprocess.base import Preprocessor, register
+from feedline.preprocess.preprocessor import Preprocessor, register
 from feedline.preprocess.scalers import (
     ColumnwisePreprocessor,
     put_column,

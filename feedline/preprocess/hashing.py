@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError
-from feedline.preprocess.base import Preprocessor, register
 from feedline.preprocess.encoders import as_strings
+from feedline.preprocess.preprocessor import Preprocessor, register
 from feedline.preprocess.scalers import check_outputs, put_column
 
 __all__ = ["HashingEncoder", "murmur3_32"]

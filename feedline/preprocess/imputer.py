@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, SchemaError
-from feedline.preprocess.base import register
 from feedline.preprocess.encoders import merge_counts, top_values, value_counts
+from feedline.preprocess.preprocessor import register
 from feedline.preprocess.scalers import (
     ColumnwisePreprocessor,
     check_finite,

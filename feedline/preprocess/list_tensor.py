@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from feedline.arrow.list_tensors import check_ragged, level_sizes, list_levels, list_to_numpy
 from feedline.errors import ConfigurationError, SchemaError
-from feedline.preprocess.base import Preprocessor, register
+from feedline.preprocess.preprocessor import Preprocessor, register
 
 __all__ = ["ListToTensor"]
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.io.npy import decode_npy, decode_npz
 from feedline.io.npy_arrow import cells_to_arrow
-from feedline.preprocess.base import Preprocessor, register
+from feedline.preprocess.preprocessor import Preprocessor, register
 
 __all__ = ["DecodeNdarray"]
 

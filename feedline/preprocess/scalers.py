@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, DataError, SchemaError
-from feedline.preprocess.base import Preprocessor, register
+from feedline.preprocess.preprocessor import Preprocessor, register
 from feedline.statistics.quantile_sketch import QuantileSketch
 
 __all__ = ["MinMaxScaler", "RobustScaler", "StandardScaler"]

@@ -1,8 +1,8 @@
 """Checking a saved preprocessor state before it is trusted: every fitted value, by kind.
 
 A state comes back from a manifest or a file that anyone may have edited, so
-:func:`~feedline.preprocess.base.from_state` checks it against what the preprocessor
-declares (:meth:`~feedline.preprocess.base.Preprocessor.fitted_spec`: fitted key → kind of
+:func:`~feedline.preprocess.preprocessor.from_state` checks it against what the preprocessor
+declares (:meth:`~feedline.preprocess.preprocessor.Preprocessor.fitted_spec`: fitted key → kind of
 its per-column values) and raises :class:`~feedline.errors.FormatError` naming the field,
 instead of a ``KeyError`` or an Arrow error at the first transform, or NaN outputs.
 """

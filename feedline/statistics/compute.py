@@ -43,7 +43,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from feedline.engines.base import get_engine
+from feedline.engines.protocol import get_engine
 from feedline.errors import FormatError
 from feedline.statistics.accumulators import CoMoments
 from feedline.statistics.indexed import indexed_labels, indexed_outputs
@@ -53,7 +53,7 @@ from feedline.store.commit import replace_manifest
 
 if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset
-    from feedline.engines.base import Engine
+    from feedline.engines.protocol import Engine
 
 __all__ = ["stats", "store_stats", "stored_stats"]
 

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from feedline.dataset.dataset import Dataset
-    from feedline.engines.base import Engine
+    from feedline.engines.protocol import Engine
     from feedline.statistics.result import Stats
 
 __all__ = ["DriftReport", "compare", "ks_pvalue"]

@@ -24,7 +24,7 @@ from feedline.preprocess.encoders import StringIndexer
 
 if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset
-    from feedline.engines.base import Engine
+    from feedline.engines.protocol import Engine
 
 __all__ = ["indexed_labels", "indexed_outputs"]
 

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from feedline.statistics.accumulators import Categorical, CoMoments, Images, Numeric, Other
 from feedline.statistics.result import Stats
 from feedline.statistics.tensor_accumulator import Tensor, is_tensor
-from feedline.ui.display import short_type
+from feedline.ui.notebook import short_type
 
 if TYPE_CHECKING:
     from feedline.statistics.result import Stats

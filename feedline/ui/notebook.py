@@ -18,7 +18,9 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["MAX_ROWS", "Markup", "names", "size", "table", "view"]
+import pyarrow as pa
+
+__all__ = ["MAX_ROWS", "Markup", "names", "short_type", "size", "table", "view"]
 
 #: entries a notebook table lists before "… and K more"
 MAX_ROWS = 20
@@ -97,3 +99,18 @@ def size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:,.1f} {unit} ({n:,} bytes)"
     return f"{n:,} bytes"
+
+
+def short_type(kind: pa.DataType) -> str:
+    """A compact type name: ``tensor<float, 2×4>``, ``list<int64>``.
+
+    Examples
+    --------
+    >>> short_type(pa.fixed_shape_tensor(pa.float32(), [2, 4])), short_type(pa.list_(pa.int8()))
+    ('tensor<float, 2×4>', 'list<int8>')
+    """
+    if isinstance(kind, pa.FixedShapeTensorType):
+        return f"tensor<{kind.value_type}, {'×'.join(str(d) for d in kind.shape)}>"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"list<{short_type(kind.value_type)}>"
+    return str(kind)

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import feedline as fl
-from feedline.engines.base import get_engine
+from feedline.engines.protocol import get_engine
 from feedline.errors import UserFunctionError
 
 ray = pytest.importorskip("ray")
@@ -31,9 +31,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context"),
 ]
 
+from feedline.dataset.from_memory import from_ray  # noqa: E402
 from feedline.engines.ray.stages import needs_actor  # noqa: E402
 from feedline.plan.plan import Transform  # noqa: E402
-from feedline.dataset.from_memory import from_ray  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ import feedline as fl
 
 pytest.importorskip("pyspark")
 
-from feedline.engines.spark.engine import SparkEngine
 from feedline.engines.spark.collect import direct_frame
+from feedline.engines.spark.engine import SparkEngine
 from feedline.engines.spark.relational import prepare
 from feedline.errors import UserFunctionError
 

@@ -16,7 +16,7 @@ import pytest
 import feedline as fl
 from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.io.source import ExecutionReport
-from feedline.preprocess.base import from_state
+from feedline.preprocess.preprocessor import from_state
 from feedline.preprocess.vision.preprocessors import DecodeImages, Normalize, decode_pool
 
 Image = pytest.importorskip("PIL.Image")

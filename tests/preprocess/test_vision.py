@@ -14,11 +14,19 @@ import numpy as np
 import pytest
 
 from feedline.errors import ConfigurationError, DataError
-from feedline.loader.order.sample_order import epoch_permutation
 from feedline.loader.order.rng import sample_rng, sample_rngs
-from feedline.preprocess.vision.ops import CenterCrop, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize, ToArray, View
+from feedline.loader.order.sample_order import epoch_permutation
 from feedline.preprocess.vision.augment import Compose, Skipped
 from feedline.preprocess.vision.decode import decode, draft_scale, open_image, render
+from feedline.preprocess.vision.ops import (
+    CenterCrop,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    ToArray,
+    View,
+)
 
 Image = pytest.importorskip("PIL.Image")
 

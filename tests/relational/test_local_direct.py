@@ -17,8 +17,8 @@ from feedline.engines.local.duckdb_inputs import register_direct
 from feedline.engines.local.relational import _inputs
 from feedline.errors import DataError, SchemaError
 from feedline.io.source import ExecutionReport
-from feedline.plan.plan import Select
 from feedline.plan.direct_inputs import plain_parquet
+from feedline.plan.plan import Select
 
 
 def _facts(n: int = 3000, seed: int = 0) -> pa.Table:

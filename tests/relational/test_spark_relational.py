@@ -29,8 +29,8 @@ import feedline as fl
 pytest.importorskip("pyspark")
 
 from feedline.engines.spark.engine import SparkEngine
-from feedline.plan.rowhash import row_hash
 from feedline.plan.relational import split_bounds
+from feedline.plan.rowhash import row_hash
 
 pytestmark = [
     pytest.mark.spark,

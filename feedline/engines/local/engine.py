@@ -22,7 +22,6 @@ import pyarrow as pa
 
 from feedline._version import __version__
 from feedline.arrow.sizes import parse_bytes
-from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.fusion import (
     BatchPipeline,
     InstancePool,
@@ -34,6 +33,7 @@ from feedline.engines.batch.fusion import (
 from feedline.engines.batch.partials import TreeMerger, fold
 from feedline.engines.local.executor import run_stage, run_tasks
 from feedline.engines.local.relational import relational_tasks
+from feedline.engines.protocol import WriteInfo, WriteOptions
 from feedline.engines.schema import infer_schema
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport, ReadTask

@@ -8,9 +8,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from feedline.engines.base import Engine, get_engine
 from feedline.engines.batch.fusion import split_at_limits
 from feedline.engines.local.engine import plan_schema
+from feedline.engines.protocol import Engine, get_engine
 from feedline.engines.ray.engine import RayEngine
 from feedline.errors import ConfigurationError
 from feedline.plan.plan import Plan, pushdown

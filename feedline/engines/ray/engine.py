@@ -63,9 +63,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.fusion import BatchPipeline, InstancePool, apply_limit, split_at_limits
 from feedline.engines.batch.partials import fold
+from feedline.engines.protocol import WriteInfo, WriteOptions
 from feedline.engines.ray.dataset import build_dataset
 from feedline.engines.ray.errors import (
     release_failed_executions,

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.fusion import split_at_limits
 from feedline.engines.local.engine import lineage_of, plan_schema
+from feedline.engines.protocol import WriteInfo, WriteOptions
 from feedline.engines.ray.errors import surface_errors
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport

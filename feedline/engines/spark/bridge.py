@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.engines.base import WriteOptions
+from feedline.engines.protocol import WriteOptions
 from feedline.engines.spark.engine import SparkEngine
 from feedline.engines.spark.plan import spark_errors
 from feedline.engines.spark.types import from_spark_batch

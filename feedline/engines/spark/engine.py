@@ -67,8 +67,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from feedline.arrow.sizes import parse_bytes
-from feedline.engines.base import WriteInfo, WriteOptions
 from feedline.engines.batch.partials import TreeMerger
+from feedline.engines.protocol import WriteInfo, WriteOptions
 from feedline.engines.spark.cluster import (
     check_executors,
     python_for_executors,

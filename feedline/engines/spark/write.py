@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from feedline.engines.base import WriteOptions
 from feedline.engines.local.engine import lineage_of
+from feedline.engines.protocol import WriteOptions
 from feedline.engines.spark.plan import build_job, quiet_pandas_warning, spark_errors
 from feedline.engines.spark.worker import WriteSpec
 from feedline.errors import ConfigurationError

@@ -4,7 +4,7 @@
 ``ToDevice`` → the training loop. Each node has ``next()``, ``reset(initial_state=None)``
 and ``get_state()`` (aliases ``state_dict`` / ``load_state_dict``), yields
 :class:`Batch` records and reports the position of the next batch it delivers, so resume is
-exact through every node (:mod:`feedline.loader.nodes.base`). :class:`~feedline.loader.
+exact through every node (:mod:`feedline.loader.nodes.node`). :class:`~feedline.loader.
 Loader` composes the default pipeline; compose your own from ``loader.source_node()`` (order
 and gather over the loader's data, at its position)::
 
@@ -28,12 +28,12 @@ Examples
 [[100, 101], [102, 103], [104, 105]]
 """
 
-from feedline.loader.nodes.base import Batch, Node, Stage
 from feedline.loader.nodes.collate import Collate, Format
 from feedline.loader.nodes.device import AwaitDevice, CopyToDevice, Pin, ToDevice
 from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.indices import Order
 from feedline.loader.nodes.map import Map
+from feedline.loader.nodes.node import Batch, Node, Stage
 from feedline.loader.nodes.prefetch import Prefetch
 from feedline.loader.nodes.samples import SampleRngs
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from feedline.errors import ConfigurationError
 from feedline.loader.adapters.formats import FORMATS, to_format
-from feedline.loader.nodes.base import Batch, Node, Stage
+from feedline.loader.nodes.node import Batch, Node, Stage
 from feedline.loader.nodes.samples import collate_samples
 
 __all__ = ["Collate", "Format"]

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from feedline.loader.adapters.formats import can_pin
-from feedline.loader.nodes.base import Batch, Node, Stage
+from feedline.loader.nodes.node import Batch, Node, Stage
 
 __all__ = ["AwaitDevice", "CopyToDevice", "Pin", "ToDevice"]
 

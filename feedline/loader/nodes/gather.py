@@ -13,8 +13,8 @@ from feedline.errors import ConfigurationError
 from feedline.loader.adapters.torch import batch_buffers, import_torch
 from feedline.loader.data.backend import Backend
 from feedline.loader.data.buffers import BufferPool
-from feedline.loader.nodes.base import Batch, Node, Stage
 from feedline.loader.nodes.gather_threads import GatherThreads, batch_cuts
+from feedline.loader.nodes.node import Batch, Node, Stage
 
 __all__ = ["Gather"]
 

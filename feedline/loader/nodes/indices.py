@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.loader.nodes.base import Batch, Node, parse_position
+from feedline.loader.nodes.node import Batch, Node, parse_position
 from feedline.loader.order.sample_order import EpochPlan, global_order, split_for_rank
 
 __all__ = ["Order"]

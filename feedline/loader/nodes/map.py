@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import UserFunctionError
-from feedline.loader.nodes.base import Batch, Node, Stage
+from feedline.loader.nodes.node import Batch, Node, Stage
 from feedline.loader.nodes.samples import as_error
 from feedline.loader.nodes.worker_pools import Pending, make_workers
 from feedline.loader.nodes.worker_task import Chunk

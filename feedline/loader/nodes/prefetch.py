@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from feedline.loader.nodes.background import Prefetcher
-from feedline.loader.nodes.base import Batch, Node, Stage
+from feedline.loader.nodes.node import Batch, Node, Stage
 
 __all__ = ["Prefetch"]
 

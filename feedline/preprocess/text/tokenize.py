@@ -25,7 +25,7 @@ from feedline.errors import (
     MissingDependencyError,
     SchemaError,
 )
-from feedline.preprocess.base import Preprocessor, register
+from feedline.preprocess.preprocessor import Preprocessor, register
 from feedline.preprocess.text.clip_bpe import CACHE_SIZE, ClipTokenizer
 from feedline.preprocess.text.token_arrays import frame, pack, tensor_array
 from feedline.preprocess.text.token_files import read_source

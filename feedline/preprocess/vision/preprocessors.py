@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, DataError, MissingDependencyError, SchemaError
-from feedline.preprocess.base import Preprocessor, register
+from feedline.preprocess.preprocessor import Preprocessor, register
 
 __all__ = ["DecodeImages", "Normalize", "decode_pool"]
 

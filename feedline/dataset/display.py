@@ -17,7 +17,7 @@ import pyarrow as pa
 from feedline.engines.local.engine import plan_schema
 from feedline.errors import FeedlineError
 from feedline.plan.relational import plan_lines
-from feedline.ui.notebook import table
+from feedline.ui.notebook import short_type, table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from feedline.plan.plan import Plan
 
-__all__ = ["describe", "format_value", "render_table", "short_type", "to_html"]
+__all__ = ["describe", "format_value", "render_table", "to_html"]
 
 #: columns named in ``repr`` before "... (+N more)"
 _REPR_COLUMNS = 8
@@ -144,21 +144,6 @@ def format_value(value: Any, kind: pa.DataType) -> str:
         text = str(value)
     text = text.replace("\n", "⏎")
     return text if len(text) <= _CELL_CHARS else text[: _CELL_CHARS - 1] + "…"
-
-
-def short_type(kind: pa.DataType) -> str:
-    """A compact type name: ``tensor<float, 2×4>``, ``list<int64>``.
-
-    Examples
-    --------
-    >>> short_type(pa.fixed_shape_tensor(pa.float32(), [2, 4])), short_type(pa.list_(pa.int8()))
-    ('tensor<float, 2×4>', 'list<int8>')
-    """
-    if isinstance(kind, pa.FixedShapeTensorType):
-        return f"tensor<{kind.value_type}, {'×'.join(str(d) for d in kind.shape)}>"
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return f"list<{short_type(kind.value_type)}>"
-    return str(kind)
 
 
 def _item_type(kind: pa.DataType) -> pa.DataType:

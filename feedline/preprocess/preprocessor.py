@@ -30,7 +30,7 @@ from feedline.ui.progress import counting
 
 if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset
-    from feedline.engines.base import Engine
+    from feedline.engines.protocol import Engine
 
 __all__ = ["Preprocessor", "from_state", "register"]
 
