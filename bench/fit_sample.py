@@ -53,7 +53,9 @@ def make_input(folder: Path, gb: float) -> Path:
         columns = {"id": np.arange(i * rows, (i + 1) * rows, dtype=np.int64)}
         columns |= {c: rng.standard_normal(rows) for c in FEATURES}
         pq.write_table(
-            pa.table(columns), folder / f"part-{i:04d}.parquet", compression="none",
+            pa.table(columns),
+            folder / f"part-{i:04d}.parquet",
+            compression="none",
             row_group_size=ROW_GROUP,
         )
     marker.touch()
@@ -106,17 +108,40 @@ def main() -> None:
     size = sum(p.stat().st_size for p in folder.glob("*.parquet"))
     results = []
     for case in ("full", "row-sample", "fraction"):
-        cmd = [sys.executable, __file__, "--gb", str(args.gb), "--fraction", str(args.fraction),
-               "--engine", args.engine, "--root", args.root, "--case", case]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--gb",
+            str(args.gb),
+            "--fraction",
+            str(args.fraction),
+            "--engine",
+            args.engine,
+            "--root",
+            args.root,
+            "--case",
+            case,
+        ]
         line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         result = json.loads(line.strip().splitlines()[-1])
         results.append(result)
-        print(f"{case:>11}: {result['seconds']:7.2f} s, {result['bytes_read'] / 1e6:9.1f} MB "
-              f"read of {size / 1e6:.0f} MB, rows={result['rows']}, "
-              f"mean_x0={result['mean_x0']:.5f}")
+        print(
+            f"{case:>11}: {result['seconds']:7.2f} s, {result['bytes_read'] / 1e6:9.1f} MB "
+            f"read of {size / 1e6:.0f} MB, rows={result['rows']}, "
+            f"mean_x0={result['mean_x0']:.5f}"
+        )
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"input_bytes": size, "fraction": args.fraction,
-                               "engine": args.engine, "results": results}, indent=2))
+    OUT.write_text(
+        json.dumps(
+            {
+                "input_bytes": size,
+                "fraction": args.fraction,
+                "engine": args.engine,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,10 @@ def main() -> None:
     for t in threads:
         t.join()
     print(f"gathers/s alone, one thread:                  {alone:10,.0f}")
-    print(f"gathers/s in a thread beside a Python loop:   {beside_python:10,.0f}"
-          f"   (the loop ran at {loop_busy / loop_alone:.0%} of its speed alone)")
+    print(
+        f"gathers/s in a thread beside a Python loop:   {beside_python:10,.0f}"
+        f"   (the loop ran at {loop_busy / loop_alone:.0%} of its speed alone)"
+    )
     print(f"gathers/s in two threads at once:             {sum(counts) / SECONDS:10,.0f}")
 
 

@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the files afterwards")
     args = parser.parse_args()
     import torch  # noqa: F401 - imported before timing: the first loader would pay for it
+
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     lists, tensors = root / "lists", root / "tensors"

@@ -584,8 +584,18 @@ def run_mosaic(spec: dict[str, Any], args: argparse.Namespace, workers: int) -> 
     prep = 0.0
     if not (mds / "index.json").exists():  # written in another process: not in this one's RSS
         start = time.perf_counter()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "mds-write",
-               "--spec", args.spec, "--result", str(mds) + ".json", "--work", args.work]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "mds-write",
+            "--spec",
+            args.spec,
+            "--result",
+            str(mds) + ".json",
+            "--work",
+            args.work,
+        ]
         subprocess.run(cmd, check=True)  # fmt: skip
         prep = time.perf_counter() - start
     record = Path(str(mds) + ".json")
@@ -824,13 +834,21 @@ def summary(
         ]  # fmt: skip
         if "B" in figures:
             goals.append(("≥ 60% of raw-gather ceiling (B)", figures["B"]["vs_ceiling"], 0.6, True))
-            goals.append(("peak RSS − RSS after imports ≤ 1.3 × cached bytes (B)",
-                          figures["B"]["rss_over_imports_per_cache_byte"], 1.3, False))
+            goals.append(
+                (
+                    "peak RSS − RSS after imports ≤ 1.3 × cached bytes (B)",
+                    figures["B"]["rss_over_imports_per_cache_byte"],
+                    1.3,
+                    False,
+                )
+            )
         figures["goals"] = {}
         lines.append("")
         lines.append(
             "Goals (issue 3; judged on the full run: with --quick's 10× smaller data fixed "
-            "overheads dominate the ratios):" if quick else "Goals (issue 3):"
+            "overheads dominate the ratios):"
+            if quick
+            else "Goals (issue 3):"
         )
         for label, value, bound, higher in goals:
             met = value >= bound if higher else value < bound or (value == bound and not higher)
@@ -1023,7 +1041,11 @@ def w_run_feedline(spec: dict[str, Any], batches: int, prefetch: int = 2) -> dic
 
     def make() -> Iterator[Any]:
         holder["loader"] = fl.open(spec["dir"]).loader(
-            windows=windows, batch_size=BATCH, shuffle=True, seed=SEED, format="torch",
+            windows=windows,
+            batch_size=BATCH,
+            shuffle=True,
+            seed=SEED,
+            format="torch",
             prefetch=prefetch,
         )
         return iter(holder["loader"])
@@ -1154,8 +1176,13 @@ def w_memory_figures() -> dict[str, Any]:
     src, dst = np.ones(n, np.uint8), np.zeros(n, np.uint8)
 
     def copy(dst: Any, src: Any, threads: int) -> None:
-        parts = [(dst[i * n // threads : (i + 1) * n // threads],
-                  src[i * n // threads : (i + 1) * n // threads]) for i in range(threads)]
+        parts = [
+            (
+                dst[i * n // threads : (i + 1) * n // threads],
+                src[i * n // threads : (i + 1) * n // threads],
+            )
+            for i in range(threads)
+        ]
         workers = [threading.Thread(target=np.copyto, args=p) for p in parts[1:]]
         for w in workers:
             w.start()
@@ -1302,9 +1329,11 @@ def w_markdown(results: dict[str, dict[str, dict]], specs: dict[str, dict], comm
             out.append(f"| {data} | raw gather ceiling, fresh arrays (no loader, 1 thread) | "
                        f"{fl_run['ceiling_samples_per_s']:,.0f} | | | | | | | |")  # fmt: skip
             if "ceiling_blocks_samples_per_s" in fl_run:
-                out.append(f"| {data} | raw gather ceiling, one memcpy per window (no loader, "
-                           f"1 thread; the loader's way) | "
-                           f"{fl_run['ceiling_blocks_samples_per_s']:,.0f} | | | | | | | |")
+                out.append(
+                    f"| {data} | raw gather ceiling, one memcpy per window (no loader, "
+                    f"1 thread; the loader's way) | "
+                    f"{fl_run['ceiling_blocks_samples_per_s']:,.0f} | | | | | | | |"
+                )
             if "ceiling_reused_samples_per_s" in fl_run:
                 out.append(f"| {data} | raw gather ceiling, into reused buffers (no loader, 1 "
                            f"thread) | {fl_run['ceiling_reused_samples_per_s']:,.0f} | | | | | "
@@ -1400,8 +1429,10 @@ def w_median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = sorted((r for r in runs if r.get("status") == "ok"), key=lambda r: r["samples_per_s"])
     if not ok:
         return runs[-1]
-    return {**ok[(len(ok) - 1) // 2], "samples_per_s_runs": [r["samples_per_s"] for r in runs
-                                                             if r.get("status") == "ok"]}
+    return {
+        **ok[(len(ok) - 1) // 2],
+        "samples_per_s_runs": [r["samples_per_s"] for r in runs if r.get("status") == "ok"],
+    }
 
 
 def case_w(args: argparse.Namespace) -> None:
@@ -1443,8 +1474,8 @@ def case_w(args: argparse.Namespace) -> None:
 # RandomResizedCrop(224) and a random horizontal flip, and yields shuffled uint8 batches
 # ``(256, 3, 224, 224)`` + labels as torch tensors, with 2 workers on this 2-core machine:
 #
-# * ceiling-threads / ceiling-processes: the 2-core decode ceiling: feedline.preprocess.vision.augment's
-#   pipeline (JPEG draft, one resize) over a plain ThreadPoolExecutor(2) / ProcessPoolExecutor(2)
+# * ceiling-threads / ceiling-processes: the 2-core decode ceiling:
+#   feedline.preprocess.vision.augment's pipeline (JPEG draft, one resize) over a plain ThreadPoolExecutor(2) / ProcessPoolExecutor(2)
 # * torch-dl-w2: torch DataLoader(num_workers=2) over the map-style Dataset a user writes with
 #   Pillow and torchvision's transforms (torchvision itself does not install beside torch 2.13
 #   CPU, so its RandomResizedCrop / RandomHorizontalFlip / PILToTensor are written out on
@@ -1463,9 +1494,13 @@ J_OUT = HERE / "out" / "loader_j.json"
 J_CROP = 224
 J_RUNNERS: dict[str, str] = {
     "ceiling-threads": "feedline.preprocess.vision.augment pipeline over ThreadPoolExecutor(2)",
-    "ceiling-processes": "feedline.preprocess.vision.augment pipeline over ProcessPoolExecutor(2), fork",
+    "ceiling-processes": (
+        "feedline.preprocess.vision.augment pipeline over ProcessPoolExecutor(2), fork"
+    ),
     "torch-dl-w2": "torch DataLoader(num_workers=2), Pillow + torchvision's transforms on Pillow",
-    "torch-dl-w2-vision": "torch DataLoader(num_workers=2), feedline.preprocess.vision.augment pipeline",
+    "torch-dl-w2-vision": (
+        "torch DataLoader(num_workers=2), feedline.preprocess.vision.augment pipeline"
+    ),
     "feedline-w2-thread": "feedline loader, transform=pipeline, num_workers=2, thread workers",
     "feedline-w2-process": "feedline loader, transform=pipeline, num_workers=2, process workers",
     "decoders": "one thread: Pillow vs simplejpeg decode; the pipeline with and without draft",
@@ -1565,8 +1600,10 @@ def j_measure(make_epoch: Callable[[int], Iterator[dict[str, Any]]], spec: dict[
         x, y = batch["image"], batch["label"]
         if tuple(x.shape) != (BATCH, 3, J_CROP, J_CROP) or x.dtype != torch.uint8 or (
                 y.dtype != torch.int64 or len(y) != BATCH):  # fmt: skip
-            raise AssertionError(f"image {tuple(x.shape)} {x.dtype}, label {y.dtype}: expected "
-                                 f"({BATCH}, 3, {J_CROP}, {J_CROP}) uint8 and int64")
+            raise AssertionError(
+                f"image {tuple(x.shape)} {x.dtype}, label {y.dtype}: expected "
+                f"({BATCH}, 3, {J_CROP}, {J_CROP}) uint8 and int64"
+            )
         return BATCH
 
     sampler = TreeSampler() if multiprocess else None
@@ -1678,8 +1715,9 @@ def j_torch_dataset(blobs: list[bytes], labels: Any, vision: bool) -> Any:
             img = Image.open(io.BytesIO(blobs[i])).convert("RGB")
             width, height = img.size
             top, left, h, w = self.get_params(width, height)
-            img = img.crop((left, top, left + w, top + h)).resize((J_CROP, J_CROP),
-                                                                  Image.Resampling.BILINEAR)
+            img = img.crop((left, top, left + w, top + h)).resize(
+                (J_CROP, J_CROP), Image.Resampling.BILINEAR
+            )
             if torch.rand(1) < 0.5:
                 img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             x = torch.as_tensor(np.array(img, copy=True)).view(J_CROP, J_CROP, 3).permute(2, 0, 1)
@@ -1796,8 +1834,11 @@ def j_run_decoders(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, 
             (x0, y0, x1, y1), (w, h) = view.box, im.size
             s = draft_scale((x1 - x0, y1 - y0), view.size)  # simplejpeg's DCT scaling
             pixels = simplejpeg.decode_jpeg(b, min_width=-(-w // s), min_height=-(-h // s))
-            out = np.asarray(Image.fromarray(pixels).resize(
-                view.size, Image.Resampling.BILINEAR, box=(x0 / s, y0 / s, x1 / s, y1 / s)))
+            out = np.asarray(
+                Image.fromarray(pixels).resize(
+                    view.size, Image.Resampling.BILINEAR, box=(x0 / s, y0 / s, x1 / s, y1 / s)
+                )
+            )
             return np.ascontiguousarray((out[:, ::-1] if view.flip else out).transpose(2, 0, 1))
 
         variants["the pipeline with simplejpeg decoding (+ Image.fromarray)"] = sj_pipeline
@@ -2146,8 +2187,12 @@ def aw_ray(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
     def make_epoch(epoch: int) -> Iterator[dict[str, Any]]:
         ds = ray.data.read_parquet(shard_files(spec["dir"]))
-        for batch in ds.iter_torch_batches(batch_size=BATCH, local_shuffle_buffer_size=buffer,
-                                           local_shuffle_seed=SEED + epoch, drop_last=True):
+        for batch in ds.iter_torch_batches(
+            batch_size=BATCH,
+            local_shuffle_buffer_size=buffer,
+            local_shuffle_seed=SEED + epoch,
+            drop_last=True,
+        ):
             yield {"features": torch.stack([batch[c] for c in AW_COLUMNS], dim=1),
                    "label": batch["label"]}  # fmt: skip
 
@@ -2210,8 +2255,14 @@ def b_write_lists(table: Any, out: Path) -> None:
     n, shards = table.num_rows, []
     for i in range(SHARDS):
         part, name = table.slice(i * n // SHARDS, n // SHARDS), f"part-{i:05d}.parquet"
-        pq.write_table(part, out / name, row_group_size=n // 16, compression="zstd",
-                       use_dictionary=dictionary_columns(table.schema), write_page_checksum=True)
+        pq.write_table(
+            part,
+            out / name,
+            row_group_size=n // 16,
+            compression="zstd",
+            use_dictionary=dictionary_columns(table.schema),
+            write_page_checksum=True,
+        )
         loc = resolve(out / name)
         size, checksum = file_checksum(loc)
         footer = footer_of(loc)
@@ -2371,7 +2422,8 @@ def aw_markdown(results: dict[str, dict], spec: dict[str, Any], command: str) ->
         f"({SHARDS} zstd Parquet shards written by feedline), batch {BATCH}, shuffled, torch "
         "tensors out, each loader in its own process. samples/s after the first batch over "
         "whole epochs; first batch includes reading the data. Not run here: "
-        + "; ".join(f"{k} ({v})" for k, v in AW_SKIPPED.items()) + "."
+        + "; ".join(f"{k} ({v})" for k, v in AW_SKIPPED.items())
+        + "."
     )
     out += ["", "| loader | samples/s | vs best peer | first batch s | peak RSS MB | notes |",
             "|---|---|---|---|---|---|"]  # fmt: skip
@@ -2412,10 +2464,12 @@ def aw_markdown(results: dict[str, dict], spec: dict[str, Any], command: str) ->
             fl_ns = sorted(c[0] for c in cpu)[len(cpu) // 2]
             raw_ns = sorted(c[1] for c in cpu)[len(cpu) // 2]
             order = stack.get("order_cpu_ms", 0.0) * 1e6 / spec["n"]
-            out.append(f"- CPU per sample (median of the rounds): feedline-stack {fl_ns:.0f} ns, "
-                       f"the ceiling {raw_ns:.0f} ns ({raw_ns / fl_ns:.0%}); of feedline's, "
-                       f"{order:.0f} ns is drawing the epoch's permutation (on a background "
-                       "thread, ahead of the epoch; the ceiling is given its indices).")
+            out.append(
+                f"- CPU per sample (median of the rounds): feedline-stack {fl_ns:.0f} ns, "
+                f"the ceiling {raw_ns:.0f} ns ({raw_ns / fl_ns:.0%}); of feedline's, "
+                f"{order:.0f} ns is drawing the epoch's permutation (on a background "
+                "thread, ahead of the epoch; the ceiling is given its indices)."
+            )
     return "\n".join(out)
 
 
@@ -2530,21 +2584,35 @@ L_DATA: dict[str, Any] = {
 }
 #: runner -> (venv, description); "" = the interpreter running this script
 L_RUNNERS: dict[str, tuple[str, str]] = {
-    "feedline-auto": ("", "fl.read_parquet(path).loader(batch_size=256, shuffle=True, "
-                      "format='torch', shapes={'image': (3, 64, 64)}) (cache='auto': memory)"),
+    "feedline-auto": (
+        "",
+        "fl.read_parquet(path).loader(batch_size=256, shuffle=True, "
+        "format='torch', shapes={'image': (3, 64, 64)}) (cache='auto': memory)",
+    ),
     "feedline-none": ("", "the same with cache='none' (streams pools of row groups)"),
-    "feedline-none-w1": ("", "cache='none', shuffle_window=1: pools of one row group (10% of "
-                         "the rows here, as the peers' 10% shuffle buffers)"),
+    "feedline-none-w1": (
+        "",
+        "cache='none', shuffle_window=1: pools of one row group (10% of "
+        "the rows here, as the peers' 10% shuffle buffers)",
+    ),
     "ray-data": ("", "Ray Data read_parquet -> iter_torch_batches(local shuffle buffer 10%)"),
-    "petastorm": ("petastorm", "Petastorm make_batch_reader(workers_count=2, thread pool, "
-                  "shuffle_row_groups) -> BatchedDataLoader(shuffle queue 10%)"),
-    "pyarrow-decode": ("", "floor: pyarrow decoding every row group once (iter_batches in "
-                       "feedline's piece size, feedline's thread count), nothing kept"),
+    "petastorm": (
+        "petastorm",
+        "Petastorm make_batch_reader(workers_count=2, thread pool, "
+        "shuffle_row_groups) -> BatchedDataLoader(shuffle queue 10%)",
+    ),
+    "pyarrow-decode": (
+        "",
+        "floor: pyarrow decoding every row group once (iter_batches in "
+        "feedline's piece size, feedline's thread count), nothing kept",
+    ),
 }
 #: what Spark 4 writes by default, for the same column (not run here: see the report)
-L_SPARK_DEFAULTS = ("Spark's Parquet writer defaults: snappy, dictionary encoding on, "
-                    "parquet.block.size 128 MB row groups, 1 MB pages, one file per task; "
-                    "an ArrayType column is a 3-level list of INT32 (Spark has no uint8)")
+L_SPARK_DEFAULTS = (
+    "Spark's Parquet writer defaults: snappy, dictionary encoding on, "
+    "parquet.block.size 128 MB row groups, 1 MB pages, one file per task; "
+    "an ArrayType column is a 3-level list of INT32 (Spark has no uint8)"
+)
 
 
 def l_spec(work: Path, quick: bool) -> dict[str, Any]:
@@ -2801,7 +2869,11 @@ def case_l(args: argparse.Namespace) -> None:
 
 #: the cases run by ``--case NAME`` instead of the default tabular/image comparison
 CASES: dict[str, Callable[[argparse.Namespace], None]] = {
-    "W": case_w, "J": case_j, "A-wide": case_aw, "B": case_b, "L": case_l,
+    "W": case_w,
+    "J": case_j,
+    "A-wide": case_aw,
+    "B": case_b,
+    "L": case_l,
 }
 
 
@@ -2914,6 +2986,7 @@ def report(results: dict[str, dict[str, dict]], meta: dict[str, Any], args) -> N
     OUT.write_text(json.dumps(saved, indent=2, default=str))
     print()
     print(markdown(results, figures_lines, args, meta))
+
 
 if __name__ == "__main__":
     main()

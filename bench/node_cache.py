@@ -184,8 +184,10 @@ def main() -> None:
         print(f"quality {name:9s}: " + ", ".join(f"{k} {v:.3f}" for k, v in q.items()))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))
-    print(f"node cache fill {fill:.1f} s ({data_bytes / fill / 1e9:.2f} GB/s, built "
-          f"{node_stats['node_cache_built']}); stream window {window} row groups of 8192 rows")
+    print(
+        f"node cache fill {fill:.1f} s ({data_bytes / fill / 1e9:.2f} GB/s, built "
+        f"{node_stats['node_cache_built']}); stream window {window} row groups of 8192 rows"
+    )
 
 
 if __name__ == "__main__":

@@ -122,16 +122,14 @@ def op_runners(facts: pa.Table, dims: pa.Table) -> dict[str, dict[str, Callable[
         },
         "join": {
             "polars": lambda: plf.join(pldims, on="k", how="inner"),
-            "duckdb": lambda: con.sql(
-                "SELECT * FROM facts JOIN dims USING (k)"
-            ).to_arrow_table(),
+            "duckdb": lambda: con.sql("SELECT * FROM facts JOIN dims USING (k)").to_arrow_table(),
             "pandas": lambda: pdf.merge(pdims, on="k", how="inner"),
         },
     }
     if has_relational():
-        runners["groupby-agg"]["feedline"] = lambda: fdf.groupby("k").agg(
-            s=("v", "sum"), m=("v", "mean"), n=("*", "count")
-        ).to_arrow()
+        runners["groupby-agg"]["feedline"] = lambda: (
+            fdf.groupby("k").agg(s=("v", "sum"), m=("v", "mean"), n=("*", "count")).to_arrow()
+        )
         runners["sort"]["feedline"] = lambda: fdf.sort("v").to_arrow()
         runners["join"]["feedline"] = lambda: fdf.join(fdims, on="k", how="inner").to_arrow()
     return runners
@@ -141,9 +139,7 @@ def rows_of(result: Any) -> int:
     return result.num_rows if isinstance(result, pa.Table) else len(result)
 
 
-def interleaved(
-    runners: dict[str, Callable[[], Any]], repeat: int
-) -> dict[str, tuple[float, int]]:
+def interleaved(runners: dict[str, Callable[[], Any]], repeat: int) -> dict[str, tuple[float, int]]:
     """Each runner's best wall time of ``repeat`` calls and its result's row count; the
     runners take turns (round-robin) so that load swings on this shared machine hit them
     alike."""
@@ -216,12 +212,16 @@ def spark_runners(facts_dir: Path, dims_dir: Path) -> dict[str, dict[str, Callab
     spark.range(1000).orderBy("id").toArrow()
     return {
         "groupby-agg": {
-            "feedline": lambda: fdf.groupby("k")
-            .agg(s=("v", "sum"), m=("v", "mean"), n=("*", "count"))
-            .to_arrow(engine=engine),
-            "native": lambda: facts.groupBy("k")
-            .agg(F.sum("v").alias("s"), F.avg("v").alias("m"), F.count(F.lit(1)).alias("n"))
-            .toArrow(),
+            "feedline": lambda: (
+                fdf.groupby("k")
+                .agg(s=("v", "sum"), m=("v", "mean"), n=("*", "count"))
+                .to_arrow(engine=engine)
+            ),
+            "native": lambda: (
+                facts.groupBy("k")
+                .agg(F.sum("v").alias("s"), F.avg("v").alias("m"), F.count(F.lit(1)).alias("n"))
+                .toArrow()
+            ),
         },
         "sort": {
             "feedline": lambda: fdf.sort("v").to_arrow(engine=engine),
@@ -257,11 +257,15 @@ def ray_runners(facts_dir: Path, dims_dir: Path) -> dict[str, dict[str, Callable
 
     return {
         "groupby-agg": {
-            "feedline": lambda: fdf.groupby("k")
-            .agg(s=("v", "sum"), m=("v", "mean"), n=("*", "count"))
-            .to_arrow(engine=engine),
+            "feedline": lambda: (
+                fdf.groupby("k")
+                .agg(s=("v", "sum"), m=("v", "mean"), n=("*", "count"))
+                .to_arrow(engine=engine)
+            ),
             "native": lambda: collect(
-                facts().groupby("k").aggregate(
+                facts()
+                .groupby("k")
+                .aggregate(
                     Sum("v", alias_name="s"), Mean("v", alias_name="m"), Count(alias_name="n")
                 )
             ),
@@ -274,7 +278,9 @@ def ray_runners(facts_dir: Path, dims_dir: Path) -> dict[str, dict[str, Callable
             "feedline": lambda: fdf.join(fdims, on="k").to_arrow(engine=engine),
             "native": lambda: collect(
                 facts().join(
-                    ray.data.read_parquet(str(dims_dir)), join_type="inner", on=("k",),
+                    ray.data.read_parquet(str(dims_dir)),
+                    join_type="inner",
+                    on=("k",),
                     num_partitions=2,
                 )
             ),
@@ -374,8 +380,10 @@ def report(rows: list[dict[str, Any]], before: str, after: str) -> None:
             )  # fmt: skip
     if engines.rows:
         console.print(engines)
-    console.print(f"load averages (1/5/15 min): before {before}, after {after}; the machine is "
-                  f"shared with other work, {os.cpu_count()} CPUs")
+    console.print(
+        f"load averages (1/5/15 min): before {before}, after {after}; the machine is "
+        f"shared with other work, {os.cpu_count()} CPUs"
+    )
 
 
 def main() -> None:

@@ -65,25 +65,134 @@ console = Console()
 
 # ---------------------------------------------------------------------------- data (untimed)
 
-ADJ = ["soft", "durable", "lightweight", "premium", "classic", "slim", "waterproof", "compact",
-       "ergonomic", "vintage", "modern", "breathable", "heavy-duty", "wireless", "portable",
-       "stainless", "organic", "handmade", "adjustable", "foldable", "non-slip", "rechargeable",
-       "insulated", "scratch-resistant", "eco-friendly", "quick-dry", "stretchy", "padded"]
-COLOR = ["black", "white", "navy", "red", "forest green", "charcoal", "beige", "sky blue",
-         "burgundy", "olive", "silver", "rose gold", "matte grey", "ivory", "mustard"]
-MATERIAL = ["cotton", "merino wool", "leather", "stainless steel", "bamboo", "aluminium",
-            "silicone", "polyester", "linen", "oak", "ceramic", "recycled plastic", "canvas"]
-NOUN = ["t-shirt", "hoodie", "backpack", "water bottle", "desk lamp", "phone case", "sneakers",
-        "wallet", "headphones", "cutting board", "yoga mat", "travel mug", "jacket", "blanket",
-        "keyboard", "sunglasses", "watch strap", "tote bag", "pillow", "frying pan", "charger"]
-FOR = ["for men", "for women", "for kids", "for travel", "for the office", "for hiking",
-       "for everyday use", "for the kitchen", "for gaming", "for runners"]
-FEATURE = ["with zip pocket", "with USB-C port", "with 2-year warranty", "machine washable",
-           "dishwasher safe", "BPA free", "with magnetic closure", "gift boxed",
-           "with reinforced stitching", "with 30h battery life", "keeps drinks cold 24h",
-           "fits 15\" laptops", "includes carry pouch", "with anti-slip base"]
-BRAND = ["Northwind", "Acme", "Lumen & Co.", "Kestrel", "Bluebird", "Orca", "Fjord", "Tundra",
-         "Sable", "Mosaic", "Quill", "Harbor", "Nimbus"]
+ADJ = [
+    "soft",
+    "durable",
+    "lightweight",
+    "premium",
+    "classic",
+    "slim",
+    "waterproof",
+    "compact",
+    "ergonomic",
+    "vintage",
+    "modern",
+    "breathable",
+    "heavy-duty",
+    "wireless",
+    "portable",
+    "stainless",
+    "organic",
+    "handmade",
+    "adjustable",
+    "foldable",
+    "non-slip",
+    "rechargeable",
+    "insulated",
+    "scratch-resistant",
+    "eco-friendly",
+    "quick-dry",
+    "stretchy",
+    "padded",
+]
+COLOR = [
+    "black",
+    "white",
+    "navy",
+    "red",
+    "forest green",
+    "charcoal",
+    "beige",
+    "sky blue",
+    "burgundy",
+    "olive",
+    "silver",
+    "rose gold",
+    "matte grey",
+    "ivory",
+    "mustard",
+]
+MATERIAL = [
+    "cotton",
+    "merino wool",
+    "leather",
+    "stainless steel",
+    "bamboo",
+    "aluminium",
+    "silicone",
+    "polyester",
+    "linen",
+    "oak",
+    "ceramic",
+    "recycled plastic",
+    "canvas",
+]
+NOUN = [
+    "t-shirt",
+    "hoodie",
+    "backpack",
+    "water bottle",
+    "desk lamp",
+    "phone case",
+    "sneakers",
+    "wallet",
+    "headphones",
+    "cutting board",
+    "yoga mat",
+    "travel mug",
+    "jacket",
+    "blanket",
+    "keyboard",
+    "sunglasses",
+    "watch strap",
+    "tote bag",
+    "pillow",
+    "frying pan",
+    "charger",
+]
+FOR = [
+    "for men",
+    "for women",
+    "for kids",
+    "for travel",
+    "for the office",
+    "for hiking",
+    "for everyday use",
+    "for the kitchen",
+    "for gaming",
+    "for runners",
+]
+FEATURE = [
+    "with zip pocket",
+    "with USB-C port",
+    "with 2-year warranty",
+    "machine washable",
+    "dishwasher safe",
+    "BPA free",
+    "with magnetic closure",
+    "gift boxed",
+    "with reinforced stitching",
+    "with 30h battery life",
+    "keeps drinks cold 24h",
+    'fits 15" laptops',
+    "includes carry pouch",
+    "with anti-slip base",
+]
+BRAND = [
+    "Northwind",
+    "Acme",
+    "Lumen & Co.",
+    "Kestrel",
+    "Bluebird",
+    "Orca",
+    "Fjord",
+    "Tundra",
+    "Sable",
+    "Mosaic",
+    "Quill",
+    "Harbor",
+    "Nimbus",
+]
 
 
 def make_texts(n: int, seed: int = 0) -> list[str]:
@@ -91,8 +200,14 @@ def make_texts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        words = [rng.choice(ADJ).capitalize(), rng.choice(COLOR), rng.choice(MATERIAL),
-                 rng.choice(NOUN), rng.choice(FOR) + ",", rng.choice(FEATURE) + ","]
+        words = [
+            rng.choice(ADJ).capitalize(),
+            rng.choice(COLOR),
+            rng.choice(MATERIAL),
+            rng.choice(NOUN),
+            rng.choice(FOR) + ",",
+            rng.choice(FEATURE) + ",",
+        ]
         if rng.random() < 0.5:
             words.insert(1, rng.choice(ADJ))
         tail = rng.random()
@@ -121,8 +236,10 @@ def train_tokenizer(texts: list[str], path: Path) -> None:
     tok.train_from_iterator(texts, WordPieceTrainer(vocab_size=8000, special_tokens=SPECIALS))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
     tok.save(str(path))
 
 
@@ -154,8 +271,9 @@ def make_tabular(n: int, seed: int = 0) -> pa.Table:
     names = np.array([f"cat-{i:04d}" for i in range(1000)])
     weights = 1.0 / np.arange(1, 1001) ** 0.8
     cats = names[rng.choice(1000, n, p=weights / weights.sum())]
-    return pa.table({"rid": np.arange(n), "x": rng.lognormal(3.0, 1.0, n),
-                     "cat": pa.array(cats, pa.string())})
+    return pa.table(
+        {"rid": np.arange(n), "x": rng.lognormal(3.0, 1.0, n), "cat": pa.array(cats, pa.string())}
+    )
 
 
 def cached(name: str, build: Callable[[], pa.Table]) -> pa.Table:
@@ -175,23 +293,32 @@ def make_inputs(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     inputs: dict[str, Any] = {}
     if "text" in args.jobs:
-        texts = cached(f"text-{args.text_rows}", lambda: pa.table({
-            "rid": np.arange(args.text_rows), "text": make_texts(args.text_rows)}))
+        texts = cached(
+            f"text-{args.text_rows}",
+            lambda: pa.table(
+                {"rid": np.arange(args.text_rows), "text": make_texts(args.text_rows)}
+            ),
+        )
         tok_path = DATA / f"tokenizer-{args.text_rows}.json"
         if not tok_path.exists():
             train_tokenizer(texts["text"].to_pylist(), tok_path)
         inputs["text"] = (texts, tok_path)
     if "images" in args.jobs:
+
         def images() -> pa.Table:
             with Pool(os.cpu_count() or 2) as pool:
                 blobs = pool.map(make_image, range(args.images), chunksize=64)
             return pa.table({"rid": np.arange(args.images), "bytes": pa.array(blobs, pa.binary())})
+
         inputs["images"] = cached(f"images-{args.images}", images)
     if "tabular" in args.jobs:
-        inputs["tabular"] = cached(f"tabular-{args.tabular_rows}",
-                                   lambda: make_tabular(args.tabular_rows))
-    console.print(f"inputs ready in {time.perf_counter() - t0:.1f} s (generated once, cached in "
-                  f"{DATA.relative_to(HERE.parent)}; never timed)")
+        inputs["tabular"] = cached(
+            f"tabular-{args.tabular_rows}", lambda: make_tabular(args.tabular_rows)
+        )
+    console.print(
+        f"inputs ready in {time.perf_counter() - t0:.1f} s (generated once, cached in "
+        f"{DATA.relative_to(HERE.parent)}; never timed)"
+    )
     return inputs
 
 
@@ -266,8 +393,9 @@ class Run:
         return self.rows / self.best
 
 
-def timed(fn: Callable[[], Any], repeat: int, budget_s: float = float("inf")
-          ) -> tuple[list[float], Any]:
+def timed(
+    fn: Callable[[], Any], repeat: int, budget_s: float = float("inf")
+) -> tuple[list[float], Any]:
     """Wall times of up to ``repeat`` calls (fewer once ``budget_s`` is spent; at least one)
     and the last call's output (earlier outputs are dropped before the next call)."""
     times, out = [], None
@@ -305,14 +433,17 @@ def text_pandas(df: pd.DataFrame, tok_path: Path) -> pd.DataFrame:
 
     pairs = df["text"].apply(row)
     return pd.DataFrame(pairs.tolist(), columns=["ids", "mask"], index=df.index).assign(
-        rid=df["rid"])
+        rid=df["rid"]
+    )
 
 
 def _hf_tokenize(batch: dict[str, Any], tok_path: str) -> dict[str, np.ndarray]:
     tok = _HF_TOK.get(tok_path) or _HF_TOK.setdefault(tok_path, peer_tokenizer(tok_path))
     encodings = tok.encode_batch(batch["text"])
-    return {"ids": np.array([e.ids for e in encodings], np.int32),
-            "mask": np.array([e.attention_mask for e in encodings], np.int8)}
+    return {
+        "ids": np.array([e.ids for e in encodings], np.int32),
+        "mask": np.array([e.attention_mask for e in encodings], np.int8),
+    }
 
 
 _HF_TOK: dict[str, Any] = {}
@@ -321,13 +452,23 @@ _HF_TOK: dict[str, Any] = {}
 def text_datasets(dset: Any, tok_path: Path) -> Any:
     import datasets
 
-    features = datasets.Features({
-        "rid": datasets.Value("int64"),
-        "ids": datasets.List(datasets.Value("int32"), length=MAX_LENGTH),
-        "mask": datasets.List(datasets.Value("int8"), length=MAX_LENGTH)})
-    return dset.map(_hf_tokenize, batched=True, num_proc=2, input_columns=None,
-                    fn_kwargs={"tok_path": str(tok_path)}, remove_columns=["text"],
-                    features=features, load_from_cache_file=False)
+    features = datasets.Features(
+        {
+            "rid": datasets.Value("int64"),
+            "ids": datasets.List(datasets.Value("int32"), length=MAX_LENGTH),
+            "mask": datasets.List(datasets.Value("int8"), length=MAX_LENGTH),
+        }
+    )
+    return dset.map(
+        _hf_tokenize,
+        batched=True,
+        num_proc=2,
+        input_columns=None,
+        fn_kwargs={"tok_path": str(tok_path)},
+        remove_columns=["text"],
+        features=features,
+        load_from_cache_file=False,
+    )
 
 
 def text_spark_udf(tok_path: str) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
@@ -335,9 +476,13 @@ def text_spark_udf(tok_path: str) -> Callable[[Iterator[pd.DataFrame]], Iterator
         tok = peer_tokenizer(tok_path)
         for frame in frames:
             encodings = tok.encode_batch(frame["text"].tolist())
-            yield pd.DataFrame({"rid": frame["rid"],
-                                "ids": [np.asarray(e.ids, np.int32) for e in encodings],
-                                "mask": [np.asarray(e.attention_mask, np.int8) for e in encodings]})
+            yield pd.DataFrame(
+                {
+                    "rid": frame["rid"],
+                    "ids": [np.asarray(e.ids, np.int32) for e in encodings],
+                    "mask": [np.asarray(e.attention_mask, np.int8) for e in encodings],
+                }
+            )
 
     return tokenize
 
@@ -346,8 +491,9 @@ def text_spark_udf(tok_path: str) -> Callable[[Iterator[pd.DataFrame]], Iterator
 
 
 def images_feedline(table: pa.Table) -> pa.Table:
-    decode = fl.DecodeImages("bytes", size=(SIZE, SIZE), resize="shorter+center_crop",
-                             resample="bilinear")
+    decode = fl.DecodeImages(
+        "bytes", size=(SIZE, SIZE), resize="shorter+center_crop", resample="bilinear"
+    )
     return fl.from_arrow(table).transform(decode).to_arrow()
 
 
@@ -362,16 +508,26 @@ def _hf_decode(batch: dict[str, Any]) -> dict[str, np.ndarray]:
 def images_datasets(dset: Any) -> Any:
     import datasets
 
-    features = datasets.Features({"rid": datasets.Value("int64"),
-                                  "pixels": datasets.Array3D((SIZE, SIZE, 3), "uint8")})
-    return dset.map(_hf_decode, batched=True, batch_size=256, writer_batch_size=256, num_proc=2,
-                    remove_columns=["bytes"], features=features, load_from_cache_file=False)
+    features = datasets.Features(
+        {"rid": datasets.Value("int64"), "pixels": datasets.Array3D((SIZE, SIZE, 3), "uint8")}
+    )
+    return dset.map(
+        _hf_decode,
+        batched=True,
+        batch_size=256,
+        writer_batch_size=256,
+        num_proc=2,
+        remove_columns=["bytes"],
+        features=features,
+        load_from_cache_file=False,
+    )
 
 
 def images_spark_udf(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     for frame in frames:
-        yield pd.DataFrame({"rid": frame["rid"],
-                            "pixels": [pil_decode(b).tobytes() for b in frame["bytes"]]})
+        yield pd.DataFrame(
+            {"rid": frame["rid"], "pixels": [pil_decode(b).tobytes() for b in frame["bytes"]]}
+        )
 
 
 # ---------------------------------------------------------------------------- (c) tabular
@@ -385,15 +541,22 @@ def tabular_feedline(table: pa.Table) -> pa.Table:
 def tabular_pandas(df: pd.DataFrame) -> pd.DataFrame:
     mean, scale = float(df["x"].mean()), scale_of(float(df["x"].var(ddof=0)))
     index = fit_labels(df["cat"].value_counts().to_dict())
-    return pd.DataFrame({"rid": df["rid"],
-                         "x": df["x"].apply(lambda v: (v - mean) / scale),
-                         "cat": df["cat"].apply(index.__getitem__)})
+    return pd.DataFrame(
+        {
+            "rid": df["rid"],
+            "x": df["x"].apply(lambda v: (v - mean) / scale),
+            "cat": df["cat"].apply(index.__getitem__),
+        }
+    )
 
 
 def _hf_scale(batch: pa.Table, mean: float, scale: float, labels: list[str]) -> dict:
     ids = pd.Index(labels).get_indexer(batch["cat"].to_numpy(zero_copy_only=False))
-    return {"rid": batch["rid"].to_numpy(), "x": (batch["x"].to_numpy() - mean) / scale,
-            "cat": ids.astype(np.int64)}
+    return {
+        "rid": batch["rid"].to_numpy(),
+        "x": (batch["x"].to_numpy() - mean) / scale,
+        "cat": ids.astype(np.int64),
+    }
 
 
 def tabular_datasets(dset: Any) -> Any:
@@ -402,15 +565,25 @@ def tabular_datasets(dset: Any) -> Any:
     x = columns["x"].to_numpy()
     mean, scale = float(np.mean(x)), scale_of(float(np.var(x)))
     index = fit_labels(columns["cat"].to_pandas().value_counts().to_dict())
-    return columns.map(_hf_scale, batched=True, num_proc=2, load_from_cache_file=False,
-                       fn_kwargs={"mean": mean, "scale": scale, "labels": list(index)})
+    return columns.map(
+        _hf_scale,
+        batched=True,
+        num_proc=2,
+        load_from_cache_file=False,
+        fn_kwargs={"mean": mean, "scale": scale, "labels": list(index)},
+    )
 
 
 def tabular_spark_udf(mean: float, scale: float, index: dict[str, int]) -> Callable:
     def transform(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            yield pd.DataFrame({"rid": frame["rid"], "x": (frame["x"] - mean) / scale,
-                                "cat": frame["cat"].map(index).astype(np.int64)})
+            yield pd.DataFrame(
+                {
+                    "rid": frame["rid"],
+                    "x": (frame["x"] - mean) / scale,
+                    "cat": frame["cat"].map(index).astype(np.int64),
+                }
+            )
 
     return transform
 
@@ -423,8 +596,10 @@ def sample_of(job: str, tool: str, out: Any, rids: np.ndarray) -> dict[str, np.n
     if tool == "feedline":
         pos = np.searchsorted(out["rid"].to_numpy(), rids)
         if job == "text":
-            return {"ids": tensor_rows(out["text"], pos),
-                    "mask": tensor_rows(out["text_mask"], pos)}
+            return {
+                "ids": tensor_rows(out["text"], pos),
+                "mask": tensor_rows(out["text_mask"], pos),
+            }
         if job == "images":
             return {"pixels": tensor_rows(out["bytes"], pos)}
         return {"x": out["x"].to_numpy()[pos], "cat": out["cat"].to_numpy()[pos]}
@@ -432,20 +607,31 @@ def sample_of(job: str, tool: str, out: Any, rids: np.ndarray) -> dict[str, np.n
         table = out.data.table
         pos = np.searchsorted(table["rid"].to_numpy(), rids)
         if job == "text":
-            return {"ids": np.stack(table["ids"].take(pos).to_pylist()),
-                    "mask": np.stack(table["mask"].take(pos).to_pylist())}
+            return {
+                "ids": np.stack(table["ids"].take(pos).to_pylist()),
+                "mask": np.stack(table["mask"].take(pos).to_pylist()),
+            }
         if job == "images":
-            return {"pixels": np.stack([np.asarray(v, np.uint8) for v in
-                                        table["pixels"].take(pos).to_pylist()])}
+            return {
+                "pixels": np.stack(
+                    [np.asarray(v, np.uint8) for v in table["pixels"].take(pos).to_pylist()]
+                )
+            }
         return {"x": table["x"].to_numpy()[pos], "cat": table["cat"].to_numpy()[pos]}
     # pandas frames (also what Spark's sample comes back as)
     frame = out.set_index("rid").loc[rids]
     if job == "text":
-        return {"ids": np.stack([np.asarray(v) for v in frame["ids"]]),
-                "mask": np.stack([np.asarray(v) for v in frame["mask"]])}
+        return {
+            "ids": np.stack([np.asarray(v) for v in frame["ids"]]),
+            "mask": np.stack([np.asarray(v) for v in frame["mask"]]),
+        }
     if job == "images":
-        pixels = [np.frombuffer(v, np.uint8).reshape(SIZE, SIZE, 3) if isinstance(v, bytes)
-                  else np.asarray(v) for v in frame["pixels"]]
+        pixels = [
+            np.frombuffer(v, np.uint8).reshape(SIZE, SIZE, 3)
+            if isinstance(v, bytes)
+            else np.asarray(v)
+            for v in frame["pixels"]
+        ]
         return {"pixels": np.stack(pixels)}
     return {"x": frame["x"].to_numpy(np.float64), "cat": frame["cat"].to_numpy(np.int64)}
 
@@ -453,20 +639,28 @@ def sample_of(job: str, tool: str, out: Any, rids: np.ndarray) -> dict[str, np.n
 def compare(job: str, ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> tuple[bool, str]:
     n = len(next(iter(ref.values())))
     if job == "text":
-        same = (np.array_equal(ref["ids"], got["ids"].astype(np.int64))
-                and np.array_equal(ref["mask"], got["mask"].astype(np.int64)))
-        bad = int((ref["ids"] != got["ids"]).any(axis=1).sum()) if ref["ids"].shape == got[
-            "ids"].shape else n
+        same = np.array_equal(ref["ids"], got["ids"].astype(np.int64)) and np.array_equal(
+            ref["mask"], got["mask"].astype(np.int64)
+        )
+        bad = (
+            int((ref["ids"] != got["ids"]).any(axis=1).sum())
+            if ref["ids"].shape == got["ids"].shape
+            else n
+        )
         return same, f"{n} rows: ids and mask {'equal' if same else f'differ in {bad} rows'}"
     if job == "images":
         diff = np.abs(ref["pixels"].astype(np.int16) - got["pixels"].astype(np.int16))
         worst = int(diff.max())
-        return worst <= 1, (f"{n} images: max |Δpixel| = {worst} (≤ 1 required), "
-                            f"{(diff > 0).mean():.2%} of values differ")
+        return worst <= 1, (
+            f"{n} images: max |Δpixel| = {worst} (≤ 1 required), "
+            f"{(diff > 0).mean():.2%} of values differ"
+        )
     dx = float(np.max(np.abs(ref["x"] - got["x"])))
     same_ids = np.array_equal(ref["cat"], got["cat"])
-    return dx <= 1e-6 and same_ids, (f"{n} rows: max |Δscaled| = {dx:.1e} (≤ 1e-6 required), "
-                                     f"ids {'equal' if same_ids else 'DIFFER'}")
+    return dx <= 1e-6 and same_ids, (
+        f"{n} rows: max |Δscaled| = {dx:.1e} (≤ 1e-6 required), "
+        f"ids {'equal' if same_ids else 'DIFFER'}"
+    )
 
 
 # ---------------------------------------------------------------------------- Spark
@@ -479,13 +673,16 @@ def start_spark() -> tuple[Any, float]:
     from pyspark.sql import SparkSession
 
     start = time.perf_counter()
-    spark = (SparkSession.builder.master("local[2]").appName("feedline-bench-preprocess")
-             .config("spark.driver.memory", "6g")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.python.worker.reuse", "true")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("feedline-bench-preprocess")
+        .config("spark.driver.memory", "6g")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     seconds = time.perf_counter() - start
     spark.sparkContext.setLogLevel("ERROR")
     return spark, seconds
@@ -509,8 +706,9 @@ def spark_noop(df: Any) -> None:
 # ---------------------------------------------------------------------------- driver
 
 
-def run_local_tools(job: str, data: Any, args: argparse.Namespace, work: Path,
-                    rids: np.ndarray) -> list[Run]:
+def run_local_tools(
+    job: str, data: Any, args: argparse.Namespace, work: Path, rids: np.ndarray
+) -> list[Run]:
     """feedline, pandas and datasets on one job; checks their outputs on ``rids``."""
     import datasets
 
@@ -522,19 +720,28 @@ def run_local_tools(job: str, data: Any, args: argparse.Namespace, work: Path,
     datasets.Dataset(table).save_to_disk(str(dpath))  # memory-mapped, as load_dataset gives
     dset = datasets.load_from_disk(str(dpath))
     jobs = {
-        "text": (lambda: text_feedline(table, tok_path), lambda: text_pandas(df, tok_path),
-                 lambda: text_datasets(dset, tok_path)),
-        "images": (lambda: images_feedline(table), lambda: images_pandas(df),
-                   lambda: images_datasets(dset)),
-        "tabular": (lambda: tabular_feedline(table), lambda: tabular_pandas(df),
-                    lambda: tabular_datasets(dset)),
+        "text": (
+            lambda: text_feedline(table, tok_path),
+            lambda: text_pandas(df, tok_path),
+            lambda: text_datasets(dset, tok_path),
+        ),
+        "images": (
+            lambda: images_feedline(table),
+            lambda: images_pandas(df),
+            lambda: images_datasets(dset),
+        ),
+        "tabular": (
+            lambda: tabular_feedline(table),
+            lambda: tabular_pandas(df),
+            lambda: tabular_datasets(dset),
+        ),
     }[job]
     what = {
         "feedline": "fl.from_arrow(table).transform(p).to_arrow() on the local engine "
-                    "(p built inside the timing; fit included)",
+        "(p built inside the timing; fit included)",
         "pandas": "row-wise Series.apply over a DataFrame (one Python call per row and column)",
         "datasets": "Dataset.map(batched=True, num_proc=2) over a memory-mapped Dataset, "
-                    "writing its Arrow cache files (load_from_cache_file=False)",
+        "writing its Arrow cache files (load_from_cache_file=False)",
     }
     budget = {"pandas": args.pandas_budget}
     ref = None
@@ -557,8 +764,11 @@ def run_local_tools(job: str, data: Any, args: argparse.Namespace, work: Path,
             for entry in out.cache_files:
                 Path(entry["filename"]).unlink(missing_ok=True)
         del out
-        console.print(f"best {run.best:.3f} s of {[round(t, 3) for t in times]} "
-                      f"-> {run.rows_per_s:,.0f} rows/s", highlight=False)
+        console.print(
+            f"best {run.best:.3f} s of {[round(t, 3) for t in times]} "
+            f"-> {run.rows_per_s:,.0f} rows/s",
+            highlight=False,
+        )
         console.print(f"      check: {run.check}", highlight=False)
         runs.append(run)
         gc.collect()
@@ -572,8 +782,9 @@ def run_local_tools(job: str, data: Any, args: argparse.Namespace, work: Path,
 REFERENCE: dict[str, dict[str, np.ndarray]] = {}
 
 
-def run_spark(inputs: dict[str, Any], args: argparse.Namespace, work: Path,
-              rids: dict[str, np.ndarray]) -> tuple[list[Run], float]:
+def run_spark(
+    inputs: dict[str, Any], args: argparse.Namespace, work: Path, rids: dict[str, np.ndarray]
+) -> tuple[list[Run], float]:
     from pyspark.sql import functions as F
 
     spark, start_s = start_spark()
@@ -587,37 +798,52 @@ def run_spark(inputs: dict[str, Any], args: argparse.Namespace, work: Path,
             batch = 256 if job == "images" else 10_000
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(batch))
             udf, schema = {
-                "text": (text_spark_udf(str(tok_path)),
-                         "rid long, ids array<int>, mask array<tinyint>"),
+                "text": (
+                    text_spark_udf(str(tok_path)),
+                    "rid long, ids array<int>, mask array<tinyint>",
+                ),
                 "images": (images_spark_udf, "rid long, pixels binary"),
             }.get(job, (None, None))
 
-            def query(job: str = job, path: str = path, udf: Any = udf,
-                      schema: Any = schema) -> Any:
+            def query(
+                job: str = job, path: str = path, udf: Any = udf, schema: Any = schema
+            ) -> Any:
                 df = spark.read.parquet(path)
                 if job != "tabular":
                     return df.mapInPandas(udf, schema)
                 stats = df.agg(F.avg("x").alias("mean"), F.var_pop("x").alias("var")).first()
                 counts = {r["cat"]: r["count"] for r in df.groupBy("cat").count().collect()}
-                transform = tabular_spark_udf(float(stats["mean"]), scale_of(float(stats["var"])),
-                                              fit_labels(counts))
+                transform = tabular_spark_udf(
+                    float(stats["mean"]), scale_of(float(stats["var"])), fit_labels(counts)
+                )
                 return df.mapInPandas(transform, "rid long, x double, cat long")
 
             console.print(f"  [{job}] spark ...", end=" ")
             times, _ = timed(lambda q=query: spark_noop(q()), args.repeat)
             partitions = spark.read.parquet(path).rdd.getNumPartitions()
-            what = (f"spark.read.parquet ({partitions} partitions) → mapInPandas → noop sink "
-                    "(the whole query runs; rows discarded)")
+            what = (
+                f"spark.read.parquet ({partitions} partitions) → mapInPandas → noop sink "
+                "(the whole query runs; rows discarded)"
+            )
             if job == "tabular":
                 what += "; stats from Spark aggregates (avg, var_pop, groupBy count) included"
-            run = Run(job, "spark", table.num_rows, times, what,
-                      extra={"partitions": partitions, "arrow_batch_rows": batch})
+            run = Run(
+                job,
+                "spark",
+                table.num_rows,
+                times,
+                what,
+                extra={"partitions": partitions, "arrow_batch_rows": batch},
+            )
             picked = query().where(F.col("rid").isin([int(r) for r in rids[job]])).toPandas()
             ref = REFERENCE.get(job)
             if ref is not None:
                 run.ok, run.check = compare(job, ref, sample_of(job, "spark", picked, rids[job]))
-            console.print(f"best {run.best:.3f} s of {[round(t, 3) for t in times]} "
-                          f"-> {run.rows_per_s:,.0f} rows/s", highlight=False)
+            console.print(
+                f"best {run.best:.3f} s of {[round(t, 3) for t in times]} "
+                f"-> {run.rows_per_s:,.0f} rows/s",
+                highlight=False,
+            )
             console.print(f"      check: {run.check}", highlight=False)
             runs.append(run)
     finally:
@@ -625,12 +851,14 @@ def run_spark(inputs: dict[str, Any], args: argparse.Namespace, work: Path,
     return runs, start_s
 
 
-def report(runs: list[Run], spark_start: float | None, args: argparse.Namespace,
-           command: str) -> dict[str, Any]:
+def report(
+    runs: list[Run], spark_start: float | None, args: argparse.Namespace, command: str
+) -> dict[str, Any]:
     table = Table(title="Preprocessing throughput (rows/s; best of N wall-clock runs)")
     for col in ("job", "tool", "best s", "runs", "rows/s", "feedline ×", "same result"):
-        table.add_column(col, justify="right" if col in ("best s", "rows/s", "feedline ×")
-                         else "left")
+        table.add_column(
+            col, justify="right" if col in ("best s", "rows/s", "feedline ×") else "left"
+        )
     summary: dict[str, Any] = {}
     for job in args.jobs:
         job_runs = [r for r in runs if r.job == job]
@@ -638,37 +866,65 @@ def report(runs: list[Run], spark_start: float | None, args: argparse.Namespace,
         peers = [r for r in job_runs if r.tool != "feedline"]
         for r in job_runs:
             ratio = mine.rows_per_s / r.rows_per_s if mine else float("nan")
-            table.add_row(job, r.tool, f"{r.best:.3f}", str(len(r.times)), f"{r.rows_per_s:,.0f}",
-                          "" if r is mine else f"{ratio:.1f}×",
-                          "ref" if r is mine else ("✓" if r.ok else "✗ (see above)"))
+            table.add_row(
+                job,
+                r.tool,
+                f"{r.best:.3f}",
+                str(len(r.times)),
+                f"{r.rows_per_s:,.0f}",
+                "" if r is mine else f"{ratio:.1f}×",
+                "ref" if r is mine else ("✓" if r.ok else "✗ (see above)"),
+            )
         if mine and peers:
             best_peer = max(peers, key=lambda r: r.rows_per_s)
             ratio = mine.rows_per_s / best_peer.rows_per_s
-            summary[job] = {"best_peer": best_peer.tool, "ratio_vs_best_peer": round(ratio, 2),
-                            "goal_2x_met": ratio >= 2.0}
+            summary[job] = {
+                "best_peer": best_peer.tool,
+                "ratio_vs_best_peer": round(ratio, 2),
+                "goal_2x_met": ratio >= 2.0,
+            }
     console.print(table)
     for job, s in summary.items():
         flag = "[green]met[/]" if s["goal_2x_met"] else "[red]MISSED[/]"
-        console.print(f"{job}: feedline is {s['ratio_vs_best_peer']:.2f}× the best peer "
-                      f"({s['best_peer']}); goal ≥ 2×: {flag}")
+        console.print(
+            f"{job}: feedline is {s['ratio_vs_best_peer']:.2f}× the best peer "
+            f"({s['best_peer']}); goal ≥ 2×: {flag}"
+        )
     if spark_start is not None:
         console.print(f"Spark session start: {spark_start:.1f} s (excluded from rows/s)")
     import datasets
     import pyspark
     import tokenizers
 
-    env = {"python": platform.python_version(), "cpus": os.cpu_count(),
-           "machine": platform.machine(), "feedline": fl.__version__,
-           "pyarrow": pa.__version__, "numpy": np.__version__, "pandas": pd.__version__,
-           "datasets": datasets.__version__, "pyspark": pyspark.__version__,
-           "tokenizers": tokenizers.__version__, "pillow": Image.__version__}
-    return {"command": command, "environment": env, "spark_session_start_s": spark_start,
-            "pandas_budget_s": args.pandas_budget,
-            "sizes": {"text_rows": args.text_rows, "images": args.images,
-                      "tabular_rows": args.tabular_rows},
-            "summary": summary,
-            "runs": [asdict(r) | {"best_s": round(r.best, 4), "rows_per_s": round(r.rows_per_s)}
-                     for r in runs]}
+    env = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "feedline": fl.__version__,
+        "pyarrow": pa.__version__,
+        "numpy": np.__version__,
+        "pandas": pd.__version__,
+        "datasets": datasets.__version__,
+        "pyspark": pyspark.__version__,
+        "tokenizers": tokenizers.__version__,
+        "pillow": Image.__version__,
+    }
+    return {
+        "command": command,
+        "environment": env,
+        "spark_session_start_s": spark_start,
+        "pandas_budget_s": args.pandas_budget,
+        "sizes": {
+            "text_rows": args.text_rows,
+            "images": args.images,
+            "tabular_rows": args.tabular_rows,
+        },
+        "summary": summary,
+        "runs": [
+            asdict(r) | {"best_s": round(r.best, 4), "rows_per_s": round(r.rows_per_s)}
+            for r in runs
+        ],
+    }
 
 
 def markdown(result: dict[str, Any], runs: list[Run]) -> str:
@@ -701,23 +957,30 @@ def markdown(result: dict[str, Any], runs: list[Run]) -> str:
         for r in job_runs:
             ratio = "" if r is mine else f"{mine.rows_per_s / r.rows_per_s:.1f}×"
             same = "ref" if r is mine else ("yes" if r.ok else "NO")
-            lines.append(f"| {job} | {r.tool} | {r.best:.2f} | {r.rows_per_s:,.0f} | {ratio} | "
-                         f"{same} |")
+            lines.append(
+                f"| {job} | {r.tool} | {r.best:.2f} | {r.rows_per_s:,.0f} | {ratio} | {same} |"
+            )
     lines.append("")
     for job, s in result["summary"].items():
-        lines.append(f"- **{job}**: feedline {s['ratio_vs_best_peer']:.1f}× the best peer "
-                     f"({s['best_peer']}); goal ≥ 2×: {'met' if s['goal_2x_met'] else 'missed'}.")
+        lines.append(
+            f"- **{job}**: feedline {s['ratio_vs_best_peer']:.1f}× the best peer "
+            f"({s['best_peer']}); goal ≥ 2×: {'met' if s['goal_2x_met'] else 'missed'}."
+        )
     ceiling = result.get("images_pillow_ceiling_per_s")
     if ceiling:
-        shares = ", ".join(f"{r.tool} {r.rows_per_s / ceiling:.0%}" for r in runs
-                           if r.job == "images")
+        shares = ", ".join(
+            f"{r.tool} {r.rows_per_s / ceiling:.0%}" for r in runs if r.job == "images"
+        )
         lines.append(
             f"- (b) is bound by Pillow itself: one core decodes and resizes "
             f"{ceiling / env['cpus']:,.0f} images/s, so no tool doing this work can pass "
-            f"{ceiling:,.0f}/s on {env['cpus']} cores. Share of that ceiling: {shares}.")
+            f"{ceiling:,.0f}/s on {env['cpus']} cores. Share of that ceiling: {shares}."
+        )
     if result["spark_session_start_s"] is not None:
-        lines.append(f"- Spark `local[2]` session start: {result['spark_session_start_s']:.1f} s, "
-                     "excluded from its rows/s.")
+        lines.append(
+            f"- Spark `local[2]` session start: {result['spark_session_start_s']:.1f} s, "
+            "excluded from its rows/s."
+        )
     lines += [
         "- feedline: `fl.from_arrow(table).transform(p).to_arrow()` (local engine, 2 threads); "
         "the preprocessor is built inside the timed call (tokenizer loaded, word cache empty; "
@@ -741,22 +1004,27 @@ def markdown(result: dict[str, Any], runs: list[Run]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, 1-2 repeats")
     parser.add_argument("--text-rows", type=int, default=200_000)
     parser.add_argument("--images", type=int, default=5_000)
     parser.add_argument("--tabular-rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3, help="best of N")
-    parser.add_argument("--pandas-budget", type=float, default=5.0,
-                        help="pandas (slow): no further repeat once this many seconds are spent")
+    parser.add_argument(
+        "--pandas-budget",
+        type=float,
+        default=5.0,
+        help="pandas (slow): no further repeat once this many seconds are spent",
+    )
     parser.add_argument("--jobs", default="text,images,tabular")
     parser.add_argument("--tools", default="feedline,pandas,datasets,spark")
     parser.add_argument("--sample", type=int, default=1000, help="rows checked per tool")
     args = parser.parse_args()
-    command = ("flock /tmp/feedline-bench.lock bench/.venvs/preprocess/bin/python "
-               "bench/preprocess.py") + (
-        " " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    command = (
+        "flock /tmp/feedline-bench.lock bench/.venvs/preprocess/bin/python bench/preprocess.py"
+    ) + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
     if args.quick:
         args.text_rows, args.images, args.tabular_rows = 20_000, 500, 100_000
         args.repeat = 2
@@ -770,17 +1038,26 @@ def main() -> None:
     inputs = make_inputs(args)
     rng = np.random.default_rng(1)
     sizes = {"text": args.text_rows, "images": args.images, "tabular": args.tabular_rows}
-    rids = {job: np.sort(rng.choice(sizes[job], min(sizes[job], args.sample if job != "images"
-                                                    else args.sample // 5), replace=False))
-            for job in args.jobs}
+    rids = {
+        job: np.sort(
+            rng.choice(
+                sizes[job],
+                min(sizes[job], args.sample if job != "images" else args.sample // 5),
+                replace=False,
+            )
+        )
+        for job in args.jobs
+    }
     work = Path(tempfile.mkdtemp(prefix="feedline-bench-preprocess-"))
     runs: list[Run] = []
     spark_start, ceiling = None, None
     try:
         if "images" in args.jobs:
             ceiling = pillow_ceiling(inputs["images"])
-            console.print(f"  [images] Pillow ceiling: {ceiling:,.0f} images/s on "
-                          f"{os.cpu_count()} cores (single-thread decode+resize time x cores)")
+            console.print(
+                f"  [images] Pillow ceiling: {ceiling:,.0f} images/s on "
+                f"{os.cpu_count()} cores (single-thread decode+resize time x cores)"
+            )
         for job in args.jobs:
             runs += run_local_tools(job, inputs[job], args, work, rids[job])
         if "spark" in args.tools:

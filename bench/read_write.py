@@ -125,8 +125,9 @@ def measure_checks(table: pa.Table, work: Path, repeat: int, record: Callable) -
     from feedline.store.shards import file_checksum
 
     out = work / "checked"
-    fl.from_arrow(table).write(out, compression="zstd", rows_per_shard=-(-table.num_rows // 16),
-                               bytes_per_shard=None)
+    fl.from_arrow(table).write(
+        out, compression="zstd", rows_per_shard=-(-table.num_rows // 16), bytes_per_shard=None
+    )
     numeric = [f.name for f in table.schema if f.name != "category"]
     source = fl.open(out).shard_source(numeric)  # what Dataset.loader() reads
     specs = column_specs(source.schema(), numeric)
@@ -136,12 +137,15 @@ def measure_checks(table: pa.Table, work: Path, repeat: int, record: Callable) -
         return lambda: load_cache(shards, specs)
 
     paths = {
-        "checks: fl.open().to_arrow()": (lambda v: lambda: fl.open(out).to_arrow(),
-                                         table.nbytes),
+        "checks: fl.open().to_arrow()": (lambda v: lambda: fl.open(out).to_arrow(), table.nbytes),
         "checks: loader read (numeric columns into the cache)": (
-            load, table.select(numeric).nbytes),
-        "checks: fl.open() of 16 shards (footers only)": (lambda v: lambda: fl.open(out),
-                                                          table.nbytes),
+            load,
+            table.select(numeric).nbytes,
+        ),
+        "checks: fl.open() of 16 shards (footers only)": (
+            lambda v: lambda: fl.open(out),
+            table.nbytes,
+        ),
     }
     costs = {}
     for case, (make, nbytes) in paths.items():
@@ -149,11 +153,17 @@ def measure_checks(table: pa.Table, work: Path, repeat: int, record: Callable) -
         timed = best_of(variants, max(repeat, 5))
         for name, (wall, _cpu) in timed.items():
             record(case, name, wall, nbytes / 1e6, table.num_rows)
-        (wall_on, cpu_on), (wall_off, cpu_off) = timed["all checks (default)"], timed[
-            "all checks off"]
-        costs[case] = {"cpu": cpu_on / cpu_off - 1, "wall": wall_on / wall_off - 1,
-                       "cpu_seconds_on": cpu_on, "cpu_seconds_off": cpu_off,
-                       "cpu_seconds_page_crcs_off": timed["page CRCs off"][1]}
+        (wall_on, cpu_on), (wall_off, cpu_off) = (
+            timed["all checks (default)"],
+            timed["all checks off"],
+        )
+        costs[case] = {
+            "cpu": cpu_on / cpu_off - 1,
+            "wall": wall_on / wall_off - 1,
+            "cpu_seconds_on": cpu_on,
+            "cpu_seconds_off": cpu_off,
+            "cpu_seconds_page_crcs_off": timed["page CRCs off"][1],
+        }
 
     case = "checks: sha256 of every shard (fl.verify's pass)"
     files = [resolve(out).child(s.path) for s in fl.open(out).manifest.shards]
@@ -176,9 +186,11 @@ def _patched(fn: Callable[[], object], variant: tuple[bool, bool] | None):
 CSV_TOOLS = {
     "feedline read_csv().write()": lambda src, out: fl.read_csv(src).write(out / "csv_fl"),
     "pandas read_csv + to_parquet": lambda src, out: pd.read_csv(src).to_parquet(
-        out / "csv_pd.parquet"),
+        out / "csv_pd.parquet"
+    ),
     "pyarrow.csv + write_table": lambda src, out: pq.write_table(
-        pacsv.read_csv(src), out / "csv_pa.parquet", compression="zstd"),
+        pacsv.read_csv(src), out / "csv_pa.parquet", compression="zstd"
+    ),
 }
 
 
@@ -209,8 +221,15 @@ def csv_only(rows: int, repeat: int, work: Path) -> None:
     results: list[dict[str, object]] = []
 
     def record(case: str, tool: str, seconds: float, size_mb: float, n: int) -> None:
-        results.append({"case": case, "tool": tool, "seconds": round(seconds, 4),
-                        "MB/s": round(size_mb / seconds, 1), "rows/s": round(n / seconds)})
+        results.append(
+            {
+                "case": case,
+                "tool": tool,
+                "seconds": round(seconds, 4),
+                "MB/s": round(size_mb / seconds, 1),
+                "rows/s": round(n / seconds),
+            }
+        )
 
     size_mb = csv_conversion(rows, repeat, work, record)
     shutil.rmtree(work, ignore_errors=True)
@@ -219,19 +238,26 @@ def csv_only(rows: int, repeat: int, work: Path) -> None:
     for name in ("tool", "seconds", "MB/s", "rows/s"):
         view.add_column(name)
     for row in results:
-        view.add_row(*(f"{row[k]:,}" if isinstance(row[k], int | float) else str(row[k])
-                       for k in ("tool", "seconds", "MB/s", "rows/s")))
+        view.add_row(
+            *(
+                f"{row[k]:,}" if isinstance(row[k], int | float) else str(row[k])
+                for k in ("tool", "seconds", "MB/s", "rows/s")
+            )
+        )
     console.print(view)
     speed = {row["tool"]: row["MB/s"] for row in results}
     ours = speed["feedline read_csv().write()"]
-    ratios = {"csv: feedline / pandas": ours / speed["pandas read_csv + to_parquet"],
-              "csv: feedline / pyarrow": ours / speed["pyarrow.csv + write_table"]}
+    ratios = {
+        "csv: feedline / pandas": ours / speed["pandas read_csv + to_parquet"],
+        "csv: feedline / pyarrow": ours / speed["pyarrow.csv + write_table"],
+    }
     for name, value in ratios.items():
         console.print(f"{name}: {value:.2f}x")
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "read_write_csv.json").write_text(
-        json.dumps({"results": results, "ratios": ratios}, indent=1))
+        json.dumps({"results": results, "ratios": ratios}, indent=1)
+    )
 
 
 def checks_ratios(costs: dict, results: list[dict], console: Console) -> dict[str, float]:
@@ -239,25 +265,35 @@ def checks_ratios(costs: dict, results: list[dict], console: Console) -> dict[st
     ratios: dict[str, float] = {}
     footers = costs["checks: fl.open() of 16 shards (footers only)"]
     ratios["checks: footer check per shard on open, CPU ms"] = (
-        (footers["cpu_seconds_on"] - footers["cpu_seconds_off"]) / 16 * 1e3)
-    console.print("checks: footer check per shard on open: "
-                  f"{ratios['checks: footer check per shard on open, CPU ms']:.3f} ms CPU")
-    for case in ("checks: fl.open().to_arrow()",
-                 "checks: loader read (numeric columns into the cache)"):
+        (footers["cpu_seconds_on"] - footers["cpu_seconds_off"]) / 16 * 1e3
+    )
+    console.print(
+        "checks: footer check per shard on open: "
+        f"{ratios['checks: footer check per shard on open, CPU ms']:.3f} ms CPU"
+    )
+    for case in (
+        "checks: fl.open().to_arrow()",
+        "checks: loader read (numeric columns into the cache)",
+    ):
         cost = costs[case]
         crc = cost["cpu_seconds_on"] / cost["cpu_seconds_page_crcs_off"] - 1
         ratios[f"{case}: cost of the checks, CPU"] = cost["cpu"]
         ratios[f"{case}: cost of the checks, wall"] = cost["wall"]
         ratios[f"{case}: cost of the page CRCs alone, CPU"] = crc
-        console.print(f"{case}: the checks cost {cost['cpu']:+.1%} CPU time "
-                      f"(the page CRCs alone {crc:+.1%}), {cost['wall']:+.1%} wall time")
-    seconds = {r["tool"]: r["seconds"] for r in results
-               if r["case"].startswith("checks: sha256") or r["case"] == (
-                   "checks: fl.open().to_arrow()")}
+        console.print(
+            f"{case}: the checks cost {cost['cpu']:+.1%} CPU time "
+            f"(the page CRCs alone {crc:+.1%}), {cost['wall']:+.1%} wall time"
+        )
+    seconds = {
+        r["tool"]: r["seconds"]
+        for r in results
+        if r["case"].startswith("checks: sha256") or r["case"] == ("checks: fl.open().to_arrow()")
+    }
     ratio = seconds["hashlib.sha256"] / seconds["all checks (default)"]
     ratios["checks: sha256 of every shard / fl.open().to_arrow() wall time"] = ratio
-    console.print(f"checks: a sha256 of every shard takes {ratio:.2f}x the time of "
-                  "fl.open().to_arrow()")
+    console.print(
+        f"checks: a sha256 of every shard takes {ratio:.2f}x the time of fl.open().to_arrow()"
+    )
     return ratios
 
 
@@ -267,25 +303,39 @@ def checks_only(rows: int, repeat: int, work: Path) -> None:
     results: list[dict[str, object]] = []
 
     def record(case: str, tool: str, seconds: float, size_mb: float, n: int) -> None:
-        results.append({"case": case, "tool": tool, "seconds": round(seconds, 4),
-                        "MB/s": round(size_mb / seconds, 1), "rows/s": round(n / seconds)})
+        results.append(
+            {
+                "case": case,
+                "tool": tool,
+                "seconds": round(seconds, 4),
+                "MB/s": round(size_mb / seconds, 1),
+                "rows/s": round(n / seconds),
+            }
+        )
 
     costs = measure_checks(table, work, repeat, record)
     shutil.rmtree(work, ignore_errors=True)
     console = Console()
-    view = Table(title=f"integrity checks: {rows:,} rows, {table.nbytes / 1e6:.0f} MB in "
-                       "memory, 16 zstd shards (best wall time)")
+    view = Table(
+        title=f"integrity checks: {rows:,} rows, {table.nbytes / 1e6:.0f} MB in "
+        "memory, 16 zstd shards (best wall time)"
+    )
     for name in ("case", "tool", "seconds", "MB/s"):
         view.add_column(name)
     for row in results:
-        view.add_row(*(f"{row[k]:,}" if isinstance(row[k], int | float) else str(row[k])
-                       for k in ("case", "tool", "seconds", "MB/s")))
+        view.add_row(
+            *(
+                f"{row[k]:,}" if isinstance(row[k], int | float) else str(row[k])
+                for k in ("case", "tool", "seconds", "MB/s")
+            )
+        )
     console.print(view)
     ratios = checks_ratios(costs, results, console)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "read_write_checks.json").write_text(
-        json.dumps({"results": results, "ratios": ratios, "costs": costs}, indent=1))
+        json.dumps({"results": results, "ratios": ratios, "costs": costs}, indent=1)
+    )
 
 
 def main() -> None:
@@ -293,9 +343,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--csv-rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", choices=["all", "csv", "checks"], default="all",
-                        help="'csv': only the CSV -> Parquet cases (bench/out/read_write_csv.json)"
-                        "; 'checks': only the integrity checks (bench/out/read_write_checks.json)")
+    parser.add_argument(
+        "--only",
+        choices=["all", "csv", "checks"],
+        default="all",
+        help="'csv': only the CSV -> Parquet cases (bench/out/read_write_csv.json)"
+        "; 'checks': only the integrity checks (bench/out/read_write_checks.json)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="feedline-bench-"))
     if args.only == "csv":
@@ -309,17 +363,28 @@ def main() -> None:
     results: list[dict[str, object]] = []
 
     def record(case: str, tool: str, seconds: float, size_mb: float, rows: int) -> None:
-        results.append({"case": case, "tool": tool, "seconds": round(seconds, 4),
-                        "MB/s": round(size_mb / seconds, 1), "rows/s": round(rows / seconds)})
+        results.append(
+            {
+                "case": case,
+                "tool": tool,
+                "seconds": round(seconds, 4),
+                "MB/s": round(size_mb / seconds, 1),
+                "rows/s": round(rows / seconds),
+            }
+        )
 
     # --- write: same table, zstd, ~same row group size
     fl_out, pa_out = work / "fl", work / "pa.parquet"
-    t = best(lambda: fl.from_arrow(table).write(fl_out, compression="zstd",
-                                                bytes_per_shard=None), args.repeat)
+    t = best(
+        lambda: fl.from_arrow(table).write(fl_out, compression="zstd", bytes_per_shard=None),
+        args.repeat,
+    )
     record("write parquet (zstd)", "feedline", t, mb, args.rows)
     rg_rows = fl.open(fl_out).manifest.shards[0].row_groups[0]
-    t = best(lambda: pq.write_table(table, pa_out, compression="zstd", row_group_size=rg_rows),
-             args.repeat)
+    t = best(
+        lambda: pq.write_table(table, pa_out, compression="zstd", row_group_size=rg_rows),
+        args.repeat,
+    )
     record("write parquet (zstd)", "pyarrow.parquet.write_table", t, mb, args.rows)
 
     # --- read: the same file(s), all columns, from the page cache
@@ -339,13 +404,19 @@ def main() -> None:
 
     shutil.rmtree(work, ignore_errors=True)
     console = Console()
-    view = Table(title=f"read/write: {args.rows:,} rows, {mb:.0f} MB in memory; "
-                       f"CSV {args.csv_rows:,} rows, {csv_mb:.0f} MB")
+    view = Table(
+        title=f"read/write: {args.rows:,} rows, {mb:.0f} MB in memory; "
+        f"CSV {args.csv_rows:,} rows, {csv_mb:.0f} MB"
+    )
     for name in ("case", "tool", "seconds", "MB/s", "rows/s"):
         view.add_column(name)
     for row in results:
-        view.add_row(*(f"{row[k]:,}" if isinstance(row[k], int | float) else str(row[k])
-                       for k in ("case", "tool", "seconds", "MB/s", "rows/s")))
+        view.add_row(
+            *(
+                f"{row[k]:,}" if isinstance(row[k], int | float) else str(row[k])
+                for k in ("case", "tool", "seconds", "MB/s", "rows/s")
+            )
+        )
     console.print(view)
 
     def speed(case: str, tool: str) -> float:
@@ -355,10 +426,12 @@ def main() -> None:
         "write: feedline / pyarrow": speed("write parquet (zstd)", "feedline")
         / speed("write parquet (zstd)", "pyarrow.parquet.write_table"),
         "read: feedline to_arrow / pyarrow read_table": speed(
-            "read to Arrow table", "feedline open().to_arrow()")
+            "read to Arrow table", "feedline open().to_arrow()"
+        )
         / speed("read to Arrow table", "pyarrow.parquet.read_table"),
         "read: feedline iter_batches / pyarrow read_table": speed(
-            "read to Arrow table", "feedline open().iter_batches()")
+            "read to Arrow table", "feedline open().iter_batches()"
+        )
         / speed("read to Arrow table", "pyarrow.parquet.read_table"),
         "csv: feedline / pandas": speed("CSV -> Parquet", "feedline read_csv().write()")
         / speed("CSV -> Parquet", "pandas read_csv + to_parquet"),
@@ -370,8 +443,9 @@ def main() -> None:
     ratios |= checks_ratios(check_costs, results, console)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
-    (out / "read_write.json").write_text(json.dumps({"results": results, "ratios": ratios},
-                                                    indent=1))
+    (out / "read_write.json").write_text(
+        json.dumps({"results": results, "ratios": ratios}, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -83,8 +83,10 @@ def test_first_ten_minutes_from_a_folder_of_images(in_tmp: Path) -> None:
     assert written.count() == 24
     assert sorted(set(written.to_arrow()["label"].to_pylist())) == [0, 1]
     batch = scope["batch"]
-    assert tuple(batch["bytes"].shape) == (8, 3, 64, 64) and str(batch["bytes"].dtype) == \
-        "torch.float32"
+    assert (
+        tuple(batch["bytes"].shape) == (8, 3, 64, 64)
+        and str(batch["bytes"].dtype) == "torch.float32"
+    )
     assert set(batch["label"].tolist()) <= {0, 1} and scope["epoch"] == 2
     assert math.isfinite(scope["loss"].item())
 
@@ -129,13 +131,19 @@ def test_check_the_install_commands_run() -> None:
     version_line, python_line = lines
     command, _, comment = version_line.partition("#")
     assert command.split() == ["feedline", "--version"]
-    result = subprocess.run([sys.executable, "-m", "feedline", "--version"], capture_output=True,
-                            text=True, timeout=120, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "feedline", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert result.stdout.strip() == comment.strip() == f"feedline {fl.__version__}"
     argv = shlex.split(python_line)
     assert argv[0] == "python"
-    result = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True,
-                            timeout=120, check=True)
+    result = subprocess.run(
+        [sys.executable, *argv[1:]], capture_output=True, text=True, timeout=120, check=True
+    )
     assert result.stdout.split() == [fl.__version__, "3"]
 
 
@@ -148,8 +156,10 @@ def block_after(text: str) -> str:
 
 def test_links_lead_to_files_and_headings() -> None:
     text = README.read_text()
-    headings = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
-                for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    headings = {
+        re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.*)$", text, re.M)
+    }
     links = re.findall(r"\]\(([^)]+)\)", text)
     assert "docs/index.md" in links and "DESIGN.md" not in text
     for link in links:

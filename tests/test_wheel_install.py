@@ -70,10 +70,12 @@ print("quickstart ok", fl.__version__)
 
 
 def _run(argv: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME",
-                                                           "VIRTUAL_ENV")}
-    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=300, check=False, **kwargs)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    }
+    result = subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False, **kwargs
+    )
     assert result.returncode == 0, f"{argv[:4]} failed:\n{result.stdout}\n{result.stderr}"
     return result
 
@@ -81,12 +83,25 @@ def _run(argv: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess[st
 def build_wheel(tmp_path: Path) -> Path:
     """A wheel built from a copy of this checkout's sources."""
     source = tmp_path / "source"
-    shutil.copytree(PACKAGE, source / "feedline",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        PACKAGE, source / "feedline", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, source / name)
-    _run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q",
-          "-w", str(tmp_path / "dist")], cwd=tmp_path)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(source),
+            "--no-deps",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        cwd=tmp_path,
+    )
     (wheel,) = (tmp_path / "dist").glob("feedline-*.whl")
     return wheel
 
@@ -98,9 +113,14 @@ def check_contents(wheel: Path) -> None:
         info = next(n for n in names if n.endswith(".dist-info/METADATA"))
         metadata = email.message_from_bytes(archive.read(info))
         entry_points = archive.read(info.replace("METADATA", "entry_points.txt")).decode()
-    files = {p.relative_to(PACKAGE.parent).as_posix() for p in PACKAGE.rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts and not p.name.startswith(".")
-             and p.suffix != ".pyc"}  # modules and package data (templates, demo files...)
+    files = {
+        p.relative_to(PACKAGE.parent).as_posix()
+        for p in PACKAGE.rglob("*")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and not p.name.startswith(".")
+        and p.suffix != ".pyc"
+    }  # modules and package data (templates, demo files...)
     assert any(f.startswith("feedline/loader/nodes/") for f in files)
     assert not files - names, f"files missing from the wheel: {sorted(files - names)}"
     assert metadata["Version"] == feedline.__version__, "pyproject and _version.py disagree"
@@ -114,8 +134,9 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quickstart(tmp_path: 
     wheel = build_wheel(tmp_path)
     check_contents(wheel)
     env = tmp_path / "env"
-    venv.EnvBuilder(with_pip=True, system_site_packages=False, symlinks=os.name != "nt",
-                    clear=True).create(env)
+    venv.EnvBuilder(
+        with_pip=True, system_site_packages=False, symlinks=os.name != "nt", clear=True
+    ).create(env)
     bin_dir = env / ("Scripts" if os.name == "nt" else "bin")
     python = bin_dir / "python"
     _run([str(python), "-m", "pip", "install", "-q", f"{wheel}[images]"], cwd=tmp_path)
@@ -125,8 +146,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quickstart(tmp_path: 
     assert result.stdout.split() == ["quickstart", "ok", feedline.__version__]
     result = _run([str(bin_dir / "feedline"), "--version"], cwd=work)
     assert result.stdout.strip() == f"feedline {feedline.__version__}"
-    result = _run([str(bin_dir / "feedline"), "inspect", "events-train"], cwd=work,
-                  input="")
+    result = _run([str(bin_dir / "feedline"), "inspect", "events-train"], cwd=work, input="")
     assert "1,200" in result.stdout and "events" in result.stdout
     installed = _run([str(python), "-m", "pip", "list", "--format=freeze"], cwd=work).stdout
     for heavy in ("torch", "tensorflow", "pyspark", "ray", "pandas"):

@@ -87,10 +87,12 @@ class AttachMeta:
             Path(marker_dir, uuid.uuid4().hex).write_text(str(os.getpid()))
         weights = fl.read_csv(csv_dir).to_arrow()
         breeds = fl.read_parquet(parquet_dir).to_arrow()
-        self.weight = dict(zip(weights["image_id"].to_pylist(), weights["weight"].to_pylist(),
-                               strict=True))
-        self.breed = dict(zip(breeds["image_id"].to_pylist(), breeds["breed"].to_pylist(),
-                              strict=True))
+        self.weight = dict(
+            zip(weights["image_id"].to_pylist(), weights["weight"].to_pylist(), strict=True)
+        )
+        self.breed = dict(
+            zip(breeds["image_id"].to_pylist(), breeds["breed"].to_pylist(), strict=True)
+        )
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         stems = [Path(p).stem for p in batch["path"].to_pylist()]
@@ -136,8 +138,12 @@ def preprocessing() -> fl.Chain:
 
 def add_ratio(batch: pa.RecordBatch) -> dict:
     ratio = pc.divide(batch["weight"], pc.add(batch["image_id"], 1))
-    return {"image_id": batch["image_id"], "weight": batch["weight"], "ratio": ratio,
-            "breed": batch["breed"]}
+    return {
+        "image_id": batch["image_id"],
+        "weight": batch["weight"],
+        "ratio": ratio,
+        "breed": batch["breed"],
+    }
 
 
 def sorted_table(path: Path, key: str) -> pa.Table:
@@ -163,7 +169,9 @@ def test_tabular_pipeline_same_rows_schema_and_fit(engine, inputs, tmp_path, kin
     )
     tokenizers = pytest.importorskip("tokenizers")
     Tokenizer, models, pre_tokenizers = (
-        tokenizers.Tokenizer, tokenizers.models, tokenizers.pre_tokenizers
+        tokenizers.Tokenizer,
+        tokenizers.models,
+        tokenizers.pre_tokenizers,
     )
 
     vocab = {"[PAD]": 0, "[UNK]": 1, "tabby": 2, "siamese": 3, "lab": 4}
@@ -321,8 +329,12 @@ def with_tensor(batch: dict) -> dict:
 
 def test_from_ray_and_to_ray_round_trip(engine, tmp_path):
     rds = ray.data.range(40, override_num_blocks=4).map_batches(with_tensor)
-    ds = from_ray(rds).filter(pc.field("id") >= 14).map_batches(
-        lambda b: b.append_column("half", pc.divide(pc.cast(b["id"], pa.float64()), 2))
+    ds = (
+        from_ray(rds)
+        .filter(pc.field("id") >= 14)
+        .map_batches(
+            lambda b: b.append_column("half", pc.divide(pc.cast(b["id"], pa.float64()), 2))
+        )
     )
     assert ds.schema().field("vec").type == pa.fixed_shape_tensor(pa.float32(), [2])
     ds.write(tmp_path / "ray", engine=engine)
@@ -403,9 +415,16 @@ def test_ray_writer_manifest_schema_agrees_with_its_shards(engine, tmp_path):
 
     seconds = [dt.datetime(2024, 1, 1, 10, 0, s) for s in range(12)]
     frame = pd.DataFrame({"id": range(12), "cat": ["a", "b", "c"] * 4})
-    data = fl.from_pandas(frame).transform(fl.StringIndexer("cat")).map_batches(
-        lambda b: b.append_column("t", pa.array(seconds, pa.timestamp("s")).take(b["id"]))
-        .append_column("d", pc.cast(pc.cast(b["id"], pa.int32()), pa.date32()).cast(pa.date64()))
+    data = (
+        fl.from_pandas(frame)
+        .transform(fl.StringIndexer("cat"))
+        .map_batches(
+            lambda b: b.append_column(
+                "t", pa.array(seconds, pa.timestamp("s")).take(b["id"])
+            ).append_column(
+                "d", pc.cast(pc.cast(b["id"], pa.int32()), pa.date32()).cast(pa.date64())
+            )
+        )
     )
     out = tmp_path / "ds"
     data.write(out, engine=engine, rows_per_shard=5)

@@ -352,9 +352,16 @@ def test_spark_writer_manifest_schema_agrees_with_its_shards(spark, tmp_path):
 
     seconds = [dt.datetime(2024, 1, 1, 10, 0, s) for s in range(12)]
     frame = pd.DataFrame({"id": range(12), "cat": ["a", "b", "c"] * 4})
-    data = fl.from_pandas(frame).transform(fl.StringIndexer("cat")).map_batches(
-        lambda b: b.append_column("t", pa.array(seconds, pa.timestamp("s")).take(b["id"]))
-        .append_column("d", pc.cast(pc.cast(b["id"], pa.int32()), pa.date32()).cast(pa.date64()))
+    data = (
+        fl.from_pandas(frame)
+        .transform(fl.StringIndexer("cat"))
+        .map_batches(
+            lambda b: b.append_column(
+                "t", pa.array(seconds, pa.timestamp("s")).take(b["id"])
+            ).append_column(
+                "d", pc.cast(pc.cast(b["id"], pa.int32()), pa.date32()).cast(pa.date64())
+            )
+        )
     )
     out = tmp_path / "ds"
     data.write(out, engine=SparkEngine(spark), rows_per_shard=5)

@@ -135,8 +135,13 @@ def test_a_process_worker_exception_comes_back_with_the_worker_traceback_text() 
     assert 'raise ValueError("sample seven is cursed")' in message  # the worker's frames
     assert "row index 7" in message
     assert isinstance(info.value.__cause__, ValueError)
-    feedline_error = dataset(32).loader(batch_size=4, shuffle=False, num_workers=1,
-                                        transform=map_fns.data_error_on_7, worker_type="process")
+    feedline_error = dataset(32).loader(
+        batch_size=4,
+        shuffle=False,
+        num_workers=1,
+        transform=map_fns.data_error_on_7,
+        worker_type="process",
+    )
     with feedline_error, pytest.raises(DataError, match="sample 7") as info:
         list(feedline_error)  # feedline's own errors keep their type
     assert any("worker process" in note for note in info.value.__notes__)

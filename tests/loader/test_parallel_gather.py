@@ -36,8 +36,7 @@ def windows_loader() -> fl.Loader:
     ds = fl.from_arrow(pa.table(columns))
     windows = fl.Windows(SIZE, HORIZON, by="s", order_by="t",
                          features=[f"f{j}" for j in range(FEATURES)])  # fmt: skip
-    return ds.loader(windows=windows, batch_size=BATCH, seed=3, drop_last=False,
-                     format="numpy")
+    return ds.loader(windows=windows, batch_size=BATCH, seed=3, drop_last=False, format="numpy")
 
 
 def gather(loader: fl.Loader, threads: int, *, group: int = 4, fmt: str | None = None,
@@ -192,7 +191,8 @@ def test_the_pool_splits_by_the_idle_cpu_time_it_reads(
 
 def test_a_split_loader_left_unclosed_at_exit_prints_nothing(tmp_path: Path) -> None:
     script = tmp_path / "unclosed.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import threading
         import numpy as np, pyarrow as pa
         import torch  # changes the order modules are torn down in: the failure needs it
@@ -208,7 +208,8 @@ def test_a_split_loader_left_unclosed_at_exit_prints_nothing(tmp_path: Path) -> 
             pass
         assert any(t.name.startswith("feedline-gather") for t in threading.enumerate())
         print("{MARK}")  # exits with the loop broken off and never closed
-    """))
+    """)
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr

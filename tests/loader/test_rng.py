@@ -38,8 +38,12 @@ def test_draws_are_independent_of_the_shuffle_stream():
     # generator must not be that stream
     perm = epoch_permutation(1000, seed=0, epoch=0)
     assert not (sample_rng(0, 0, 0).permutation(1000) == perm).all()
-    assert not (sample_rng(0, 0, 0).integers(0, 2**62, 4) == np.random.Generator(
-        np.random.PCG64(np.random.SeedSequence([0, 0, 0]))).integers(0, 2**62, 4)).all()
+    assert not (
+        sample_rng(0, 0, 0).integers(0, 2**62, 4)
+        == np.random.Generator(np.random.PCG64(np.random.SeedSequence([0, 0, 0]))).integers(
+            0, 2**62, 4
+        )
+    ).all()
 
 
 def test_sample_rngs_equal_sample_rng_per_index():

@@ -51,8 +51,12 @@ def bomb_png(width: int, height: int) -> bytes:
     comp = zlib.compressobj(9)
     data = b"".join(comp.compress(row) for _ in range(height)) + comp.flush()
     header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", data)
-            + png_chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", header)
+        + png_chunk(b"IDAT", data)
+        + png_chunk(b"IEND", b"")
+    )
 
 
 def lying_png(width: int, height: int) -> bytes:
@@ -139,10 +143,16 @@ def pil_reference(im: Image.Image, size: tuple[int, int], crop: bool = True) -> 
 # ---------------------------------------------------------------- good images, all modes
 
 
-@pytest.mark.parametrize("mode,layout,shape", [
-    ("RGB", "HWC", (24, 32, 3)), ("RGB", "CHW", (3, 24, 32)),
-    ("L", "HWC", (24, 32, 1)), ("L", "CHW", (1, 24, 32)), ("RGBA", "HWC", (24, 32, 4)),
-])
+@pytest.mark.parametrize(
+    "mode,layout,shape",
+    [
+        ("RGB", "HWC", (24, 32, 3)),
+        ("RGB", "CHW", (3, 24, 32)),
+        ("L", "HWC", (24, 32, 1)),
+        ("L", "CHW", (1, 24, 32)),
+        ("RGBA", "HWC", (24, 32, 4)),
+    ],
+)
 def test_every_good_file_decodes_to_the_declared_shape(folder, mode, layout, shape):
     p = DecodeImages(size=(24, 32), mode=mode, layout=layout)
     out = fl.read_images(folder / "good").transform(p).to_arrow()
@@ -167,8 +177,9 @@ def test_solid_colour_is_exact_and_gradient_matches_pillow():
     assert (out == np.array([12, 200, 77], np.uint8)).all()
 
     y, x = np.mgrid[0:200, 0:300]
-    grad = Image.fromarray(np.stack([x * 255 // 299, y * 255 // 199, (x + y) % 256], -1)
-                           .astype(np.uint8))
+    grad = Image.fromarray(
+        np.stack([x * 255 // 299, y * 255 // 199, (x + y) % 256], -1).astype(np.uint8)
+    )
     for resize, crop in (("shorter+center_crop", True), ("stretch", False)):
         out = decoded(DecodeImages(size=(40, 48), resize=resize), {"g.png": encode(grad, "PNG")})
         diff = np.abs(out[0].astype(int) - pil_reference(grad, (40, 48), crop).astype(int))
@@ -205,8 +216,9 @@ def test_center_crop_survives_rounding_and_matches_pillow():
             s = max(W / w, H / h)
             cw, ch = min(w, W / s), min(h, H / s)
             box = ((w - cw) / 2, (h - ch) / 2, (w + cw) / 2, (h + ch) / 2)
-            ref = np.asarray(im.resize((W, H), Image.Resampling.BILINEAR, box=box,
-                                       reducing_gap=3.0))  # as DecodeImages
+            ref = np.asarray(
+                im.resize((W, H), Image.Resampling.BILINEAR, box=box, reducing_gap=3.0)
+            )  # as DecodeImages
             assert np.abs(out.astype(int) - ref).max() <= 1, (w, h, size)
 
 
@@ -250,8 +262,10 @@ def test_jpeg_draft_is_close_to_full_decoding_and_faster(capsys):
     drafted = best(lambda: p.decode([data]))
     plain = best(lambda: pil_reference(Image.open(io.BytesIO(data)), (224, 224)))
     with capsys.disabled():
-        print(f"\n2000x1500 JPEG -> 224x224: draft {drafted * 1e3:.1f} ms, full decode "
-              f"{plain * 1e3:.1f} ms, speedup {plain / drafted:.1f}x")
+        print(
+            f"\n2000x1500 JPEG -> 224x224: draft {drafted * 1e3:.1f} ms, full decode "
+            f"{plain * 1e3:.1f} ms, speedup {plain / drafted:.1f}x"
+        )
 
 
 def test_grey_jpeg_with_draft_to_l():
@@ -265,10 +279,15 @@ def test_grey_jpeg_with_draft_to_l():
 
 # How a camera stores an upright picture for each EXIF orientation (the inverse of what a
 # viewer applies): 6 = camera turned right, so the stored pixels are the picture turned left.
-STORED = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
-          4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
-          6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
-          8: Image.Transpose.ROTATE_270}
+STORED = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_90,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_270,
+}
 
 
 def marked(w: int, h: int) -> Image.Image:
@@ -291,11 +310,16 @@ def as_taken(upright: Image.Image, orientation: int, fmt: str = "JPEG") -> bytes
 @pytest.mark.parametrize("orientation", [6, 3, 8, 2, 4, 5, 7])
 def test_exif_orientation_is_applied(orientation):
     upright = marked(330, 210)  # drafted at 1/4: 82.5 x 52.5, a fractional region
-    files = {"taken.jpg": as_taken(upright, orientation), "upright.jpg": encode(
-        upright, "JPEG", quality=100, subsampling=0)}
+    files = {
+        "taken.jpg": as_taken(upright, orientation),
+        "upright.jpg": encode(upright, "JPEG", quality=100, subsampling=0),
+    }
     assert Image.open(io.BytesIO(files["taken.jpg"])).size != upright.size or orientation < 5
-    for p in (DecodeImages(size=(42, 64)), DecodeImages(size=(21, 32)),
-              DecodeImages(size=(60, 40), resize="stretch")):
+    for p in (
+        DecodeImages(size=(42, 64)),
+        DecodeImages(size=(21, 32)),
+        DecodeImages(size=(60, 40), resize="stretch"),
+    ):
         got, reference = decoded(p, files).astype(int)
         error = np.abs(got - reference)  # JPEG noise only; turned: ~100, half a pixel off: ~90
         assert error.mean() < 1.0 and error.max() < 40, (orientation, p.size)
@@ -318,8 +342,14 @@ def test_exif_orientation_of_png_without_resizing_is_exact(orientation):
     assert np.array_equal(chw, np.asarray(upright).transpose(2, 0, 1))
 
 
-@pytest.mark.parametrize("patch", [{18: b"\x00\x09"}, {18: b"\x00\x00"},  # out of range
-                                   {12: b"\x00\x02\x00\x00\x00\x04", 18: b"ab\x00\x00"}])  # text
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {18: b"\x00\x09"},
+        {18: b"\x00\x00"},  # out of range
+        {12: b"\x00\x02\x00\x00\x00\x04", 18: b"ab\x00\x00"},
+    ],
+)  # text
 def test_odd_orientation_tags_keep_the_pixels_as_stored(patch):
     upright = marked(64, 48)
     data = bytearray(as_taken(upright, 6))
@@ -390,8 +420,10 @@ def test_skip_without_a_path_column_names_rows_and_warns():
     assert out.num_rows == 1
     report = ExecutionReport()
     DecodeImages(size=8, on_error="skip").transform_batch(batch, report=report, where="x.parquet")
-    assert [s["where"] for s in report.skipped] == ["row 1 of the batch from x.parquet",
-                                                    "row 2 of the batch from x.parquet"]
+    assert [s["where"] for s in report.skipped] == [
+        "row 1 of the batch from x.parquet",
+        "row 2 of the batch from x.parquet",
+    ]
     assert "null" in report.skipped[1]["reason"]
 
 
@@ -401,8 +433,15 @@ def test_empty_batches_and_bad_arguments():
     assert out.num_rows == 0 and out.schema.field("bytes").type.shape == [3, 4, 5]
     with pytest.raises(SchemaError, match="binary column"):
         DecodeImages(size=4).transform_batch(pa.record_batch({"bytes": [1, 2]}))
-    for bad in ({"size": (0, 4)}, {"mode": "CMYK"}, {"layout": "WHC"}, {"on_error": "ignore"},
-                {"resize": "fit"}, {"max_pixels": 0}, {"resample": "cubic"}):
+    for bad in (
+        {"size": (0, 4)},
+        {"mode": "CMYK"},
+        {"layout": "WHC"},
+        {"on_error": "ignore"},
+        {"resize": "fit"},
+        {"max_pixels": 0},
+        {"resample": "cubic"},
+    ):
         with pytest.raises(ConfigurationError):
             DecodeImages(**bad)
 
@@ -411,8 +450,17 @@ def test_empty_batches_and_bad_arguments():
 
 
 def test_state_round_trip_and_manifest(folder, tmp_path):
-    p = DecodeImages("bytes", size=(20, 30), mode="L", resize="stretch", layout="CHW",
-                     on_error="skip", max_pixels=10**7, resample="lanczos", background=None)
+    p = DecodeImages(
+        "bytes",
+        size=(20, 30),
+        mode="L",
+        resize="stretch",
+        layout="CHW",
+        on_error="skip",
+        max_pixels=10**7,
+        resample="lanczos",
+        background=None,
+    )
     again = from_state(p.state)
     assert isinstance(again, DecodeImages) and again.params() == p.params()
     files = {k: v for k, v in good_files().items() if k != "rgba.png"}
@@ -451,8 +499,9 @@ def test_normalize_matches_numpy():
     np.testing.assert_allclose(Normalize("i", MEAN, STD).apply(x[0]), expect[0], atol=1e-5)
     chw = Normalize("image", MEAN, STD, layout="CHW").apply(x.transpose(0, 3, 1, 2))
     np.testing.assert_allclose(chw, expect.transpose(0, 3, 1, 2), atol=1e-5)
-    np.testing.assert_allclose(Normalize("i", 0.5, 0.25).apply(x), (x / 255 - 0.5) / 0.25,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        Normalize("i", 0.5, 0.25).apply(x), (x / 255 - 0.5) / 0.25, atol=1e-5
+    )
     with pytest.raises(SchemaError, match="layout"):
         Normalize("image", MEAN, STD, layout="CHW").apply(x)
     with pytest.raises(ConfigurationError):
@@ -465,8 +514,11 @@ def test_normalize_as_a_pipeline_step_and_round_trip(folder):
     out = table.to_arrow()
     assert out.schema.field("x").type == pa.fixed_shape_tensor(pa.float32(), [12, 12, 3])
     pixels = out.column("bytes").combine_chunks().to_numpy_ndarray()
-    np.testing.assert_allclose(out.column("x").combine_chunks().to_numpy_ndarray(),
-                               (pixels / 255.0 - np.array(MEAN)) / np.array(STD), atol=1e-5)
+    np.testing.assert_allclose(
+        out.column("x").combine_chunks().to_numpy_ndarray(),
+        (pixels / 255.0 - np.array(MEAN)) / np.array(STD),
+        atol=1e-5,
+    )
     again = from_state(norm.state)
     assert isinstance(again, Normalize) and again.params() == norm.params()
     with pytest.raises(SchemaError, match="fixed-shape tensor"):

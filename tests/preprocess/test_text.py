@@ -27,13 +27,65 @@ re = pytest.importorskip("regex")
 from feedline.preprocess.text.clip_bpe import ClipTokenizer  # noqa: E402
 from feedline.preprocess.text.tokenize import Tokenize  # noqa: E402
 
-WORDS = ["soft", "cotton", "shirt", "with", "long", "sleeves", "for", "men", "women", "blue",
-         "red", "black", "white", "size", "small", "large", "premium", "quality", "leather",
-         "wallet", "steel", "bottle", "wireless", "noise", "we'll", "it's", "DON'T", "naïve",
-         "café", "Straße", "日本", "😀"]
-ODD = ["&amp;", "&lt;b&gt;", "&amp;amp;", "  ", "\t", "\n", "!!", "...", "(2x)", "500ml",
-       "3.5", "#1", "'s", "'LL", "ſ", "\u0345", "\u0378", "<|startoftext|>", "x<<|endoftext|>",
-       "<|ENDOFTEXT|>", "\x00", "ΣΑΣ", "İ"]
+WORDS = [
+    "soft",
+    "cotton",
+    "shirt",
+    "with",
+    "long",
+    "sleeves",
+    "for",
+    "men",
+    "women",
+    "blue",
+    "red",
+    "black",
+    "white",
+    "size",
+    "small",
+    "large",
+    "premium",
+    "quality",
+    "leather",
+    "wallet",
+    "steel",
+    "bottle",
+    "wireless",
+    "noise",
+    "we'll",
+    "it's",
+    "DON'T",
+    "naïve",
+    "café",
+    "Straße",
+    "日本",
+    "😀",
+]
+ODD = [
+    "&amp;",
+    "&lt;b&gt;",
+    "&amp;amp;",
+    "  ",
+    "\t",
+    "\n",
+    "!!",
+    "...",
+    "(2x)",
+    "500ml",
+    "3.5",
+    "#1",
+    "'s",
+    "'LL",
+    "ſ",
+    "\u0345",
+    "\u0378",
+    "<|startoftext|>",
+    "x<<|endoftext|>",
+    "<|ENDOFTEXT|>",
+    "\x00",
+    "ΣΑΣ",
+    "İ",
+]
 
 
 def make_sentences(n: int = 300, seed: int = 0) -> list[str]:
@@ -67,8 +119,11 @@ def column(table: pa.Table, name: str) -> np.ndarray:
 
 
 def ref_bytes_to_unicode() -> dict[int, str]:
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs, n = bs[:], 0
     for b in range(2**8):
         if b not in bs:
@@ -96,16 +151,18 @@ class ReferenceClip:
             self.fix, self.special = (lambda text: text), ["<|startoftext|>", "<|endoftext|>"]
         self.byte_encoder = ref_bytes_to_unicode()
         merges = gzip.decompress(bpe_path.read_bytes()).decode("utf-8").split("\n")
-        merges = [tuple(m.split()) for m in merges[1:49152 - 256 - 2 + 1]]  # as published
+        merges = [tuple(m.split()) for m in merges[1 : 49152 - 256 - 2 + 1]]  # as published
         vocab = list(ref_bytes_to_unicode().values())
         vocab = vocab + [v + "</w>" for v in vocab]
         vocab += ["".join(m) for m in merges] + self.special
         self.encoder = dict(zip(vocab, range(len(vocab)), strict=True))
         self.bpe_ranks = dict(zip(merges, range(len(merges)), strict=True))
         self.cache = {t: t for t in self.special}
-        self.pat = re.compile("|".join(map(re.escape, self.special))
-                              + r"""|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
-                              re.IGNORECASE)
+        self.pat = re.compile(
+            "|".join(map(re.escape, self.special))
+            + r"""|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
+            re.IGNORECASE,
+        )
 
     def bpe(self, token: str) -> str:
         if token in self.cache:
@@ -175,11 +232,15 @@ def train(kind: str, folder: Path) -> Path:
     else:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-        trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=specials,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=500,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
     tok.train_from_iterator(make_sentences(500, seed=1), trainer)
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
     tok.save(str(folder / "tokenizer.json"))
     return folder / "tokenizer.json"
 
@@ -190,8 +251,7 @@ def wordpiece(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module", params=["wordpiece", "bytelevel"])
-def any_tokenizer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Path:
+def any_tokenizer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train(request.param, tmp_path_factory.mktemp(request.param))
 
 
@@ -202,15 +262,27 @@ def clip_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     tok = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
     tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}|[^\s\p{L}\p{N}]+"),
-                             behavior="removed", invert=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    trainer = trainers.BpeTrainer(vocab_size=900, min_frequency=2, end_of_word_suffix="</w>",
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(
+                Regex(r"'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}|[^\s\p{L}\p{N}]+"),
+                behavior="removed",
+                invert=True,
+            ),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=900,
+        min_frequency=2,
+        end_of_word_suffix="</w>",
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(make_sentences(800, seed=2), trainer)
-    lines = [m if isinstance(m, str) else " ".join(m)
-             for m in json.loads(tok.to_str())["model"]["merges"]]
+    lines = [
+        m if isinstance(m, str) else " ".join(m)
+        for m in json.loads(tok.to_str())["model"]["merges"]
+    ]
     text = "\n".join(["#version: 0.2", *lines]).encode()  # no trailing newline: see clip_bpe
     path = tmp_path_factory.mktemp("clip") / "bpe.txt.gz"
     path.write_bytes(gzip.compress(text))
@@ -255,8 +327,13 @@ def test_tokenize_equals_tokenizers(any_tokenizer: Path, length: int, special: b
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.sampled_from([*WORDS, *ODD, "[CLS]", "[MASK]x"]), st.text(max_size=6)),
-                max_size=14), st.sampled_from([" ", "  ", "\t", "\u3000 ", "\x1c"]))
+@given(
+    st.lists(
+        st.one_of(st.sampled_from([*WORDS, *ODD, "[CLS]", "[MASK]x"]), st.text(max_size=6)),
+        max_size=14,
+    ),
+    st.sampled_from([" ", "  ", "\t", "\u3000 ", "\x1c"]),
+)
 def test_chunked_route_any_text(wordpiece: Path, parts: list[str], space: str) -> None:
     text = space.join(parts)
     ids, mask = direct(wordpiece, [text], 12)
@@ -301,13 +378,15 @@ def test_left_padding_from_the_tokenizer_file(any_tokenizer: Path, tmp_path: Pat
     tok.enable_padding(direction="left", pad_id=0, pad_token="[PAD]")
     tok.save(str(tmp_path / "left.json"))
     out = Tokenize("text", tmp_path / "left.json", 20).transform_batch(
-        pa.record_batch({"text": SENTENCES[:50]}))
+        pa.record_batch({"text": SENTENCES[:50]})
+    )
     tok.enable_truncation(20)
     tok.enable_padding(direction="left", length=20, pad_id=0, pad_token="[PAD]")
     encodings = tok.encode_batch(SENTENCES[:50])
     np.testing.assert_array_equal(out["text"].to_numpy_ndarray(), [e.ids for e in encodings])
-    np.testing.assert_array_equal(out["text_mask"].to_numpy_ndarray(),
-                                  [e.attention_mask for e in encodings])
+    np.testing.assert_array_equal(
+        out["text_mask"].to_numpy_ndarray(), [e.attention_mask for e in encodings]
+    )
 
 
 def test_state_round_trip_and_pickle(wordpiece: Path) -> None:
@@ -334,8 +413,9 @@ def test_tokenizer_built_once(wordpiece: Path, monkeypatch: pytest.MonkeyPatch) 
     assert calls == []
 
 
-def test_changed_missing_and_invalid_files(wordpiece: Path, tmp_path: Path,
-                                           clip_vocab: Path) -> None:
+def test_changed_missing_and_invalid_files(
+    wordpiece: Path, tmp_path: Path, clip_vocab: Path
+) -> None:
     path = tmp_path / "tokenizer.json"
     path.write_bytes(wordpiece.read_bytes())
     state = Tokenize("text", path, 8).state
@@ -365,8 +445,11 @@ def test_column_types_and_nulls(wordpiece: Path) -> None:
     t = Tokenize("text", wordpiece, 10)
     plain = t.transform_batch(pa.record_batch({"text": ["red shirt", "", "blue"]}))
     texts = pa.array(["red shirt", "", "blue"])
-    for array in (texts.cast(pa.large_string()), texts.dictionary_encode(),
-                  texts.cast(pa.string_view())):
+    for array in (
+        texts.cast(pa.large_string()),
+        texts.dictionary_encode(),
+        texts.cast(pa.string_view()),
+    ):
         assert t.transform_batch(pa.record_batch({"text": array}))["text"].equals(plain["text"])
     with pytest.raises(SchemaError, match=r"'text' .* has type int64"):
         t.transform_batch(pa.record_batch({"text": [1, 2]}))
@@ -381,8 +464,9 @@ def test_column_types_and_nulls(wordpiece: Path) -> None:
     assert none.num_rows == 0 and none["text"].type == plain["text"].type
 
 
-def test_clip_equals_reference(clip: ClipTokenizer, clip_vocab: Path,
-                               reference: ReferenceClip, tmp_path: Path) -> None:
+def test_clip_equals_reference(
+    clip: ClipTokenizer, clip_vocab: Path, reference: ReferenceClip, tmp_path: Path
+) -> None:
     assert clip.vocab_size == len(reference.encoder)
     assert clip.encode_batch(SENTENCES) == [reference.encode(s) for s in SENTENCES]
     assert any(len(reference.encode(s)) > 75 for s in SENTENCES)  # truncation is exercised
@@ -398,8 +482,9 @@ def test_clip_equals_reference(clip: ClipTokenizer, clip_vocab: Path,
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.one_of(st.sampled_from(WORDS + ODD), st.text(max_size=8)), max_size=12))
-def test_clip_any_text_equals_reference(clip: ClipTokenizer, reference: ReferenceClip,
-                                        parts: list[str]) -> None:
+def test_clip_any_text_equals_reference(
+    clip: ClipTokenizer, reference: ReferenceClip, parts: list[str]
+) -> None:
     assert clip.encode(" ".join(parts)) == reference.encode(" ".join(parts))
 
 
@@ -412,26 +497,48 @@ def test_tokenize_with_clip(clip_vocab: Path, reference: ReferenceClip) -> None:
     np.testing.assert_array_equal(column(out, "text_mask").sum(1), length)
     assert t.transform_record({"text": SENTENCES[3]})["text"] == expected[3].tolist()
     batch = pa.record_batch({"text": SENTENCES[:40]})
-    assert from_state(json.loads(json.dumps(t.state))).transform_batch(batch).equals(
-        t.transform_batch(batch))
+    assert (
+        from_state(json.loads(json.dumps(t.state)))
+        .transform_batch(batch)
+        .equals(t.transform_batch(batch))
+    )
     via_instance = Tokenize("text", ClipTokenizer(clip_vocab), 77)
     assert from_state(via_instance.state).transform_batch(batch).equals(t.transform_batch(batch))
     bare = Tokenize("text", f"clip:{clip_vocab}", 5, add_special_tokens=False, pad=False)
-    assert bare.transform_batch(batch)["text"].to_pylist() == \
-        [reference.encode(s)[:5] for s in SENTENCES[:40]]
+    assert bare.transform_batch(batch)["text"].to_pylist() == [
+        reference.encode(s)[:5] for s in SENTENCES[:40]
+    ]
 
 
 # Text that ftfy, HTML unescaping, Unicode case rules and truncation each change
 ADVERSARIAL = [
-    "", " ", " \t\n ", "&amp;amp;", "&amp;amp;amp;lt;b&amp;amp;gt;", "Fish &amp; Chips &nbsp;x",
-    "&lt;b&gt;bold&lt;/b&gt; it&#x2019;s &#8220;q&#8221; &hellip;", "<b>&amp;amp;</b> &copy",
-    "â€œquotedâ€\x9d", "â€œquotedâ€", "Ã©tÃ© sÃ³ voilÃ\xa0le travail", "âœ” No problems",
-    "ﬁsh ﬂow ﬀ", "ＬＯＵＤ\u3000ＮＯＩＳＥＳ", "e\u0301 cafe\u0301 Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǫ̗̻ n\u0303",
-    "\ufeffhello \ufeff world", "\x00\x01\x1b[31mred\x1b[0m\x7f \x0b\x0c\x1c\x1d\x85 a\r\nb\rc",
-    "😀 👍🏽 👨\u200d👩\u200d👧 🇫🇷", "日本語のテキスト 中文 한국어", "“curly” ‘single’ — dash… ",
-    "İstanbul ΣΑΣ Straße ſ \u0345 \u0378", "<start_of_text> x <END_OF_TEXT> <|endoftext|>",
-    "it's WE'LL don't 12,345.6 #1 (2x)", "\ud83d\ude00 \ud800 lone surrogates",
-    " ".join(SENTENCES[:40]), "ab" * 300, "x" * 1500,  # far over the context length
+    "",
+    " ",
+    " \t\n ",
+    "&amp;amp;",
+    "&amp;amp;amp;lt;b&amp;amp;gt;",
+    "Fish &amp; Chips &nbsp;x",
+    "&lt;b&gt;bold&lt;/b&gt; it&#x2019;s &#8220;q&#8221; &hellip;",
+    "<b>&amp;amp;</b> &copy",
+    "â€œquotedâ€\x9d",
+    "â€œquotedâ€",
+    "Ã©tÃ© sÃ³ voilÃ\xa0le travail",
+    "âœ” No problems",
+    "ﬁsh ﬂow ﬀ",
+    "ＬＯＵＤ\u3000ＮＯＩＳＥＳ",
+    "e\u0301 cafe\u0301 Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǫ̗̻ n\u0303",
+    "\ufeffhello \ufeff world",
+    "\x00\x01\x1b[31mred\x1b[0m\x7f \x0b\x0c\x1c\x1d\x85 a\r\nb\rc",
+    "😀 👍🏽 👨\u200d👩\u200d👧 🇫🇷",
+    "日本語のテキスト 中文 한국어",
+    "“curly” ‘single’ — dash… ",
+    "İstanbul ΣΑΣ Straße ſ \u0345 \u0378",
+    "<start_of_text> x <END_OF_TEXT> <|endoftext|>",
+    "it's WE'LL don't 12,345.6 #1 (2x)",
+    "\ud83d\ude00 \ud800 lone surrogates",
+    " ".join(SENTENCES[:40]),
+    "ab" * 300,
+    "x" * 1500,  # far over the context length
 ]
 
 
@@ -445,8 +552,9 @@ def open_clip(clip_vocab: Path) -> ClipTokenizer:
     return ClipTokenizer(clip_vocab, preset="open_clip")
 
 
-def test_open_clip_preset_equals_reference(open_clip: ClipTokenizer, clip: ClipTokenizer,
-                                           open_clip_reference: ReferenceClip) -> None:
+def test_open_clip_preset_equals_reference(
+    open_clip: ClipTokenizer, clip: ClipTokenizer, open_clip_reference: ReferenceClip
+) -> None:
     ref, texts = open_clip_reference, ADVERSARIAL + SENTENCES
     assert open_clip.special_tokens == ("<start_of_text>", "<end_of_text>")
     assert open_clip.vocab_size == len(ref.encoder)
@@ -458,20 +566,33 @@ def test_open_clip_preset_equals_reference(open_clip: ClipTokenizer, clip: ClipT
     np.testing.assert_array_equal(open_clip(texts, 4), ref(texts, 4))
     np.testing.assert_array_equal(open_clip(ADVERSARIAL[3]), ref([ADVERSARIAL[3]]))
     # what the default leaves out: ftfy changes most of the adversarial texts
-    differ = [a != b for a, b in zip(clip.encode_batch(ADVERSARIAL[:-4]),
-                                     open_clip.encode_batch(ADVERSARIAL[:-4]), strict=True)]
+    differ = [
+        a != b
+        for a, b in zip(
+            clip.encode_batch(ADVERSARIAL[:-4]),
+            open_clip.encode_batch(ADVERSARIAL[:-4]),
+            strict=True,
+        )
+    ]
     assert sum(differ) >= 12 and clip(["a"]).dtype == np.int32
 
 
-MOJIBAKE = st.lists(st.sampled_from([*"âÃ€œ\x9d©¨Â\xa0³ﬁ＆&;#<> \n\r\t\x00\x1bab", "&lt;"]),
-                    max_size=12).map("".join)
+MOJIBAKE = st.lists(
+    st.sampled_from([*"âÃ€œ\x9d©¨Â\xa0³ﬁ＆&;#<> \n\r\t\x00\x1bab", "&lt;"]), max_size=12
+).map("".join)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.one_of(st.sampled_from(WORDS + ODD + ADVERSARIAL[:-3]), st.text(max_size=8),
-                          MOJIBAKE), max_size=8), st.sampled_from([" ", "", "\n", "&amp;"]))
-def test_open_clip_preset_any_text(open_clip: ClipTokenizer, open_clip_reference: ReferenceClip,
-                                   parts: list[str], joint: str) -> None:
+@given(
+    st.lists(
+        st.one_of(st.sampled_from(WORDS + ODD + ADVERSARIAL[:-3]), st.text(max_size=8), MOJIBAKE),
+        max_size=8,
+    ),
+    st.sampled_from([" ", "", "\n", "&amp;"]),
+)
+def test_open_clip_preset_any_text(
+    open_clip: ClipTokenizer, open_clip_reference: ReferenceClip, parts: list[str], joint: str
+) -> None:
     text = joint.join(parts)
     assert open_clip.encode(text) == open_clip_reference.encode(text)
 
@@ -488,25 +609,35 @@ def test_ftfy_leaves_the_texts_it_skips_unchanged(text: str) -> None:
     assert not any(_FTFY_IDENTITY.fullmatch(chr(c)) for c in [*range(9), *range(11, 32), 38, 127])
 
 
-def test_open_clip_preset_options_state_and_errors(clip_vocab: Path, open_clip: ClipTokenizer,
-                                                   open_clip_reference: ReferenceClip) -> None:
+def test_open_clip_preset_options_state_and_errors(
+    clip_vocab: Path, open_clip: ClipTokenizer, open_clip_reference: ReferenceClip
+) -> None:
     t = Tokenize("text", open_clip, 77)
     out = fl.from_arrow(batched_table(ADVERSARIAL[:-6] + SENTENCES[:60])).transform(t).to_arrow()
-    np.testing.assert_array_equal(column(out, "text"),
-                                  open_clip_reference(ADVERSARIAL[:-6] + SENTENCES[:60]))
+    np.testing.assert_array_equal(
+        column(out, "text"), open_clip_reference(ADVERSARIAL[:-6] + SENTENCES[:60])
+    )
     batch = pa.record_batch({"text": ADVERSARIAL[:-6]})
     rebuilt = from_state(json.loads(json.dumps(t.state)))
     assert rebuilt._backend.preset == "open_clip"
     assert rebuilt.transform_batch(batch).equals(t.transform_batch(batch))
     copy = pickle.loads(pickle.dumps(open_clip))
     assert copy.preset == "open_clip" and copy.encode(ADVERSARIAL[8]) == open_clip.encode(
-        ADVERSARIAL[8])
-    same = ClipTokenizer(clip_vocab, preset="open_clip", fix_text=True,
-                         special_tokens=["<start_of_text>", "<end_of_text>"])
+        ADVERSARIAL[8]
+    )
+    same = ClipTokenizer(
+        clip_vocab,
+        preset="open_clip",
+        fix_text=True,
+        special_tokens=["<start_of_text>", "<end_of_text>"],
+    )
     assert same.encode_batch(ADVERSARIAL) == open_clip.encode_batch(ADVERSARIAL)
     with pytest.raises(ConfigurationError, match=r"preset='openclip' is not known.*Fix:"):
         ClipTokenizer(clip_vocab, preset="openclip")
-    for wrong in ({"fix_text": False}, {"num_merges": 10},
-                  {"special_tokens": ["<|startoftext|>", "<|endoftext|>"]}):
+    for wrong in (
+        {"fix_text": False},
+        {"num_merges": 10},
+        {"special_tokens": ["<|startoftext|>", "<|endoftext|>"]},
+    ):
         with pytest.raises(ConfigurationError, match=r"always runs ftfy.*Fix:"):
             ClipTokenizer(clip_vocab, preset="open_clip", **wrong)

@@ -1,4 +1,4 @@
-"""Load-time image augmentation (feedline.preprocess.vision.augment): torchvision's sampling semantics,
+"""Load-time image augmentation (``preprocess/vision/augment.py``): torchvision's sampling semantics,
 JPEG draft decoding (exact geometry, close pixels), EXIF orientation, bad images, outputs."""
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def test_random_resized_crop_is_torchvisions_sampling_over_many_seeds(size, scal
         # rounding each side by at most 1/2 pixel moves area and aspect by that much only
         assert scale[0] * W * H - (w + h) <= w * h <= scale[1] * W * H + (w + h)
         assert ratio[0] - 1 / h - 1e-9 <= w / h * (1 - 0.5 / w) and (
-            w / h * (1 - 0.5 / h) <= ratio[1] * (1 + 1 / w) + 1e-9)
+            w / h * (1 - 0.5 / h) <= ratio[1] * (1 + 1 / w) + 1e-9
+        )
     if size in ((1000, 100), (90, 800)) and scale == (0.5, 0.6):
         assert fell_back > 300  # half the picture cannot have a 1..2 aspect: the fallback
 
@@ -241,8 +242,9 @@ def test_random_resized_crop_matches_pillow_crop_then_resize():
     c = Compose([RandomResizedCrop(224), ToArray("HWC")], draft=False)
     for i in range(8):
         top, left, h, w = RandomResizedCrop(224).params(640, 427, sample_rng(0, 1, i))
-        want = np.asarray(photo.crop((left, top, left + w, top + h)).resize(
-            (224, 224), Image.Resampling.BILINEAR))
+        want = np.asarray(
+            photo.crop((left, top, left + w, top + h)).resize((224, 224), Image.Resampling.BILINEAR)
+        )
         got = c(data, sample_rng(0, 1, i))
         error = np.abs(got.astype(int) - want)
         assert error[2:-2, 2:-2].max() <= 1 and error.mean() < 0.2  # edges: filter support
@@ -252,7 +254,8 @@ def test_flip_mirrors_and_composes_with_crops_exactly():
     picture = marked(101, 20)
     data = encode(picture, "PNG")
     out = Compose([RandomHorizontalFlip(p=1.0), CenterCrop((10, 50)), ToArray("HWC")])(
-        data, np.random.default_rng(0))
+        data, np.random.default_rng(0)
+    )
     mirrored = picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     assert np.array_equal(out, np.asarray(mirrored.crop((26, 5, 76, 15))))
     same = Compose([RandomHorizontalFlip(p=0.0), ToArray("HWC")])(data, np.random.default_rng(0))
@@ -261,7 +264,8 @@ def test_flip_mirrors_and_composes_with_crops_exactly():
 
 def test_center_crop_larger_than_the_image_pads_with_zeros():
     out = Compose([CenterCrop(300), ToArray("HWC")])(
-        encode(Image.new("RGB", (200, 100), (255, 0, 0)), "PNG"))
+        encode(Image.new("RGB", (200, 100), (255, 0, 0)), "PNG")
+    )
     assert out.shape == (300, 300, 3)
     assert (out[100:200, 50:250] == (255, 0, 0)).all()
     assert out[:100].max() == 0 and out[200:].max() == 0 and out[:, :50].max() == 0
@@ -274,8 +278,11 @@ def test_exif_orientation_is_applied_before_the_geometry(orientation):
     exif[0x0112] = orientation
     taken = encode(upright.transpose(STORED[orientation]), exif=exif, quality=100, subsampling=0)
     plain = encode(upright, quality=100, subsampling=0)
-    for steps in ([RandomResizedCrop(96), RandomHorizontalFlip()], [Resize(100), CenterCrop(96)],
-                  [RandomResizedCrop((40, 60), scale=(0.9, 1.0))]):  # 1/4 and 1/8 drafts
+    for steps in (
+        [RandomResizedCrop(96), RandomHorizontalFlip()],
+        [Resize(100), CenterCrop(96)],
+        [RandomResizedCrop((40, 60), scale=(0.9, 1.0))],
+    ):  # 1/4 and 1/8 drafts
         c = Compose([*steps, ToArray("HWC")])
         for i in range(4):
             got, want = c(taken, sample_rng(0, 0, i)), c(plain, sample_rng(0, 0, i))
@@ -316,21 +323,22 @@ def test_output_dtypes_shapes_and_normalization():
     assert norm.dtype == np.float32 and norm.shape == (3, 224, 224)
     np.testing.assert_allclose(norm, want, atol=1e-5)
     norm_hwc = Compose([RandomResizedCrop(224), Normalize(mean, std, layout="HWC")])(
-        data, sample_rng(0, 0, 0))
+        data, sample_rng(0, 0, 0)
+    )
     assert norm_hwc.shape == (224, 224, 3) and np.array_equal(norm_hwc, norm.transpose(1, 2, 0))
 
 
 def test_dict_samples_keep_their_other_fields():
     sample = {"bytes": china(), "label": 4, "path": "china.jpg"}
     out = Compose([CenterCrop(64)], output="pixels")(sample)
-    assert out["label"] == 4 and out["bytes"] is sample["bytes"] and out["pixels"].shape == (
-        3, 64, 64)
+    assert (
+        out["label"] == 4 and out["bytes"] is sample["bytes"] and out["pixels"].shape == (3, 64, 64)
+    )
     assert set(sample) == {"bytes", "label", "path"}  # the input is not modified
 
 
 def test_output_shape_is_known_when_fixed():
-    assert Compose([RandomResizedCrop(224), RandomHorizontalFlip()]).output_shape() == (
-        3, 224, 224)
+    assert Compose([RandomResizedCrop(224), RandomHorizontalFlip()]).output_shape() == (3, 224, 224)
     assert Compose([Resize(256), CenterCrop((200, 100)), Normalize(layout="HWC")]).output_shape(
         ) == (200, 100, 3)  # fmt: skip
     assert Compose([Resize(256)]).output_shape() is None  # depends on each image's aspect
@@ -419,7 +427,9 @@ def test_batch_stacks_the_kept_samples_and_lists_the_skipped():
     images, kept, skipped = c.batch(samples, sample_rngs(0, 3, indices), indices=indices)
     assert images.shape == (2, 3, 32, 32) and images.dtype == np.uint8
     assert kept.tolist() == [0, 2] and [(s.index, s.path) for s in skipped] == [
-        (41, "p41"), (43, "p43")]
+        (41, "p41"),
+        (43, "p43"),
+    ]
     for row, i in zip(images, (40, 42), strict=True):  # the same as one at a time
         assert np.array_equal(row, c(good, sample_rng(0, 3, i)))
     empty, kept, skipped = Compose([CenterCrop(8), Normalize()], on_error="skip").batch([bad])

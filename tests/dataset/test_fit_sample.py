@@ -57,8 +57,11 @@ def damage_unsampled(out: Path, fraction: float, seed: int) -> list[tuple[int, i
                     continue
                 for c in range(meta.num_columns):
                     chunk = meta.row_group(g).column(c)
-                    start = (chunk.dictionary_page_offset if chunk.has_dictionary_page
-                             else chunk.data_page_offset)
+                    start = (
+                        chunk.dictionary_page_offset
+                        if chunk.has_dictionary_page
+                        else chunk.data_page_offset
+                    )
                     handle.seek(start + chunk.total_compressed_size // 2)
                     handle.write(b"\xde\xad\xbe\xef")
                 damaged.append((f, g))
@@ -102,8 +105,9 @@ def test_sample_is_deterministic_and_rows_are_thinned_to_the_target(tmp_path):
     out = tmp_path / "odd"
     fl.from_arrow(table(3000)).write(out, rows_per_shard=700, row_group_rows=300)
     ds = fl.open(out)
-    states = {json.dumps(fl.StandardScaler("x").fit(ds, fraction=0.25, seed=5).state)
-              for _ in range(2)}
+    states = {
+        json.dumps(fl.StandardScaler("x").fit(ds, fraction=0.25, seed=5).state) for _ in range(2)
+    }
     assert len(states) == 1
     choice = RowGroupSample(ds.plan.source, 0.25, 5).choice
     assert choice.keep < 1.0  # 750 rows wanted, whole row groups hold more

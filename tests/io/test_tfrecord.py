@@ -384,14 +384,16 @@ def test_vectorized_walk_equals_the_record_by_record_walk() -> None:
     assert sorted(fast.extra) == sorted(slow.extra) == []
 
 
-
 def test_records_protobuf_accepts_but_serializers_do_not_write(tmp_path: Path) -> None:
     records = [
         _field(1, _entry(b"score", _field(2, (b"\x0d" + struct.pack("<f", 2.5)) * 2))),
         _field(1, _entry(b"label", _field(3, b"\x08\x05\x08\xac\x02"))),  # unpacked
         _field(1, _entry(b"label", _field(3, _field(1, b"\x07")), value_first=True)),
-        _field(1, _entry(b"label", _field(3, _field(1, b"\x01")))
-               + _entry(b"label", _field(3, _field(1, b"\x02")))),  # the last one wins
+        _field(
+            1,
+            _entry(b"label", _field(3, _field(1, b"\x01")))
+            + _entry(b"label", _field(3, _field(1, b"\x02"))),
+        ),  # the last one wins
         b"\x10\x01" + _field(1, _entry(b"label", _field(3, _field(1, b"\x09")))),
         b"",  # an empty Example
     ]

@@ -173,4 +173,3 @@ def test_stats_and_scaled_rows_are_byte_equal_on_spark(spark, inputs, tmp_path):
     for name in ("x", "y", "z"):
         bits_a = rows_a[name].combine_chunks().to_numpy(zero_copy_only=False).tobytes()
         assert bits_a == rows_b[name].combine_chunks().to_numpy(zero_copy_only=False).tobytes()
-

@@ -131,8 +131,9 @@ def test_list_to_tensor_stores_fixed_size_binary(tmp_path: Path) -> None:
 
 def test_sliced_arrays_and_offset_children() -> None:
     values = np.arange(40, dtype=np.int32)
-    lists = pa.ListArray.from_arrays(pa.array(np.arange(0, 37, 4, dtype=np.int32)),
-                                     pa.array(values).slice(3))  # child with its own offset
+    lists = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, 37, 4, dtype=np.int32)), pa.array(values).slice(3)
+    )  # child with its own offset
     ref = values[3:39].reshape(9, 4)
     np.testing.assert_array_equal(list_to_numpy(lists, (4,)), ref)
     sliced = list_to_numpy(lists.slice(2, 5), (2, 2))
@@ -178,8 +179,9 @@ def _ragged_folder(tmp_path: Path, bad_row: int = 87, length: int = 5) -> tuple[
 @pytest.mark.parametrize("cache", CACHES)
 def test_ragged_row_error_names_column_global_row_and_lengths(tmp_path: Path, cache: str) -> None:
     folder, _ = _ragged_folder(tmp_path)  # row 87 sits in row group 3 (rows 75..99)
-    loader = fl.read_parquet(folder).loader(batch_size=10, seed=0, format="numpy", cache=cache,
-                                            shuffle_window=2)  # pools of 2 shuffled row groups
+    loader = fl.read_parquet(folder).loader(
+        batch_size=10, seed=0, format="numpy", cache=cache, shuffle_window=2
+    )  # pools of 2 shuffled row groups
     with pytest.raises(DataError) as err:
         list(loader)
     text = str(err.value)

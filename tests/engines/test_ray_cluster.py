@@ -40,7 +40,7 @@ pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 #: a raylet joining the head at argv[1] (temp folder argv[2]), until SIGTERM
-NODE = '''
+NODE = """
 import signal, sys, time
 from ray._private.node import Node
 from ray._private.parameter import RayParams
@@ -59,10 +59,10 @@ def stop(*_):
 signal.signal(signal.SIGTERM, stop)
 while True:
     time.sleep(0.5)
-'''
+"""
 
 #: the user's script: start the cluster, run the pipeline with the Ray engine, report
-DRIVER = '''
+DRIVER = """
 import json, subprocess, sys, tempfile, time
 from ray._private.node import Node
 from ray._private.parameter import RayParams
@@ -105,7 +105,7 @@ finally:
     head.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
     import shutil
     shutil.rmtree(temp, ignore_errors=True)
-'''
+"""
 
 
 def bare_venv(folder: Path) -> str:
@@ -115,12 +115,16 @@ def bare_venv(folder: Path) -> str:
     python = folder / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     Path(purelib, "project-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     check = subprocess.run(
         [str(python), "-c", "import ray, pyarrow\nimport feedline"],
-        capture_output=True, text=True, cwd=folder,
+        capture_output=True,
+        text=True,
+        cwd=folder,
     )
     assert "No module named 'feedline'" in check.stderr, check.stderr[-2000:]
     return str(python)
@@ -141,7 +145,11 @@ def test_full_pipeline_on_two_raylets_is_byte_equal_to_local(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHONPATH"))}
     run = subprocess.run(
         [sys.executable, "driver.py", str(inputs), tokenizer, str(tmp_path / "ray"), python],
-        cwd=script, env=env, capture_output=True, text=True, timeout=300,
+        cwd=script,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     lines = [line for line in run.stdout.splitlines() if line.startswith("REPORT ")]
     assert run.returncode == 0 and lines, (run.stdout[-3000:], run.stderr[-5000:])

@@ -554,8 +554,8 @@ def test_a_terminal_call_resolves_its_engine_once(tmp_path, monkeypatch):
 
     def pipeline() -> fl.Dataset:  # two unfitted preprocessors: two fits before the pass
         table = pa.table({"x": [1.0, 2.0, 3.0, 4.0], "c": ["a", "b", "a", "c"]})
-        return fl.from_arrow(table).transform(fl.StandardScaler("x")).transform(
-            fl.StringIndexer("c")
+        return (
+            fl.from_arrow(table).transform(fl.StandardScaler("x")).transform(fl.StringIndexer("c"))
         )
 
     calls = {

@@ -149,8 +149,10 @@ def test_nested_operators_share_one_duckdb_database(monkeypatch) -> None:
 
     monkeypatch.setattr(duckdb, "connect", counting)
     ds = fl.range(1000).repartition(3).sort("id", descending=True)
-    ds = ds.groupby([]).agg(n=("*", "count"), top=("id", "max")).union(
-        fl.range(1).groupby([]).agg(n=("*", "count"), top=("id", "max"))
+    ds = (
+        ds.groupby([])
+        .agg(n=("*", "count"), top=("id", "max"))
+        .union(fl.range(1).groupby([]).agg(n=("*", "count"), top=("id", "max")))
     )
     assert sorted(ds.to_arrow().to_pylist(), key=lambda r: r["n"]) == [
         {"n": 1, "top": 0}, {"n": 1000, "top": 999}]  # fmt: skip

@@ -96,13 +96,33 @@ def cluster(tmp_path_factory) -> Iterator[str]:
             processes.append(subprocess.Popen(command, env=env, stdout=out, stderr=out))
 
     try:
-        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-              "--port", str(port), "--webui-port", str(ui))
+        start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui),
+        )
         _wait("the master start", lambda: _listening(port), 60, logs)
         for k in range(2):
-            start(f"worker-{k}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                  "--cores", "1", "--memory", "1g", "--webui-port", str(_free_port()),
-                  "--work-dir", str(root / f"work-{k}"), f"spark://127.0.0.1:{port}")
+            start(
+                f"worker-{k}",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(_free_port()),
+                "--work-dir",
+                str(root / f"work-{k}"),
+                f"spark://127.0.0.1:{port}",
+            )
 
         def two_alive() -> bool:
             workers = _json(f"http://127.0.0.1:{ui}/json/")["workers"]
@@ -224,8 +244,12 @@ def test_feedline_is_shipped_to_executors_that_lack_it(session, tmp_path):
     (site / "deps.pth").write_text(deps + "\n")  # pyarrow, numpy; not feedline's editable hook
     python = str(venv / "bin" / "python")
     probe = "import pyarrow, numpy\ntry:\n import feedline\nexcept ImportError:\n print('none')"
-    assert subprocess.run([python, "-c", probe], capture_output=True, text=True,
-                          cwd=tmp_path).stdout.strip() == "none"
+    assert (
+        subprocess.run(
+            [python, "-c", probe], capture_output=True, text=True, cwd=tmp_path
+        ).stdout.strip()
+        == "none"
+    )
 
     context = session.sparkContext
     saved = context.pythonExec

@@ -41,8 +41,13 @@ def photos(n: int) -> list[bytes]:
 
 
 def sample(i: int, jpg: bytes) -> dict:
-    record = {"__key__": f"{i:06d}", "jpg": jpg, "cls": i % 3, "json": {"i": i, "tag": f"t{i}"},
-              "seg.npy": np.full((2, 3), i, np.int16)}  # fmt: skip (written by np.save)
+    record = {
+        "__key__": f"{i:06d}",
+        "jpg": jpg,
+        "cls": i % 3,
+        "json": {"i": i, "tag": f"t{i}"},
+        "seg.npy": np.full((2, 3), i, np.int16),
+    }  # fmt: skip (written by np.save)
     if i % 4:  # every fourth sample has no caption
         record["txt"] = f"photo number {i}"
     return record

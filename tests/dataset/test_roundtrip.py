@@ -81,16 +81,20 @@ COLUMNS: dict[str, pa.Array] = {
     .cast(pa.dictionary(pa.int8(), pa.large_string())),
     "dictionary_of_ints": pa.array([10, None, 10], pa.int64()).dictionary_encode(),
     "timestamp_s": pa.array([D(2024, 1, 1, 10, 0, 5), None, D(1969, 12, 31)], pa.timestamp("s")),
-    "timestamp_ms": pa.array([D(2024, 1, 1, 0, 0, 0, 1000), None, D(2000, 2, 29)],
-                             pa.timestamp("ms")),
+    "timestamp_ms": pa.array(
+        [D(2024, 1, 1, 0, 0, 0, 1000), None, D(2000, 2, 29)], pa.timestamp("ms")
+    ),
     "timestamp_us": pa.array([D(2024, 1, 1, 0, 0, 0, 7), None, D(1900, 1, 1)], pa.timestamp("us")),
     "timestamp_ns": pa.array([1_700_000_000_123_456_789, None, 0], pa.timestamp("ns")),
-    "timestamp_s_utc": pa.array([D(2024, 6, 1, 12), None, D(2024, 12, 1)],
-                                pa.timestamp("s", "UTC")),
-    "timestamp_ms_tz": pa.array([D(2024, 6, 1, 12), None, D(2024, 12, 1)],
-                                pa.timestamp("ms", PARIS)),
-    "timestamp_us_tz": pa.array([D(2024, 3, 31, 1, 30), None, D(2024, 1, 1)],
-                                pa.timestamp("us", PARIS)),
+    "timestamp_s_utc": pa.array(
+        [D(2024, 6, 1, 12), None, D(2024, 12, 1)], pa.timestamp("s", "UTC")
+    ),
+    "timestamp_ms_tz": pa.array(
+        [D(2024, 6, 1, 12), None, D(2024, 12, 1)], pa.timestamp("ms", PARIS)
+    ),
+    "timestamp_us_tz": pa.array(
+        [D(2024, 3, 31, 1, 30), None, D(2024, 1, 1)], pa.timestamp("us", PARIS)
+    ),
     "timestamp_ns_tz": pa.array([1_700_000_000_123_456_789, None, 0], pa.timestamp("ns", "UTC")),
     "date32": pa.array([dt.date(2024, 2, 29), None, dt.date(1970, 1, 1)], pa.date32()),
     "date64": pa.array([dt.date(2024, 2, 29), None, dt.date(1960, 5, 1)], pa.date64()),
@@ -102,15 +106,18 @@ COLUMNS: dict[str, pa.Array] = {
     "duration_ms": pa.array([5, None, -3], pa.duration("ms")),
     "duration_us": pa.array([5, None, -3], pa.duration("us")),
     "duration_ns": pa.array([5, None, -3], pa.duration("ns")),
-    "decimal128": pa.array([decimal.Decimal("1.25"), None, decimal.Decimal("-99999999.99")],
-                           pa.decimal128(10, 2)),
-    "decimal256": pa.array([decimal.Decimal("1" * 39 + ".5"), None, decimal.Decimal("0.0")],
-                           pa.decimal256(40, 1)),
+    "decimal128": pa.array(
+        [decimal.Decimal("1.25"), None, decimal.Decimal("-99999999.99")], pa.decimal128(10, 2)
+    ),
+    "decimal256": pa.array(
+        [decimal.Decimal("1" * 39 + ".5"), None, decimal.Decimal("0.0")], pa.decimal256(40, 1)
+    ),
     "list": pa.array([[1, 2], None, []], pa.list_(pa.int32())),
     "list_with_null_items": pa.array([[1, None], None, [3]], pa.list_(pa.int64())),
     "large_list": pa.array([[1.5], None, [2.0, 3.0]], pa.large_list(pa.float32())),
-    "fixed_size_list": pa.array([[1.0, 2.0, 3.0], None, [4.0, 5.0, 6.0]],
-                                pa.list_(pa.float32(), 3)),
+    "fixed_size_list": pa.array(
+        [[1.0, 2.0, 3.0], None, [4.0, 5.0, 6.0]], pa.list_(pa.float32(), 3)
+    ),
     "list_of_timestamp_s": pa.array([[D(2024, 1, 1)], None, []], pa.list_(pa.timestamp("s"))),
     "struct": pa.array(
         [{"a": 1, "b": "x", "t": D(2024, 1, 1, 1)}, None, {"a": None, "b": None, "t": None}],
@@ -360,8 +367,11 @@ def _numpy(column: pa.ChunkedArray) -> np.ndarray:
         return array.flatten().to_numpy().reshape(len(array), array.type.list_size)
     if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
         values = array
-        while not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
-                   or pa.types.is_boolean(values.type)):
+        while not (
+            pa.types.is_integer(values.type)
+            or pa.types.is_floating(values.type)
+            or pa.types.is_boolean(values.type)
+        ):
             values = values.flatten()
         return np.array(array.to_pylist(), dtype=values.to_numpy(zero_copy_only=False).dtype)
     return array.to_numpy(zero_copy_only=False)
@@ -396,10 +406,12 @@ STORED_AS_OTHERS = [
     pa.array([dt.date(2024, 1, 1), None, dt.date(1900, 3, 1)], pa.date64()),
     pa.array([T(10, 0, 5), None, T(0, 0, 1)], pa.time32("s")),
     pa.array([[D(2024, 1, 1, 0, 0, 1)], None, []], pa.list_(pa.timestamp("s"))),
-    pa.array([{"t": D(2024, 1, 1, 0, 0, 1)}, None, {"t": None}],
-             pa.struct([("t", pa.timestamp("s"))])),
+    pa.array(
+        [{"t": D(2024, 1, 1, 0, 0, 1)}, None, {"t": None}], pa.struct([("t", pa.timestamp("s"))])
+    ),
     pa.array([5, None, 5]).dictionary_encode().cast(pa.dictionary(pa.int16(), pa.int64())),
-    pa.array(["a", None, "a"]).dictionary_encode()
+    pa.array(["a", None, "a"])
+    .dictionary_encode()
     .cast(pa.dictionary(pa.int8(), pa.large_string())),
 ]
 

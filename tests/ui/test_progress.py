@@ -1,4 +1,4 @@
-"""Progress bars (feedline/ui/progress.py): when they show, that they count to the end, and silence."""
+"""Progress bars (``ui/progress.py``): when they show, that they count to the end, and silence."""
 
 from __future__ import annotations
 

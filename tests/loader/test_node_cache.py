@@ -1,6 +1,6 @@
 """cache="node": one memory-mapped cache file per node, shared by separately started ranks.
 
-The multi-process tests start real Python processes (``python tests/test_node_cache.py
+The multi-process tests start real Python processes (``python tests/loader/test_node_cache.py
 worker ...``), not forks, as torchrun or Ray Train would, and measure what the node holds
 with the kernel's proportional set size (PSS: a page shared by 4 processes counts a quarter
 in each), summed over the ranks.
@@ -25,7 +25,7 @@ import pytest
 import feedline as fl
 from feedline.loader.data import node_cache
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WIDTH = 256  # float32 features per row: 1 KiB a row
 
 
@@ -257,7 +257,7 @@ def test_a_damaged_cache_file_is_rebuilt(tmp_path, how):
 
 
 def test_flipped_bits_in_shards_never_reach_a_node_cache(tmp_path):
-    """Like tests/test_bitrot.py, for the fill: each damaged copy fills a fresh cache folder
+    """Like tests/store/test_bitrot.py, for the fill: each damaged copy fills a fresh cache folder
     (the fingerprint is the pristine one's, so a shared folder would serve the pristine file,
     which is also never wrong)."""
     pristine = _write(tmp_path / "ds", 4_000)

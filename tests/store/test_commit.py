@@ -32,7 +32,7 @@ from feedline.store.commit import STAGING_PREFIX
 from feedline.store.manifest import MANIFEST_NAME
 from feedline.store.write_lock import LOCK_NAME
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OLD = list(range(0, 500))
 NEW = list(range(10_000, 10_600))
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 import feedline as fl
 from feedline.store.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FUZZ = settings(
     max_examples=150,
     derandomize=True,
@@ -212,8 +212,9 @@ def _claim_rows(doc, rows, groups):
         pytest.param(lambda d: _claim_rows(d, 20, [5, 15]), id="other-row-groups"),
         pytest.param(lambda d: _claim_rows(d, 40, [20, 20]), id="more-rows"),
         pytest.param(lambda d: d["shards"][0].update(bytes=2**53), id="2**53-bytes"),
-        pytest.param(lambda d: d["shards"][0].update(bytes=d["shards"][0]["bytes"] - 1),
-                     id="one-byte-less"),
+        pytest.param(
+            lambda d: d["shards"][0].update(bytes=d["shards"][0]["bytes"] - 1), id="one-byte-less"
+        ),
     ],
 )
 def test_manifest_sizes_are_checked_against_the_footers_before_any_allocation(dataset, claim):
@@ -224,8 +225,9 @@ def test_manifest_sizes_are_checked_against_the_footers_before_any_allocation(da
     claim(doc)
     _put(dataset, doc)
     with pytest.raises(fl.IntegrityError, match=r"part-00000.*the manifest says") as info:
-        loader = fl.open(dataset).loader(batch_size=8, columns=["id"], cache="memory",
-                                         format="numpy")
+        loader = fl.open(dataset).loader(
+            batch_size=8, columns=["id"], cache="memory", format="numpy"
+        )
         list(loader)
     assert "Fix:" in str(info.value)
 

@@ -64,8 +64,9 @@ def test_decode_ndarray_in_a_pipeline_loads_as_tensors(tmp_path):
     rng = np.random.default_rng(1)
     images = rng.integers(0, 255, (20, 3, 4, 4), dtype=np.uint8)
     path = tmp_path / "npy.parquet"
-    pq.write_table(pa.Table.from_batches([_batch([npy(a) for a in images])]), path,
-                   row_group_size=7)
+    pq.write_table(
+        pa.Table.from_batches([_batch([npy(a) for a in images])]), path, row_group_size=7
+    )
     ds = fl.read_parquet(path).transform(fl.DecodeNdarray("x", shape=(3, 4, 4)))
     assert ds.schema().field("x").type == pa.fixed_shape_tensor(pa.uint8(), [3, 4, 4])
     ds.write(tmp_path / "out")
@@ -75,8 +76,9 @@ def test_decode_ndarray_in_a_pipeline_loads_as_tensors(tmp_path):
 
 
 def test_state_round_trips_through_from_state():
-    decoder = fl.DecodeNdarray("x", shape=(None, 2), dtype="float32", format="npz",
-                               on_error="skip", output="y")
+    decoder = fl.DecodeNdarray(
+        "x", shape=(None, 2), dtype="float32", format="npz", on_error="skip", output="y"
+    )
     again = fl.preprocess.from_state(decoder.state)
     assert isinstance(again, fl.DecodeNdarray) and again.state == decoder.state
     batch = _batch([npz(np.ones((3, 2))), npz(np.zeros((1, 2)))])
@@ -96,7 +98,9 @@ def test_bad_values_raise_naming_row_and_column_or_are_skipped_and_counted(tmp_p
     report = ds.analyze()
     assert report.records_skipped == 2
     assert sorted(s["reason"][:20] for s in report.skipped) == [
-        "its shape (5,) does ", "not a readable .npy "]
+        "its shape (5,) does ",
+        "not a readable .npy ",
+    ]
 
 
 class _RunsShell:
@@ -118,8 +122,12 @@ def test_object_arrays_are_refused_never_unpickled(tmp_path):
 
 
 def test_bad_arguments_raise_with_a_fix():
-    for kwargs in ({"format": "pickle"}, {"on_error": "ignore"}, {"shape": (2, -1)},
-                   {"dtype": "object"}):
+    for kwargs in (
+        {"format": "pickle"},
+        {"on_error": "ignore"},
+        {"shape": (2, -1)},
+        {"dtype": "object"},
+    ):
         with pytest.raises(fl.ConfigurationError, match="Fix:"):
             fl.DecodeNdarray("x", **kwargs)
     with pytest.raises(fl.SchemaError, match="Fix:"):

@@ -23,7 +23,7 @@ import feedline as fl
 from feedline.store.commit import STAGING_PREFIX
 from feedline.store.manifest import MANIFEST_NAME
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def manifest_of(path: Path) -> dict:

@@ -40,8 +40,9 @@ def test_fraction_fit_is_byte_equal_on_spark_and_reads_only_sampled_row_groups(s
     out = tmp_path / "ds"
     fl.from_arrow(table()).write(out, rows_per_shard=SHARD, row_group_rows=GROUP)
     damage_unsampled(out, 0.15, seed=4)  # a read of any other row group would raise
-    chain = fl.Chain([fl.StandardScaler("x"), fl.RobustScaler("x", output="r"),
-                      fl.StringIndexer("c")])
+    chain = fl.Chain(
+        [fl.StandardScaler("x"), fl.RobustScaler("x", output="r"), fl.StringIndexer("c")]
+    )
     local = chain.fit(fl.open(out), fraction=0.15, seed=4)
     remote = chain.fit(fl.open(out), fraction=0.15, seed=4, engine=SparkEngine(spark, partitions=3))
     assert json.dumps(remote.state, sort_keys=True) == json.dumps(local.state, sort_keys=True)

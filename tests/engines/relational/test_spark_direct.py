@@ -88,7 +88,10 @@ def test_plain_parquet_inputs_run_on_spark_like_local(folders, engine: SparkEngi
     assert plain_parquet(facts.plan, spark_reads_back) is not None
     cases = [
         facts.groupby("k").agg(
-            n=("*", "count"), s=("small", "sum"), u=("s", "n_unique"), lo=("day", "min"),
+            n=("*", "count"),
+            s=("small", "sum"),
+            u=("s", "n_unique"),
+            lo=("day", "min"),
             hi=("f", "max"),
         ),
         facts.join(dims, on="k", how="inner"),

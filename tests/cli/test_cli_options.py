@@ -32,8 +32,13 @@ def test_version_in_process_and_as_a_command(capsys) -> None:
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"feedline {fl.__version__}"
-    result = subprocess.run([sys.executable, "-m", "feedline", "-V"], capture_output=True,
-                            text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "feedline", "-V"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert (result.returncode, result.stdout.strip()) == (0, f"feedline {fl.__version__}")
 
 
@@ -65,8 +70,7 @@ def test_every_argument_of_every_subcommand_has_help() -> None:
 @pytest.fixture
 def wide_dataset(tmp_path: Path) -> Path:
     rng = np.random.default_rng(0)
-    table = pa.table({"a": rng.random(12_345), "b": rng.random(12_345),
-                      "c": rng.random(12_345)})
+    table = pa.table({"a": rng.random(12_345), "b": rng.random(12_345), "c": rng.random(12_345)})
     fl.from_arrow(table).write(tmp_path / "ds", rows_per_shard=5_000)
     return tmp_path / "ds"
 
@@ -104,15 +108,17 @@ def test_bench_loader_passes_storage_options(capsys) -> None:
     assert _value(capsys.readouterr().out, "samples") == "2,816"  # 11 full batches of 256
 
 
-def test_inspect_prints_readable_numbers_and_names_the_input_folder(tmp_path: Path,
-                                                                    capsys) -> None:
+def test_inspect_prints_readable_numbers_and_names_the_input_folder(tmp_path: Path, capsys) -> None:
     folder = tmp_path / "raw csv"
     folder.mkdir()
     for i in range(3):
-        (folder / f"part{i}.csv").write_text("x,y\n" + "".join(f"{j},{j % 7}\n"
-                                                               for j in range(5_000)))
-    assert main(["convert", str(folder), str(tmp_path / "ds"), "--quiet",
-                 "--rows-per-shard", "6000"]) == 0
+        (folder / f"part{i}.csv").write_text(
+            "x,y\n" + "".join(f"{j},{j % 7}\n" for j in range(5_000))
+        )
+    assert (
+        main(["convert", str(folder), str(tmp_path / "ds"), "--quiet", "--rows-per-shard", "6000"])
+        == 0
+    )
     assert "Wrote 15,000 rows in 3 shard(s)" in capsys.readouterr().out
     assert main(["inspect", str(tmp_path / "ds")]) == 0
     text = capsys.readouterr().out
@@ -156,14 +162,29 @@ def test_convert_decodes_and_resizes_images(image_folder: Path, tmp_path: Path) 
     assert pixels.shape == (5, 16, 32, 3) and pixels.dtype == np.uint8
     red = [i for i, label in enumerate(table["label"].to_pylist()) if label == "red"]
     assert pixels[red, 8, 16].tolist() == [[255, 0, 0]] * 3
-    assert main(["convert", str(image_folder), str(tmp_path / "chw"), "--quiet", "--decode",
-                 "--layout", "CHW", "--image-mode", "L"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(image_folder),
+                str(tmp_path / "chw"),
+                "--quiet",
+                "--decode",
+                "--layout",
+                "CHW",
+                "--image-mode",
+                "L",
+            ]
+        )
+        == 0
+    )
     chw = fl.open(tmp_path / "chw").to_arrow()["bytes"].combine_chunks().to_numpy_ndarray()
     assert chw.shape == (5, 1, 224, 224)
 
 
-def test_convert_on_error_skips_or_names_an_undecodable_image(image_folder: Path,
-                                                              tmp_path: Path, capsys) -> None:
+def test_convert_on_error_skips_or_names_an_undecodable_image(
+    image_folder: Path, tmp_path: Path, capsys
+) -> None:
     (image_folder / "red" / "broken.png").write_bytes(_png((1, 2, 3))[:60])
     argv = ["convert", str(image_folder), "--quiet", "--resize", "8"]
     assert main([*argv, str(tmp_path / "a")]) == 2
@@ -178,8 +199,21 @@ def test_convert_delimiter_and_csv_on_error(tmp_path: Path, capsys) -> None:
     path.write_text("id;name\n1;a\n2;b;extra\n3;c\n")
     assert main(["convert", str(path), str(tmp_path / "a"), "--quiet", "--delimiter", ";"]) == 2
     assert "semi.csv" in capsys.readouterr().err  # the row of three fields, named
-    assert main(["convert", str(path), str(tmp_path / "b"), "--quiet", "--delimiter",
-                 "semicolon", "--on-error", "skip"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(path),
+                str(tmp_path / "b"),
+                "--quiet",
+                "--delimiter",
+                "semicolon",
+                "--on-error",
+                "skip",
+            ]
+        )
+        == 0
+    )
     table = fl.open(tmp_path / "b").to_arrow()
     assert table.column_names == ["id", "name"] and table["id"].to_pylist() == [1, 3]
     tsv = tmp_path / "t.tsv"
@@ -221,8 +255,9 @@ def test_a_bad_argument_says_what_and_how_to_fix(argv: list[str], what: str, cap
     assert "error: ConfigurationError:" in err and what in err and "Fix:" in err, err
 
 
-def test_options_that_do_not_apply_to_the_input_are_refused(image_folder: Path,
-                                                            tmp_path: Path, capsys) -> None:
+def test_options_that_do_not_apply_to_the_input_are_refused(
+    image_folder: Path, tmp_path: Path, capsys
+) -> None:
     csv = tmp_path / "a.csv"
     csv.write_text("x\n1\n")
     cases = [
@@ -247,8 +282,15 @@ def test_arguments_found_wrong_only_when_used_carry_a_fix(tmp_path: Path, capsys
         ["stats", ds, "--json", under_a_file + ".json"],
         ["bench-loader", ds, "--format", "numpy", "--chart", under_a_file + ".png"],
         ["inspect", ds, "--storage-option", "novalue"],
-        ["convert", ds, str(tmp_path / "out"), "--compression", "none", "--storage-option",
-         "retry=0"],
+        [
+            "convert",
+            ds,
+            str(tmp_path / "out"),
+            "--compression",
+            "none",
+            "--storage-option",
+            "retry=0",
+        ],
     ]
     for argv in cases:
         assert main(argv) == 2, argv

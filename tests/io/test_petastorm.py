@@ -19,7 +19,7 @@ import feedline as fl
 from feedline.io.petastorm.reader import PetastormSource
 from feedline.io.petastorm.unischema import UNISCHEMA_KEY, parse_unischema
 
-FIXTURES = Path(__file__).parent / "fixtures" / "petastorm"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "petastorm"
 DATASET = FIXTURES / "dataset"
 FIXED = ["matrix", "packed", "image_png", "gray_png"]
 VARIABLE = ["seq", "points"]
@@ -44,7 +44,7 @@ def _variable(expected, name: str) -> list[np.ndarray | None]:
     out, start = [], 0
     for shape, null in zip(shapes, nulls, strict=True):
         size = int(np.prod(shape))
-        out.append(None if null else flat[start: start + size].reshape(shape))
+        out.append(None if null else flat[start : start + size].reshape(shape))
         start += 0 if null else size
     return out
 
@@ -167,8 +167,14 @@ def test_without_metadata_codecs_are_detected_from_the_bytes(tmp_path, expected)
     source = PetastormSource(root)
     assert source.unischema is None
     assert {n: p.codec for n, p in source.plans.items() if p.codec} == {
-        "matrix": "npy", "seq": "npy", "points": "npy", "packed": "npz",
-        "image_png": "image", "image_jpeg": "image", "gray_png": "image"}
+        "matrix": "npy",
+        "seq": "npy",
+        "points": "npy",
+        "packed": "npz",
+        "image_png": "image",
+        "image_jpeg": "image",
+        "gray_png": "image",
+    }
     table = _by_id(fl.read_petastorm(root, columns=["id", *FIXED]).to_arrow())
     for name in FIXED:
         _check_fixed(table, expected, name)
@@ -184,8 +190,11 @@ def _corrupt_copy(tmp_path: Path, row: int = 1) -> tuple[Path, Path]:
     table = pq.read_table(first)
     values = table["matrix"].to_pylist()
     values[row] = values[row][:-5]
-    table = table.set_column(table.schema.get_field_index("matrix"), table.schema.field("matrix"),
-                             pa.array(values, pa.binary()))
+    table = table.set_column(
+        table.schema.get_field_index("matrix"),
+        table.schema.field("matrix"),
+        pa.array(values, pa.binary()),
+    )
     pq.write_table(table, first, row_group_size=2)
     return root, first
 
@@ -195,8 +204,15 @@ def test_a_corrupt_value_names_file_row_group_row_and_column(tmp_path):
     with pytest.raises(fl.DataError) as info:
         fl.read_petastorm(root).to_arrow()
     message = str(info.value)
-    for part in (first.name, "row group 1", "row 1", "row 3 of the file", "'matrix'",
-                 "NdarrayCodec", "Fix:"):
+    for part in (
+        first.name,
+        "row group 1",
+        "row 1",
+        "row 3 of the file",
+        "'matrix'",
+        "NdarrayCodec",
+        "Fix:",
+    ):
         assert part in message, (part, message)
 
 
@@ -220,8 +236,9 @@ def test_fixed_shapes_load_as_tensors_and_variable_ones_are_refused(tmp_path, ex
     assert ds.to_arrow().sort_by("id").equals(source.to_arrow().sort_by("id"))  # nulls too
     assert isinstance(ds.schema().field("image_png").type, pa.FixedShapeTensorType)
     columns = ["id", "matrix", "image_png", "image_jpeg"]
-    loader = ds.loader(batch_size=8, shuffle=False, drop_last=False, format="numpy",
-                       columns=columns)
+    loader = ds.loader(
+        batch_size=8, shuffle=False, drop_last=False, format="numpy", columns=columns
+    )
     batches = list(loader)
     ids = np.concatenate([b["id"] for b in batches])
     order = np.argsort(ids)
@@ -253,8 +270,9 @@ def test_a_predicate_filters_decoded_rows(expected):
     ds = fl.read_petastorm(DATASET).filter(pc.field("id") >= 30).select(["id", "matrix"])
     table = _by_id(ds.to_arrow())
     assert table["id"].to_pylist() == list(range(30, 36))
-    np.testing.assert_array_equal(table["matrix"].combine_chunks().to_numpy_ndarray(),
-                                  expected["matrix"][30:])
+    np.testing.assert_array_equal(
+        table["matrix"].combine_chunks().to_numpy_ndarray(), expected["matrix"][30:]
+    )
 
 
 def test_bad_arguments_and_missing_columns_raise_with_a_fix(tmp_path):

@@ -86,8 +86,14 @@ def test_console_script_entry_point(csv_folder, tmp_path) -> None:
 
 # Data that would drive a terminal if printed raw: OSC (window title) ended by BEL, CSI
 # (clear screen), NUL, a C1 CSI, a bidi override, and Rich markup.
-HOSTILE = ["\x1b]0;pwned\x07title", "\x1b[2Jwipe", "nul\x00byte", "c1\x9b31m", "bidi\u202egnp.exe",
-           "[bold red]markup[/]"]
+HOSTILE = [
+    "\x1b]0;pwned\x07title",
+    "\x1b[2Jwipe",
+    "nul\x00byte",
+    "c1\x9b31m",
+    "bidi\u202egnp.exe",
+    "[bold red]markup[/]",
+]
 
 
 @pytest.fixture
@@ -109,16 +115,23 @@ def test_safe_text_escapes_controls_and_markup() -> None:
     from feedline.cli.text import safe_text
 
     assert safe_text("plain [b]x[/] ü 日本").plain == "plain [b]x[/] ü 日本"
-    assert safe_text("\x1b[2J\x07\x00\u202e\u2028\ufeff\t").plain == \
-        "\\x1b[2J\\x07\\x00\\u202e\\u2028\\ufeff\\t"
+    assert (
+        safe_text("\x1b[2J\x07\x00\u202e\u2028\ufeff\t").plain
+        == "\\x1b[2J\\x07\\x00\\u202e\\u2028\\ufeff\\t"
+    )
     assert safe_text(3).plain == "3" and not safe_text("[bold]x[/]").spans
 
 
-def test_inspect_stats_verify_escape_hostile_names_and_lineage(tmp_path, capsys,
-                                                               plain_console) -> None:
+def test_inspect_stats_verify_escape_hostile_names_and_lineage(
+    tmp_path, capsys, plain_console
+) -> None:
     out = tmp_path / "ds"
-    table = pa.table({**{n: [1.0, 2.0, 4.0, 8.0] for n in HOSTILE},
-                      "cat": ["\x1b[31mred", "[blink]b[/]", "z\u202e", "\x07"]})
+    table = pa.table(
+        {
+            **{n: [1.0, 2.0, 4.0, 8.0] for n in HOSTILE},
+            "cat": ["\x1b[31mred", "[blink]b[/]", "z\u202e", "\x07"],
+        }
+    )
     fl.from_arrow(table).write(out)
     path = out / "_feedline.json"
     manifest = json.loads(path.read_text())
@@ -128,8 +141,9 @@ def test_inspect_stats_verify_escape_hostile_names_and_lineage(tmp_path, capsys,
     capsys.readouterr()
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
-    assert_inert(text, [*HOSTILE, manifest["lineage"]["source"],
-                        " -> ".join(manifest["lineage"]["plan"])])
+    assert_inert(
+        text, [*HOSTILE, manifest["lineage"]["source"], " -> ".join(manifest["lineage"]["plan"])]
+    )
     assert main(["stats", str(out), "--against", str(out), "--recompute"]) == 0
     text = capsys.readouterr().out
     assert_inert(text, [*HOSTILE[:3], "\x1b[31mred", "[blink]b[/]"])
@@ -138,8 +152,9 @@ def test_inspect_stats_verify_escape_hostile_names_and_lineage(tmp_path, capsys,
     assert_inert(capsys.readouterr().out, [])
 
 
-def test_convert_summary_and_errors_escape_paths(csv_folder, tmp_path, capsys,
-                                                 plain_console) -> None:
+def test_convert_summary_and_errors_escape_paths(
+    csv_folder, tmp_path, capsys, plain_console
+) -> None:
     dst = tmp_path / "out\x1b]0;x\x07[red]y[/]\u202e"
     assert main(["convert", str(csv_folder), str(dst), "--quiet"]) == 0
     text = capsys.readouterr().out
