@@ -1475,7 +1475,8 @@ def case_w(args: argparse.Namespace) -> None:
 # ``(256, 3, 224, 224)`` + labels as torch tensors, with 2 workers on this 2-core machine:
 #
 # * ceiling-threads / ceiling-processes: the 2-core decode ceiling:
-#   feedline.preprocess.vision.augment's pipeline (JPEG draft, one resize) over a plain ThreadPoolExecutor(2) / ProcessPoolExecutor(2)
+#   feedline.preprocess.vision.augment's pipeline (JPEG draft, one resize) over a plain
+#   ThreadPoolExecutor(2) / ProcessPoolExecutor(2)
 # * torch-dl-w2: torch DataLoader(num_workers=2) over the map-style Dataset a user writes with
 #   Pillow and torchvision's transforms (torchvision itself does not install beside torch 2.13
 #   CPU, so its RandomResizedCrop / RandomHorizontalFlip / PILToTensor are written out on

@@ -1,5 +1,6 @@
-"""Load-time image augmentation (``preprocess/vision/augment.py``): torchvision's sampling semantics,
-JPEG draft decoding (exact geometry, close pixels), EXIF orientation, bad images, outputs."""
+"""Load-time image augmentation (``preprocess/vision/augment.py``): torchvision's sampling
+semantics, JPEG draft decoding (exact geometry, close pixels), EXIF orientation, bad images,
+outputs."""
 
 from __future__ import annotations
 
