@@ -35,7 +35,6 @@ from feedline.loader.nodes.worker_task import Chunk, Pending, run_chunk
 __all__ = [
     "WORKER_TYPES",
     "InlineWorkers",
-    "Pending",
     "ThreadWorkers",
     "check_workers",
     "make_workers",
