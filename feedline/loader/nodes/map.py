@@ -12,8 +12,8 @@ import numpy as np
 from feedline.errors import UserFunctionError
 from feedline.loader.nodes.node import Batch, Node, Stage
 from feedline.loader.nodes.samples import as_error
-from feedline.loader.nodes.worker_pools import Pending, make_workers
-from feedline.loader.nodes.worker_task import Chunk
+from feedline.loader.nodes.worker_pools import make_workers
+from feedline.loader.nodes.worker_task import Chunk, Pending
 
 __all__ = ["Map"]
 
