@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from feedline.engines.protocol import get_engine
 from feedline.errors import ConfigurationError
 from feedline.statistics.compute import stats
 from feedline.statistics.numbers import fixed
@@ -268,6 +269,9 @@ def compare(
     >>> compare(new, ref).drifted, compare(ref, ref).drifted
     (['x'], [])
     """
+
+    if not all(isinstance(side, Stats | dict) for side in (new, ref)):
+        engine = get_engine(engine)  # resolved once, for both sides
 
     def as_stats(side: Any) -> Stats:
         if isinstance(side, Stats):
