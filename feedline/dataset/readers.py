@@ -55,7 +55,8 @@ def read_parquet(
     Paths may be local or any fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``…);
     ``storage_options`` go to the fsspec backend, and their reserved key ``"retry"`` takes a
     :class:`~feedline.io.storage.retry.RetryPolicy` for transient faults (see
-    :mod:`feedline.io.storage.paths`). The other readers, ``open`` and ``Dataset.write`` take the same.
+    :mod:`feedline.io.storage.paths`). The other readers, ``open`` and ``Dataset.write`` take
+    the same.
 
     Examples
     --------
