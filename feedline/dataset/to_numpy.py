@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -86,12 +86,13 @@ class ArrayFiller:
     ) -> None:
         if order not in ("C", "F"):
             raise ConfigurationError(f"order={order!r} must be 'C' or 'F'. Fix: pass one of them.")
+        layout: Literal["C", "F"] = "C" if order == "C" else "F"  # order is one of the two
         self.columns = list(columns)
         self.stack = stack
         self.rows = rows
         self._types = {name: schema.field(name).type for name in self.columns}
         if stack:
-            self._out: Any = np.empty((rows, len(self.columns)), self._stack_dtype(), order=order)
+            self._out: Any = np.empty((rows, len(self.columns)), self._stack_dtype(), order=layout)
         else:
             self._out = {name: self._allocate(name, kind) for name, kind in self._types.items()}
 

@@ -26,7 +26,7 @@ import functools
 import os
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -137,7 +137,7 @@ class Loader:
         self._resolved: ShardSource | BatchStream | None = None
         self._plan_cache: tuple[Any, EpochPlan] | None = None
         self._order_ahead: OrderAhead | None = None
-        self._active: weakref.ref | None = None
+        self._active: weakref.ref[Generator[dict[str, Any], None, None]] | None = None
         self._token: object = None
         self._timing = Timing(self.batch_size)
         self._skips = Skips()
@@ -319,7 +319,7 @@ class Loader:
         )  # fmt: skip
 
     def _consume(self, node: Node, plan: EpochPlan, start: int, epoch: int, token: object,
-                 asked: float):  # fmt: skip
+                 asked: float) -> Generator[dict[str, Any], None, None]:  # fmt: skip
         # raw clock readings per batch (see feedline.loader.timing): asked, got, previous got
         timing, clock, got, tail = self._timing, time.perf_counter, None, None
         run, append = timing.start_run(epoch, reset=start == 0), timing.rows.append

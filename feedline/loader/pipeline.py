@@ -78,7 +78,7 @@ def default_pipeline(
     direct = not mapped and fmt == "torch"  # tensors made by the gather, once per group
     node: Node = Gather(order, backend, shuffle=shuffle, seed=seed, group=1 if mapped else group,
                         pin=pin and not mapped, fmt="torch" if direct else None)  # fmt: skip
-    if mapped:
+    if transform is not None:
         node = Map(node, transform, batched=batched, seed=seed, workers=workers)
     if mapped or padding_mask or fmt == "tf":  # numpy and direct tensors need no Format
         node = Format(node, fmt, padding_mask=padding_mask)

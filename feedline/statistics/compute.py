@@ -123,7 +123,10 @@ def stats(
 
 def stored_stats(ds: Dataset, columns: Sequence[str] | None = None) -> Stats | None:
     """The statistics stored in ``ds``'s manifest when complete for ``columns``, else None."""
-    manifest, doc = ds.manifest, (ds.manifest.statistics if ds.manifest is not None else {})
+    manifest = ds.manifest
+    if manifest is None:
+        return None
+    doc = manifest.statistics
     if not doc or ds.plan.ops or doc.get("version") != STATS_VERSION:
         return None
     found = Stats.from_dict(doc)

@@ -27,7 +27,7 @@ Examples
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -180,7 +180,7 @@ class ShardSource:
         *,
         path: str | None = None,
         opened: tuple[int, Footer] | None = None,
-    ) -> Iterator[pa.RecordBatch]:
+    ) -> Generator[pa.RecordBatch, None, None]:
         """Row groups ``groups`` (indices inside file ``file``) as batches of up to ``rows``.
 
         Read from a buffered stream, a piece at a time (the memory a read needs beyond its

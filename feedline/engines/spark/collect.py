@@ -38,9 +38,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,8 +48,11 @@ import pyarrow.compute as pc
 from feedline.engines.spark.plan import quiet_pandas_warning, spark_errors
 from feedline.engines.spark.types import from_spark_batch
 from feedline.host import memory_room
-from feedline.io.source import ExecutionReport
+from feedline.io.source import ExecutionReport, Source
 from feedline.plan.plan import Plan, pushdown
+
+if TYPE_CHECKING:
+    from feedline.engines.spark.relational import RelationalFrameSource
 
 __all__ = [
     "FIRST_WINDOW",
@@ -92,6 +95,7 @@ class DirectFrame:
         partition. ``on_computed()`` is called once every partition has been computed (the
         inputs' counters are final then)."""
         size = estimated_bytes(self.frame)
+        raw: Iterable[pa.RecordBatch] | None
         raw = self.collect(on_computed) if size is not None and size <= bound else None
         if raw is None:
             logger.debug("Streaming a Spark result (estimate %s, bound %d bytes)", size, bound)
@@ -236,23 +240,30 @@ def direct_frame(plan: Plan) -> DirectFrame | None:
     """The plan as a :class:`DirectFrame` when its source is a computed relational
     DataFrame (:class:`~feedline.engines.spark.relational.RelationalFrameSource`) and at
     most a column selection and an expression filter follow it; else ``None``."""
-    native = getattr(plan.source, "native_frame", lambda: None)()
-    if native is None or getattr(plan.source, "kind", None) != "spark-relational":
+    source = plan.source
+    native = getattr(source, "native_frame", lambda: None)()
+    if native is None or not _is_relational_frame(source):
         return None
     if not arrow_batches_available(native):
         return None
     pushed = pushdown(plan)
     if pushed.remaining:
         return None
-    schema, columns = plan.source.schema(), pushed.columns
+    schema, columns = source.schema(), pushed.columns
     if columns is not None and pushed.predicate is None:  # Spark drops the other columns
         from pyspark.sql import functions as F
 
         native = native.select(*[F.col("`" + c.replace("`", "``") + "`") for c in columns])
         schema, columns = pa.schema([schema.field(c) for c in columns]), None
     # else the filter may read columns that the selection drops: the driver selects last
-    label = plan.source.label.format(partition="collected")
+    label = source.label.format(partition="collected")
     return DirectFrame(native, schema, pushed.predicate, columns, label)
+
+
+def _is_relational_frame(source: Source) -> TypeGuard[RelationalFrameSource]:
+    """Whether ``source`` is a :class:`~feedline.engines.spark.relational.RelationalFrameSource`
+    (told by its ``kind``: that module imports this one)."""
+    return getattr(source, "kind", None) == "spark-relational"
 
 
 def arrow_batches_available(frame: Any) -> bool:

@@ -84,9 +84,10 @@ def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[Any,
     ((0, 1), (1, 4))
     """
     dist = sys.modules.get("torch.distributed")
-    ready = dist is not None and dist.is_available() and dist.is_initialized()
-    if rank is None:
-        rank = dist.get_rank() if ready else 0
-    if world_size is None:
-        world_size = dist.get_world_size() if ready else 1
-    return rank, world_size
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        if rank is None:
+            rank = dist.get_rank()
+        if world_size is None:
+            world_size = dist.get_world_size()
+        return rank, world_size
+    return (0 if rank is None else rank), (1 if world_size is None else world_size)

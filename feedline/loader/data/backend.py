@@ -166,6 +166,7 @@ class Backend:
         """
         if self.mode == "memory":
             return self.source if self.packing is None else CacheSession(self.source)
+        assert self.window is not None  # open_backend picks a window for a streaming backend
         if shuffle:
             pools = block_shuffle_pools(self.sizes, seed, epoch, self.window)
         else:
@@ -231,7 +232,7 @@ def open_backend(
     layout = file_layout(source)
     shards = None
     if layout is not None and cache_dir is not None and not all(f.is_local for f in layout.files):
-        checked = layout.shards if source.has_checksums else None
+        checked = layout.shards if layout.source.has_checksums else None
         shards = ShardCache.for_files(
             layout.files, checked, cache_dir, cache_limit or DEFAULT_CACHE_LIMIT
         )
@@ -243,6 +244,7 @@ def open_backend(
                 "Fix: use cache='auto' or 'memory'."
             )
         if shards is not None:
+            assert layout is not None  # a shard cache serves a layout's files
             shards.schedule(range(len(layout.files)))
         sampler = WindowSampler(
             source, windows, layout=layout, widen_unsigned=widen_unsigned, dtype=dtype,
@@ -263,27 +265,30 @@ def open_backend(
             "a larger memory_budget."
         )
     if stream:
+        assert layout is not None  # a computed dataset was refused above
         sizes = layout.row_group_sizes
         if window is None:
             group_bytes = max(1, packing.row_bytes * max(sizes, default=1))
             window = max(1, min(len(sizes), budget // (STREAM_POOLS * group_bytes)))
         return Backend("none", layout, sizes, window, specs, shards=shards, packing=packing)
     if shards is not None:  # downloads overlap decoding: each shard loads once it arrives
+        assert layout is not None  # a shard cache serves a layout's files
         shards.schedule(range(len(layout.files)))
     if _use_node(cache, layout, packing, world_size, stream):
+        assert layout is not None  # cache="node" of a computed dataset was refused above
         try:
-            loaded = open_node_cache(layout, packing, node_dir, options=lists)
+            node = open_node_cache(layout, packing, node_dir, options=lists)
         except ConfigurationError:
             if cache == "node":
                 raise
         else:  # a node cache: served like a memory cache
             logger.info(
-                "Loader cache: node file %s (%s), %d rows, %d bytes, %.2f s", loaded.path,
-                "filled" if loaded.built else "reused", loaded.num_rows, loaded.nbytes,
-                loaded.open_seconds,
+                "Loader cache: node file %s (%s), %d rows, %d bytes, %.2f s", node.path,
+                "filled" if node.built else "reused", node.num_rows, node.nbytes,
+                node.open_seconds,
             )  # fmt: skip
             sizes = layout.row_group_sizes
-            return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing)
+            return Backend("memory", node, sizes, window, specs, shards=shards, packing=packing)
     limit = budget if cache == "auto" and rows is None else None
     started = time.perf_counter()
     loaded = load_cache(source, packing, layout=layout, budget=limit)

@@ -62,7 +62,10 @@ __all__ = [
 
 #: bytes per row assumed for a string column read as a Python list (object + text)
 STRING_ROW_BYTES = 80
-_WIDEN = {np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64)}
+_WIDEN: dict[np.dtype[Any], np.dtype[Any]] = {
+    np.dtype(np.uint16): np.dtype(np.int32),
+    np.dtype(np.uint32): np.dtype(np.int64),
+}
 
 
 @dataclass(frozen=True)

@@ -217,7 +217,11 @@ class ColumnCache:
         self._filling = filling
         if filling is not None:  # a cache dropped while it fills: its fill threads stop
             weakref.finalize(self, filling.cancel)
-        self.storage = dict(storage if packing is not None else (arrays or {}))
+        if packing is not None:
+            assert storage is not None, "a packed cache is built on the packing's storage"
+            self.storage = dict(storage)
+        else:
+            self.storage = dict(arrays or {})
         self.arrays = column_views(packing, self.storage) if packing is not None else self.storage
         lengths = {len(a) for a in self.storage.values()}
         if len(lengths) > 1:
@@ -514,6 +518,7 @@ def load_cache(
             workers = threads or min(MAX_READ_THREADS, os.cpu_count() or 1)
             later = bool(background) and storage is None
             return _load_files(layout, packing, workers, storage, advance, later)
+        assert isinstance(source, BatchStream)  # a ShardSource got its FileLayout above
         return _load_batches(source, packing, budget, advance)
 
 

@@ -46,7 +46,7 @@ import uuid
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -208,8 +208,11 @@ def _data_ok(memory: Any, header: dict[str, Any]) -> bool:
 _FIELDS = ("key", "dtype", "shape", "offset", "nbytes")
 
 
-def _matches(header: dict[str, Any] | None, key: str, packing: Packing, rows: int) -> bool:
-    """Whether ``header`` describes the arrays ``key`` names, laid out as this version does."""
+def _matches(
+    header: dict[str, Any] | None, key: str, packing: Packing, rows: int
+) -> TypeGuard[dict[str, Any]]:
+    """Whether ``header`` describes the arrays ``key`` names, laid out as this version does
+    (a ``None`` header never does)."""
     if not isinstance(header, dict) or header.get("key") != key or header.get("rows") != rows:
         return False
     try:
@@ -295,7 +298,7 @@ def _fill(path: Path, key: str, layout: FileLayout, packing: Packing,
     rows = layout.num_rows
     arrays, data_bytes = _layout_of(packing, rows)
     name, fn = _checksum_fn()
-    header = {
+    header: dict[str, Any] = {
         "format": "feedline node cache", "version": VERSION, "key": key, "rows": rows,
         "arrays": arrays, "order": list(packing.order), "options": dict(options),
         "checksum": name, "boot": _boot_id(), "host": socket.gethostname(), "pid": os.getpid(),

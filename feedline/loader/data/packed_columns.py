@@ -219,14 +219,14 @@ def plan_packing(
     blocks = []
     for (_, dtype), parts in groups.items():
         columns, offsets, slots, at = [], [], [], 0
-        for key, held in parts:
+        for stack_key, held in parts:
             first = at
             for spec in held:
                 columns.append(spec)
                 offsets.append(at)
                 at += _width(spec)
-            if key is not None:
-                slots.append(Slot(key, first, at, (at - first,)))
+            if stack_key is not None:
+                slots.append(Slot(stack_key, first, at, (at - first,)))
         for spec, offset in zip(columns, offsets, strict=True):
             if spec.name in outputs:
                 slots.append(Slot(spec.name, offset, offset + _width(spec), spec.shape))
@@ -291,8 +291,9 @@ def gather_packed(
                 result[slot.key] = view
             continue
         dst, filled = None, None
-        for key in (block.key, getattr(block.whole, "key", None)):
-            if dst is None and key in out:
+        covering = block.whole
+        for key in (block.key, None if covering is None else covering.key):
+            if dst is None and key is not None and key in out:
                 dst, filled = _rows_view(out[key], n, block.width), out[key]
         if dst is None and scratch is not None and any(s.key in out for s in block.slots):
             held = scratch.get(block.key)

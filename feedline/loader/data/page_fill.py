@@ -121,7 +121,7 @@ class PageFill:
             dest = views[name][start : start + rows]
             if chunk is None or chunk.rows != rows or not dest.flags.c_contiguous:
                 continue
-            if copy_chunk(fd, chunk, memoryview(dest).cast("B"), where):
+            if copy_chunk(fd, chunk, dest.data.cast("B"), where):
                 done.add(name)
         return done
 
@@ -149,7 +149,7 @@ class PageFill:
                 pages = chunk_pages(fd, chunk)
                 if pages is None:
                     continue
-                memory = memoryview(dest).cast("B")
+                memory = dest.data.cast("B")
                 tasks += [PageTask(fd, chunk, page, memory, views[name], start, name, where)
                           for page in pages]  # fmt: skip
                 names.add(name)

@@ -112,16 +112,17 @@ class PoolReader:
         self._pool_groups: list[list[int]] = []  # global row groups of each pool, file order
         self._pool_rows: list[int] = []
         for p, pool in enumerate(pools):
-            plan, row, groups = [], 0, []
+            plan: list[tuple[int, list[int]]] = []
+            row, in_pool = 0, []
             for f in dict.fromkeys(int(x) for x in self._file_of[pool]):  # file order of the pool
                 mine = sorted(int(g) for g in pool if self._file_of[g] == f)
                 for g in mine:
                     self._pool_of[g], self._offset[g] = p, row
                     row += int(self._sizes[g])
                 plan.append((f, [int(self._local[g]) for g in mine]))
-                groups += mine
+                in_pool += mine
             self._read_plan.append(plan)
-            self._pool_groups.append(groups)
+            self._pool_groups.append(in_pool)
             self._pool_rows.append(row)
         self._loaded: dict[int, ColumnCache] = {}
         self.stats = stats if stats is not None else StreamStats()
@@ -212,8 +213,10 @@ class PoolReader:
         # a batch straddling pools: each pool's rows gathered, then placed by mask
         result = {}
         for key, (shape, dtype) in self._packing.shapes().items():
-            has = out is not None and key in out and out[key].shape == (idx.size, *shape)
-            result[key] = out[key] if has else np.empty((idx.size, *shape), dtype)
+            if out is not None and key in out and out[key].shape == (idx.size, *shape):
+                result[key] = out[key]
+            else:
+                result[key] = np.empty((idx.size, *shape), dtype)
         for p in needed:
             mask = pool == p
             for key, part in self._loaded[p].gather(local[mask]).items():

@@ -83,14 +83,18 @@ class Series:
         return int(sum(a.nbytes for a in unique.values()) + self.bounds.nbytes)
 
 
+#: the ``(by, order_by)`` key values of some rows (``None`` for a key not given)
+_Keys = tuple[np.ndarray | None, np.ndarray | None]
+
+
 @dataclass
 class _Run:
     """What the rows of one row group say about the order: sorted?, series changes, ends."""
 
     ok: bool = True
     changes: list[np.ndarray] = field(default_factory=list)
-    first: tuple[np.ndarray | None, np.ndarray | None] | None = None
-    last: tuple[np.ndarray | None, np.ndarray | None] | None = None
+    first: _Keys | None = None
+    last: _Keys | None = None
 
 
 def _key_values(piece: pa.RecordBatch, name: str | None) -> np.ndarray | None:
@@ -104,11 +108,13 @@ def _key_values(piece: pa.RecordBatch, name: str | None) -> np.ndarray | None:
 
 def _in_order(by: np.ndarray | None, time: np.ndarray | None) -> tuple[bool, np.ndarray | None]:
     """Whether consecutive rows are in (by, time) order; where ``by`` changes (if given)."""
-    change = None if by is None else by[1:] != by[:-1]
-    if by is not None and time is not None:
-        ok = (by[1:] > by[:-1]) | (~change & (time[1:] >= time[:-1]))
-    elif by is not None:
-        ok = by[1:] >= by[:-1]
+    change: np.ndarray | None = None
+    if by is not None:
+        change = by[1:] != by[:-1]
+        if time is not None:
+            ok = (by[1:] > by[:-1]) | (~change & (time[1:] >= time[:-1]))
+        else:
+            ok = by[1:] >= by[:-1]
     elif time is not None:
         ok = time[1:] >= time[:-1]
     else:
@@ -118,6 +124,12 @@ def _in_order(by: np.ndarray | None, time: np.ndarray | None) -> tuple[bool, np.
 
 def _concat(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
     return None if a is None or b is None else np.concatenate([a, b])
+
+
+def _slice_keys(keys: _Keys, rows: slice) -> _Keys:
+    """The ``rows`` of each key's values."""
+    by, time = keys
+    return None if by is None else by[rows], None if time is None else time[rows]
 
 
 class _Filler:
@@ -169,9 +181,9 @@ class _Filler:
         run.ok = run.ok and ok
         if change is not None:
             run.changes.append(np.flatnonzero(change) + at + 1)
-        first = tuple(None if k is None else k[:1] for k in ends)
+        first = _slice_keys(ends, slice(None, 1))
         run.first = run.first if run.first is not None else first
-        run.last = tuple(None if k is None else k[-1:] for k in ends)
+        run.last = _slice_keys(ends, slice(-1, None))
 
 
 def _pieces(
@@ -220,8 +232,11 @@ def load_series(
     keys = [c for c in (by, order_by) if c is not None]
     names = list(dict.fromkeys([s.name for specs in blocks.values() for s in specs] + keys))
     # a computed dataset is computed once; a written one is read row group by row group
-    table = read_table(dataset, names, None) if layout is None else None
-    rows = table.num_rows if table is not None else layout.num_rows
+    if layout is None:
+        table = read_table(dataset, names, None)
+        rows = table.num_rows
+    else:
+        table, rows = None, layout.num_rows
     row_bytes = sum(s.row_bytes for specs in blocks.values() for s in specs)
     pieces = list(_pieces(table, layout, names, row_bytes))
     arrays: dict[str, np.ndarray] = {}

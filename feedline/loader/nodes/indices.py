@@ -86,7 +86,11 @@ class Order(Node):
     def plan(self) -> EpochPlan:
         """The current epoch's plan."""
         if self._plan is None:
-            self._plan = self._fixed if self._make is None else self._make(self.epoch)
+            if self._make is None:
+                assert self._fixed is not None  # __init__ sets exactly one of _make and _fixed
+                self._plan = self._fixed
+            else:
+                self._plan = self._make(self.epoch)
         return self._plan
 
     def upcoming(self) -> np.ndarray:

@@ -32,7 +32,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -78,14 +78,18 @@ def parse_position(state: Mapping[str, Any] | None, where: str) -> tuple[int, in
     if state is None:
         return None
     ok = isinstance(state, Mapping) and {"epoch", "batch"} <= set(state)
-    values = [state.get(k) for k in ("epoch", "batch")] if ok else []
-    if not ok or not all(isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 0
-                         for v in values):  # fmt: skip
+    epoch, batch = (state.get("epoch"), state.get("batch")) if ok else (None, None)
+    if not (ok and _is_count(epoch) and _is_count(batch)):
         raise ConfigurationError(
             f"{where}.reset() got {state!r}; a node state is {{'epoch': e, 'batch': k}} with "
             "non-negative ints. Fix: pass what the node's get_state() returned, or None."
         )
-    return int(values[0]), int(values[1])
+    return int(epoch), int(batch)
+
+
+def _is_count(value: object) -> TypeGuard[int | np.integer[Any]]:
+    """Whether ``value`` is a non-negative int or numpy integer (a bool is not)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value >= 0)
 
 
 class Node(Iterator[Batch]):

@@ -16,7 +16,7 @@ import numpy as np
 
 from feedline.errors import ConfigurationError, FeedlineError, UserFunctionError
 from feedline.loader.nodes import shm
-from feedline.loader.nodes.samples import takes_index
+from feedline.loader.nodes.samples import add_note, takes_index
 from feedline.loader.nodes.worker_task import (
     INDICES,
     OBJECTS,
@@ -200,8 +200,8 @@ class _Processes:
         for task in self.tasks.values():
             task.reply = ("error", task.task_id, None, "RuntimeError",
                           "the worker processes were stopped", "")  # fmt: skip
-        self.procs.clear(), self.conns.clear(), self.inputs.clear(), self.load.clear()
-        self.output_names.clear(), self.tasks.clear()
+        for held in (self.procs, self.conns, self.inputs, self.load, self.output_names, self.tasks):
+            held.clear()
 
 
 def _remote_error(reply: tuple[Any, ...], fn_name: str) -> BaseException:
@@ -214,7 +214,7 @@ def _remote_error(reply: tuple[Any, ...], fn_name: str) -> BaseException:
             original = None
     note = "Traceback in the loader's worker process:\n" + text
     if isinstance(original, FeedlineError):
-        original.add_note(note)
+        add_note(original, note)
         return original
     error = UserFunctionError(
         f"The loader's transform {fn_name} raised {type_name}: {message} in a worker "

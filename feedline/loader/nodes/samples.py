@@ -16,6 +16,7 @@ worker process imports this module, so it stays light: NumPy and feedline's erro
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,8 +26,8 @@ from feedline.errors import FeedlineError, UserFunctionError
 from feedline.loader.order.rng import sample_rng, sample_uniforms
 from feedline.preprocess.vision.augment import Skipped
 
-__all__ = ["SampleRngs", "apply_batch", "apply_samples", "as_error", "collate_samples",
-           "is_skipped", "takes_index"]  # fmt: skip
+__all__ = ["SampleRngs", "add_note", "apply_batch", "apply_samples", "as_error",
+           "collate_samples", "is_skipped", "takes_index"]  # fmt: skip
 
 _FIX_SHAPES = (
     "Fix: make the transform return arrays of one shape and dtype per key (e.g. crop or "
@@ -117,8 +118,8 @@ def apply_samples(
         try:
             result = fn(sample, rng, index=index) if with_index else fn(sample, rng)
         except Exception as exc:
-            exc.add_note(f"(in the loader's transform {_describe(fn)}, on the sample at row "
-                         f"index {index}, epoch {epoch})")  # fmt: skip
+            add_note(exc, f"(in the loader's transform {_describe(fn)}, on the sample at row "
+                          f"index {index}, epoch {epoch})")  # fmt: skip
             raise
         if is_skipped(result):
             skipped.append(i)
@@ -154,8 +155,8 @@ def apply_batch(
     try:
         result = fn(dict(columns), SampleRngs(seed, epoch, indices))
     except Exception as exc:
-        exc.add_note(f"(in the loader's batched transform {_describe(fn)}, on a batch of "
-                     f"{len(indices)} samples of epoch {epoch})")  # fmt: skip
+        add_note(exc, f"(in the loader's batched transform {_describe(fn)}, on a batch of "
+                      f"{len(indices)} samples of epoch {epoch})")  # fmt: skip
         raise
     if not isinstance(result, Mapping):
         raise UserFunctionError(
@@ -238,6 +239,18 @@ def collate_samples(samples: Sequence[Mapping[str, Any]], where: str = "") -> di
         else:
             out[key] = values
     return out
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` where Python has it (3.11+); on 3.10 the note is left out.
+
+    Examples
+    --------
+    >>> error = ValueError("bad")
+    >>> add_note(error, "on row 3")  # on 3.11+: error.__notes__ == ["on row 3"]
+    """
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
 
 
 def as_error(exc: BaseException) -> BaseException:

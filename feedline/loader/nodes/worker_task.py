@@ -74,6 +74,8 @@ def run_chunk(
     with_index: bool,
 ) -> Chunk:
     """Apply ``fn`` to the chunk's samples (or the chunk, ``batched``) and stack them."""
+    skipped: list[int]
+    markers: list[Any]
     if batched:
         data = apply_batch(fn, columns, indices, seed=seed, epoch=epoch)
         skipped, markers = [], []
@@ -103,7 +105,7 @@ def _run(fn: Callable[..., Any], with_index: bool, inputs: shm.Attached, outputs
     indices = columns.pop(INDICES)
     raw = columns.pop(OBJECTS, None)
     if raw is not None:
-        columns |= pickle.loads(raw)
+        columns |= pickle.loads(raw.data)
     chunk = run_chunk(fn, columns, indices, batched=batched, seed=seed, epoch=epoch,
                       with_index=with_index)  # fmt: skip
     del columns, indices, raw

@@ -38,7 +38,7 @@ __all__ = [
 STATE_VERSION = 2
 #: more ranks than any training job has; bounds the per-rank lists a state implies
 MAX_WORLD_SIZE = 1 << 20
-_KEYS = {
+_KEYS: dict[int, tuple[str, ...]] = {
     1: ("version", "seed", "epoch", "batches", "rank", "world_size", "batch_size", "drop_last",
         "shuffle", "shuffle_window", "num_samples", "history"),
 }  # fmt: skip
