@@ -34,7 +34,7 @@ from feedline.errors import (
 _logging.getLogger("feedline").addHandler(_logging.NullHandler())
 
 if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
-    from feedline import preprocess, tracking
+    from feedline import charts, preprocess, tracking
     from feedline.dataset.dataset import Dataset
     from feedline.dataset.from_memory import (
         from_arrow,
@@ -85,7 +85,6 @@ if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from feedline.statistics.drift import DriftReport, compare
     from feedline.statistics.result import Stats
     from feedline.store.dataset_files import verify
-    from feedline.ui import charts
 
 #: public name -> the module that defines it (a module itself where the name is one)
 _LAZY: dict[str, str] = {
@@ -117,7 +116,7 @@ _LAZY: dict[str, str] = {
     "Tokenize": "feedline.preprocess.text.tokenize",
     "Windows": "feedline.loader.data.windows",
     "WriteInfo": "feedline.engines.protocol",
-    "charts": "feedline.ui.charts",
+    "charts": "feedline.charts",
     "clear_spark_cache": "feedline.engines.spark.bridge",
     "compare": "feedline.statistics.drift",
     "config": "feedline.settings",

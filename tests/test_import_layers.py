@@ -70,6 +70,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "feedline.io",
     ),
     "feedline.ui": (*_TOP, "feedline.engines", "feedline.loader", "feedline.plan"),
+    "feedline.charts": (*_TOP, "feedline.engines", "feedline.loader", "feedline.plan"),
 }
 
 #: modules that may import the package root (``import feedline``): the top of the house

@@ -177,3 +177,18 @@ def test_the_comparison_sees_a_lost_name_a_changed_default_and_a_new_required_pa
     assert len(lost(before, changed)) == 1
     required = {"f": {"function": [*before["f"]["function"], ["c", "KEYWORD_ONLY", None]]}}
     assert lost(before, required) == ["fl.f.function: new parameter 'c' has no default"]
+
+
+def test_the_documented_import_paths_work() -> None:
+    """The paths the docs import from, besides ``fl.*`` (they are real modules, not names
+    the lazy root hands out)."""
+    import feedline.charts
+    import feedline.tracking
+    from feedline.demo.synthetic import make_catalog
+    from feedline.loader import Loader, Windows, nodes
+    from feedline.preprocess import StandardScaler, from_state
+
+    assert fl.charts is feedline.charts and fl.tracking is feedline.tracking
+    assert callable(feedline.charts.plot_loader_timeline) and callable(make_catalog)
+    assert (Loader, Windows, StandardScaler) == (fl.Loader, fl.Windows, fl.StandardScaler)
+    assert callable(from_state) and callable(nodes.Map)

@@ -10,11 +10,11 @@ import sys
 import time
 from typing import Any
 
+from feedline.charts import plot_loader_timeline
 from feedline.loader.adapters.tf import import_tensorflow
 from feedline.loader.adapters.torch import import_torch
 from feedline.loader.loader import Loader
 from feedline.store.shard_source import open_shard_source
-from feedline.ui.charts import plot_loader_timeline
 
 __all__ = ["bench_loader"]
 
@@ -53,7 +53,7 @@ def bench_loader(
         Per-rank batch size, simulated step time in milliseconds, epochs to run.
     chart:
         Also write a PNG of throughput and data wait over time here
-        (:func:`feedline.ui.charts.plot_loader_timeline`; needs ``feedline[plots]``).
+        (:func:`feedline.charts.plot_loader_timeline`; needs ``feedline[plots]``).
     storage_options:
         fsspec options for a ``path`` that is a URL (opening it is timed with the first batch).
     **loader_kwargs:

@@ -12,7 +12,7 @@ written as a feedline dataset too:
   log(price) (:mod:`feedline.demo.diamonds`); metric: held-out R² vs the training mean (0).
 
 Runs are recorded in a local MLflow store (``<out>/mlruns``) and loader charts are written
-to ``<out>/charts`` when :mod:`feedline.tracking` and :mod:`feedline.ui.charts` are available.
+to ``<out>/charts`` when :mod:`feedline.tracking` and :mod:`feedline.charts` are available.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the demo prints and records: the summary table, MLflow runs and loader charts.
 
-MLflow tracking (``feedline.tracking``) and the charts (``feedline.ui.charts``) are optional:
+MLflow tracking (``feedline.tracking``) and the charts (``feedline.charts``) are optional:
 without them (or without ``mlflow``/``matplotlib``) the demo still trains and reports, and
 says what it left out.
 """
@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from feedline import tracking
+from feedline.charts import plot_loader_timeline
 from feedline.demo.train import EpochResult
-from feedline.ui.charts import plot_loader_timeline
 
 __all__ = ["EXPERIMENT", "PipelineResult", "Tracker", "summary_table"]
 
@@ -114,7 +114,7 @@ class Tracker:
 
 def loader_chart(loader: Any, path: Path, title: str) -> str | None:
     """Write the loader's timeline chart (PNG); ``None`` when charts are not available."""
-    if not (_available("feedline.ui.charts") and _available("matplotlib")):
+    if not (_available("feedline.charts") and _available("matplotlib")):
         return None
     if not hasattr(loader, "timeline"):
         return None

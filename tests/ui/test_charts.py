@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import feedline as fl
+from feedline.charts import DPI, FIGSIZE, bin_timeline, plot_loader_timeline
 from feedline.cli.bench_loader import bench_loader
 from feedline.cli.main import main
-from feedline.ui.charts import DPI, FIGSIZE, bin_timeline, plot_loader_timeline
 
 pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
@@ -103,7 +103,7 @@ def test_bench_loader_and_cli_write_the_chart(tmp_path: Path) -> None:
 def test_charts_never_touch_pyplot_or_the_global_backend(tmp_path: Path) -> None:
     code = (
         "import sys, matplotlib, feedline as fl\n"
-        "from feedline.ui.charts import plot_loader_timeline\n"
+        "from feedline.charts import plot_loader_timeline\n"
         "raw = lambda: dict.__getitem__(matplotlib.rcParams, 'backend')  # unresolved\n"
         "before = raw()\n"
         "loader = fl.range(1000).loader(batch_size=10, format='numpy')\n"

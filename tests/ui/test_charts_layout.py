@@ -14,7 +14,7 @@ import feedline as fl
 pytest.importorskip("matplotlib")
 from matplotlib.text import Text
 
-from feedline.ui.charts import draw_loader_timeline
+from feedline.charts import draw_loader_timeline
 
 
 @pytest.fixture(scope="module")

@@ -95,7 +95,7 @@ def _figure() -> Any:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise MissingDependencyError("matplotlib", "plots", "feedline.ui.charts") from exc
+        raise MissingDependencyError("matplotlib", "plots", "feedline.charts") from exc
     figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
