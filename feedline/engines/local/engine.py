@@ -96,7 +96,8 @@ class LocalEngine:
     def __repr__(self) -> str:
         return f"LocalEngine(parallelism={self.parallelism}, memory_budget={self.memory_budget})"
 
-    def first_rows(self, plan: Plan) -> pa.RecordBatch | None:
+    @staticmethod
+    def first_rows(plan: Plan) -> pa.RecordBatch | None:
         """The first batch ``plan`` yields (``None`` for no rows): the sampler that
         :func:`~feedline.engines.schema.infer_schema` runs, on a one-thread engine with a
         small budget (a Spark or Ray driver should not read a row group per core for it).
@@ -104,7 +105,7 @@ class LocalEngine:
         Examples
         --------
         >>> from feedline.io.memory import RangeSource
-        >>> LocalEngine().first_rows(Plan(RangeSource(3))).num_rows
+        >>> LocalEngine.first_rows(Plan(RangeSource(3))).num_rows
         3
         """
         sampler = LocalEngine(parallelism=1, memory_budget="64MB")
@@ -270,7 +271,7 @@ class LocalEngine:
         manifest = fmt.write_batches(
             target,
             batches,
-            schema_hint=lambda: infer_schema(plan, self.first_rows),
+            schema_hint=lambda: infer_schema(plan, LocalEngine.first_rows),
             lineage=lineage_of(plan, self.name),
             writer_options=options.writer_kwargs(),
             write_info={"options": options.writer_kwargs()},
@@ -335,4 +336,4 @@ def plan_schema(plan: Plan) -> pa.Schema:
     >>> plan_schema(Plan(RangeSource(3))).names
     ['id']
     """
-    return infer_schema(plan, LocalEngine().first_rows)
+    return infer_schema(plan, LocalEngine.first_rows)

@@ -35,9 +35,7 @@ def to_ray(plan: Plan, engine: str | Engine | None = None, *, preserve_order: bo
     """
     import ray.data
 
-    engine = get_engine(engine if engine is not None else "ray")
-    if not isinstance(engine, RayEngine):
-        engine = RayEngine()
+    engine = engine if isinstance(engine, RayEngine) else RayEngine()
     pushed = pushdown(plan)
     segments = split_at_limits(pushed.remaining)
     if len(segments) == 1:
