@@ -16,7 +16,12 @@ The folder (``~/.cache/feedline/shards`` by default) is safe for several process
 - a reader holds a shared ``flock`` on a cached file while it reads it, and eviction skips
   files it cannot lock exclusively, so a shard in use is never deleted under a reader;
 - ``flock`` locks die with their process, so a killed process leaves no stale lock; its
-  ``.part`` leftovers are removed by the next download of that shard or the next eviction.
+  ``.part`` leftovers are removed by the next download of that shard or the next eviction;
+- a cached entry is checked before use: a regular file (opened with ``O_NOFOLLOW`` and
+  ``O_NONBLOCK``, so a symbolic link, a FIFO, a device or a directory planted in its place
+  never hangs or feeds the reader), of the manifest's size and sha256. A bad entry (truncated,
+  swapped, replaced) is removed, logged, counted (``shard_corrupt``) and downloaded again; an
+  empty directory is removed too, one with files in it is refused with a clear error.
 
 The size limit is kept by evicting the least recently used files (modification time is
 touched on every use). Shards being read at once may exceed it briefly. Needs POSIX
@@ -28,8 +33,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import re
+import stat
 import threading
 import uuid
 import weakref
@@ -39,6 +46,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from feedline.errors import ConfigurationError, FeedlineError, IntegrityError, StorageError
+from feedline.io.storage.local_files import file_kind, open_regular
+from feedline.loader.data.cache_files import open_lock, remove_entry
 from feedline.store.commit import fsync_dir
 from feedline.ui.progress import bar as progress_bar
 
@@ -47,6 +56,8 @@ if TYPE_CHECKING:
     from feedline.store.manifest import ShardInfo
 
 __all__ = ["CacheStats", "ShardCache", "ShardKey", "default_cache_dir", "write_chunk"]
+
+logger = logging.getLogger(__name__)
 
 #: bytes read from the remote object and written to the cache file at a time
 CHUNK = 8 << 20
@@ -114,9 +125,10 @@ class CacheStats:
 
     ``hits`` counts shard reads that found the file in the folder (downloaded earlier, by the
     prefetch thread or by another process); ``downloads`` and ``download_bytes`` the shards
-    this cache fetched; ``corrupt`` the cached files that failed their checksum (then fetched
-    again); ``evictions`` the files it deleted to keep the limit; ``prefetch_errors`` the
-    failed background downloads (the reader then downloads the shard itself, and raises).
+    this cache fetched; ``corrupt`` the cached entries found bad (wrong size or checksum, or
+    not a regular file: removed, then fetched again); ``evictions`` the files it deleted to
+    keep the limit; ``prefetch_errors`` the failed background downloads (the reader then
+    downloads the shard itself, and raises).
     """
 
     hits: int = 0
@@ -139,6 +151,10 @@ def _flock(fd: int, shared: bool = False, block: bool = True) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+#: what :meth:`ShardCache._open_cached` says of a shard that is not in the folder
+_ABSENT = "absent"
 
 
 def _storage_error(message: str, url: str, exc: BaseException) -> StorageError:
@@ -228,13 +244,22 @@ class ShardCache:
     def using(self, i: int) -> Iterator[str]:
         """The local path of shard ``i``, downloaded if needed, kept from eviction meanwhile."""
         self._advance(i)
-        downloaded = False
+        downloaded, found = False, []
         for _ in range(3):
-            fd = self._open_cached(i)
+            fd, why = self._open_cached(i)
             if fd is not None:
                 break
+            found.append(why)
             downloaded = self._download(i) or downloaded
         else:
+            if any(why != _ABSENT for why in found):
+                raise IntegrityError(
+                    f"Shard {self.files[i].url!r} was bad in the cache folder "
+                    f"{str(self.folder)!r} each time it was read, though each bad copy was "
+                    f"removed and downloaded again (last: {found[-1]}). Fix: check the disk "
+                    "under cache_dir and that no other program writes there, or pass "
+                    "cache_dir=False to read the shards directly."
+                )
             raise IntegrityError(
                 f"Shard {self.files[i].url!r} keeps disappearing from the cache folder "
                 f"{str(self.folder)!r} (evicted right after download). Fix: raise cache_limit "
@@ -251,30 +276,42 @@ class ShardCache:
         finally:
             os.close(fd)  # releases the shared lock
 
-    def _open_cached(self, i: int) -> int | None:
-        """A descriptor of the cached shard holding a shared lock, or ``None`` if absent/bad."""
+    def _open_cached(self, i: int) -> tuple[int | None, str]:
+        """A descriptor of the cached shard holding a shared lock, or ``None`` and why not
+        (:data:`_ABSENT`, or what was wrong with the entry, which is then removed)."""
         key = self.keys[i]
-        try:
-            fd = os.open(self.folder / key.name, os.O_RDONLY)
+        path = self.folder / key.name
+        try:  # O_NOFOLLOW: a symbolic link is never a shard this cache wrote
+            flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+            with open_regular(path, what="a cached shard", error=IntegrityError, flags=flags) as f:
+                fd = os.dup(f.fileno())
         except FileNotFoundError:
-            return None
+            return None, _ABSENT
+        except IntegrityError:  # a symbolic link, FIFO, device, socket or directory
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                return None, _ABSENT
+            return None, self._drop_bad(i, None, f"it is {file_kind(mode)}, not a regular file")
         _flock(fd, shared=True)
-        stat = os.fstat(fd)
-        ident = (key.name, stat.st_ino, stat.st_size)
-        good = stat.st_nlink > 0 and stat.st_size == key.size
-        if good and key.checksum is not None and ident not in self._verified:
-            good = self._checksum(fd) == key.checksum
-            if good:
+        st = os.fstat(fd)
+        ident = (key.name, st.st_ino, st.st_size)
+        why = ""
+        if st.st_nlink == 0:  # evicted by another process after we opened it
+            why = _ABSENT
+        elif st.st_size != key.size:
+            why = f"it holds {st.st_size} bytes; the dataset says {key.size}"
+        elif key.checksum is not None and ident not in self._verified:
+            found = self._checksum(fd)
+            if found == key.checksum:
                 with self._lock:
                     self._verified.add(ident)
             else:
-                with self._lock:
-                    self.stats.corrupt += 1
-                self._drop_bad(key, stat.st_ino)
-        if not good:
-            os.close(fd)
-            return None
-        return fd
+                why = f"its checksum is {found}; the dataset says {key.checksum}"
+        if not why:
+            return fd, ""
+        os.close(fd)
+        return None, why if why == _ABSENT else self._drop_bad(i, st.st_ino, why)
 
     @staticmethod
     def _checksum(fd: int) -> str:
@@ -285,18 +322,33 @@ class ShardCache:
                 digest.update(chunk)
         return "sha256:" + digest.hexdigest()
 
-    def _drop_bad(self, key: ShardKey, inode: int) -> None:
-        """Unlink a cached file that failed its checksum (if it is still that file)."""
+    def _drop_bad(self, i: int, inode: int | None, why: str) -> str:
+        """Remove the bad cached entry of shard ``i`` (if it is still that file, by ``inode``;
+        if it is still not a regular file, without one), count and log it; returns ``why``."""
+        key = self.keys[i]
         path = self.folder / key.name
-        with contextlib.suppress(OSError), self._shard_lock(key):
-            if os.stat(path).st_ino == inode:
-                os.unlink(path)
+        with self._shard_lock(key):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                return why
+            same = st.st_ino == inode if inode is not None else not stat.S_ISREG(st.st_mode)
+            if not same:  # replaced meanwhile (downloaded again): checked on the next try
+                return why
+            with self._lock:
+                self.stats.corrupt += 1
+            logger.warning(
+                "shard cache: the cached copy of %s (%s) was bad: %s; downloading it again",
+                self.files[i].url, path, why,
+            )  # fmt: skip
+            remove_entry(path, what="cached shard")
+        return why
 
     # ------------------------------------------------------------------ downloading
 
     @contextlib.contextmanager
     def _shard_lock(self, key: ShardKey) -> Iterator[None]:
-        fd = os.open(self.folder / ".locks" / f"{key.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(self.folder / ".locks" / f"{key.name}.lock", what="the shard cache lock")
         try:
             _flock(fd)
             yield
@@ -308,8 +360,8 @@ class ShardCache:
         key, src = self.keys[i], self.files[i]
         path = self.folder / key.name
         with self._shard_lock(key):
-            if path.exists():  # another thread or process finished it meanwhile
-                return False
+            if os.path.lexists(path):  # another thread or process finished it meanwhile
+                return False  # (a bad entry is removed when it is opened)
             for stale in (self.folder / ".tmp").glob(f"{key.name}.*.part"):
                 stale.unlink(missing_ok=True)  # a killed download of this shard
             self._make_room(key)
@@ -341,7 +393,13 @@ class ShardCache:
     def _fetch(self, src: Location, tmp: Path, key: ShardKey) -> tuple[int, str]:
         """Copy ``src`` into the new file ``tmp`` (fsynced); returns its size and checksum."""
         digest, size = hashlib.sha256(), 0
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"Cannot create {str(tmp)!r} in the shard cache folder: {exc.strerror or exc}. "
+                "Fix: check that cache_dir is a writable local folder (or pass cache_dir=False)."
+            ) from exc
         try:
             try:
                 handle = src.fs.open(src.path, "rb", block_size=CHUNK)
@@ -398,7 +456,7 @@ class ShardCache:
                 f"The shard cache limit ({self.limit} bytes) is smaller than shard {key.name} "
                 f"({key.size} bytes). Fix: raise cache_limit= (or write smaller shards)."
             )
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(self.folder / ".lock", what="the shard cache folder lock")
         try:
             _flock(fd)
             self._sweep_temps()
@@ -419,9 +477,9 @@ class ShardCache:
             os.close(fd)
 
     def _evict(self, path: str) -> bool:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        try:  # a regular file when listed; anything swapped in since is left alone
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
             return False
         try:
             if not _flock(fd, block=False):  # a reader holds it: keep it
@@ -437,10 +495,11 @@ class ShardCache:
         """Remove ``.part`` files whose shard lock nobody holds (left by killed downloads)."""
         for tmp in (self.folder / ".tmp").glob("*.part"):
             lock = self.folder / ".locks" / f"{tmp.name.split('.parquet.', 1)[0]}.parquet.lock"
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_lock(lock, what="the shard cache lock")
             try:
                 if _flock(fd, block=False):
-                    tmp.unlink(missing_ok=True)
+                    with contextlib.suppress(IsADirectoryError, PermissionError):
+                        tmp.unlink(missing_ok=True)  # (a directory there: not ours, left)
             finally:
                 os.close(fd)
 
