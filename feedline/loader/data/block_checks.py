@@ -134,6 +134,9 @@ class BlockChecks:
         rows: int, block_rows: int, table: np.ndarray, where: str, verify: bool = True,
     ) -> None:  # fmt: skip
         self._memory, self._handle, self._fd = memory, handle, handle.fileno()
+        #: the file's size now: an ``mmap``'s ``size()`` is one ``fstat`` of the file, cheaper
+        #: than ``os.fstat`` (no stat result built), and this runs before every gather
+        self._size = getattr(memory, "size", None) or self._fstat_size
         self._file_bytes, self._regions = file_bytes, list(regions)
         self._rows, self._per_block, self._table, self._where = rows, block_rows, table, where
         self._verified = np.zeros(len(table), bool)
@@ -149,9 +152,12 @@ class BlockChecks:
     def blocks(self) -> int:
         return len(self._table)
 
+    def _fstat_size(self) -> int:
+        return os.fstat(self._fd).st_size
+
     def size_problem(self) -> str | None:
         """What is wrong with the file's size now (``None``: it is whole)."""
-        size = os.fstat(self._fd).st_size
+        size = self._size()
         if size >= self._file_bytes:
             return None
         return (
@@ -165,9 +171,10 @@ class BlockChecks:
         Checks the file's size, then the CRCs of the blocks holding these rows that this
         process has not checked yet.
         """
-        problem = self.size_problem()
-        if problem is not None or not self._left:
-            return problem
+        if self._size() < self._file_bytes:
+            return self.size_problem()
+        if not self._left:
+            return None
         idx = np.asarray(indices, dtype=np.int64)
         blocks = np.unique(idx // self._per_block)
         if len(blocks) and (blocks[0] < 0 or blocks[-1] >= len(self._table)):
