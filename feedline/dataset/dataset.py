@@ -421,6 +421,9 @@ class Dataset:
     def rename(self, mapping: Mapping[str, str]) -> Dataset:
         """Rename columns (``{"old": "new"}``); the others keep their names and places.
 
+        A new name that another column has (or two columns renamed to one name) raises
+        ``SchemaError``: a dataset names each column once.
+
         Examples
         --------
         >>> import feedline as fl

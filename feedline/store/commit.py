@@ -64,6 +64,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+from feedline.arrow.column_names import check_unique
 from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError
 from feedline.io.storage.nospace import out_of_space_as_storage_error
 from feedline.io.storage.paths import Location
@@ -284,6 +285,13 @@ def commit(write: PendingWrite, manifest: Manifest) -> None:
     Steps 3 to 5 of the protocol in this module's docstring; the write's lock is released.
     """
     target, staging, fs = write.target, write.staging, write.target.fs
+    # a schema that names a column twice cannot be read back: never commit one
+    check_unique(
+        manifest.schema.names,
+        f"The schema of the write {write.write_id} to {target.url!r}",
+        "rename or drop the repeated columns before writing (ds.rename, ds.drop, ds.select); "
+        "nothing was committed.",
+    )
     manifest.write = dict(manifest.write) | {"id": write.write_id}
     staged = []
     for shard in manifest.shards:

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from feedline.arrow.column_names import check_unique
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.arrow.parquet_types import check_storable
 from feedline.arrow.tensor_codec import TensorStorage
@@ -349,6 +350,11 @@ def writable_schema(schema: pa.Schema, where: str = "the dataset") -> pa.Schema:
     >>> writable_schema(pa.schema({"t": pa.timestamp("s")})).types
     [TimestampType(timestamp[s])]
     """
+    check_unique(
+        schema.names,
+        f"The schema of {where}",
+        "rename or drop the repeated columns before writing (ds.rename, ds.drop, ds.select).",
+    )
     check_storable(schema, where)
     return valid_pandas_schema(schema)
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
 
+from feedline.arrow.column_names import check_unique
 from feedline.errors import DataError, SchemaError
 from feedline.plan.plan import Cast, Drop, Rename, WithColumns
 
@@ -34,7 +35,14 @@ def apply_edit(op: ColumnEdit, batch: pa.RecordBatch, label: str) -> pa.RecordBa
     _check(batch.schema, _named(op), label, op.describe())
     if isinstance(op, Rename):
         mapping = dict(op.mapping)
-        return batch.rename_columns([mapping.get(n, n) for n in batch.schema.names])
+        names = [mapping.get(n, n) for n in batch.schema.names]
+        check_unique(
+            names,
+            f"{op.describe()} on rows from {label}",
+            "rename to names no other column has (or drop the column in the way first, "
+            "e.g. ds.drop('s').rename({'v': 's'})).",
+        )
+        return batch.rename_columns(names)
     if isinstance(op, Drop):
         return batch.drop_columns(list(op.columns))
     return _cast(batch, op, label)
