@@ -445,7 +445,9 @@ class Dataset:
 
     def cast(self, types: Mapping[str, pa.DataType | str]) -> Dataset:
         """Cast columns to Arrow types (``{"x": pa.float32()}`` or ``{"x": "float32"}``);
-        a value the new type cannot hold raises ``DataError``.
+        a value the new type cannot hold raises ``DataError`` naming the column and the value:
+        an integer out of range, a truncated float or timestamp, and a finite float too large
+        for a narrower float type (``1e40`` as ``float32``; infinities and NaN stay as they are).
 
         Examples
         --------

@@ -9,11 +9,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from feedline.arrow.casts import overflowed
 from feedline.arrow.column_names import check_unique
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.arrow.parquet_types import check_storable
 from feedline.arrow.tensor_codec import TensorStorage
-from feedline.errors import ConfigurationError, SchemaError
+from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.io.storage.paths import Location
 from feedline.store.footers import footer_digest, read_footer_block
 from feedline.store.manifest import ShardInfo
@@ -382,12 +383,22 @@ def conform(
     if batch.schema.equals(schema, check_metadata=False):
         return batch.replace_schema_metadata(schema.metadata)
     try:
-        return batch.cast(schema)
+        cast = batch.cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise SchemaError(
             f"A batch with schema {batch.schema} cannot be written with {reference} "
             f"{schema}: {exc}. Fix: return consistent types from map_batches."
         ) from exc
+    for name, before, after in zip(schema.names, batch.columns, cast.columns, strict=True):
+        value = overflowed(before, after)
+        if value is not None:
+            raise DataError(
+                f"A batch reached the writer with the column {name!r} of type "
+                f"{before.type} holding {value!r}, which {reference}'s type {after.type} "
+                "cannot hold (it would become an infinity). Fix: return consistent types from "
+                "map_batches (or cast to a wider type first)."
+            )
+    return cast
 
 
 def _footer_digest(tail: bytes, name: str) -> str:
