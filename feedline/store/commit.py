@@ -68,8 +68,9 @@ from feedline.arrow.column_names import check_unique
 from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError
 from feedline.io.storage.nospace import out_of_space_as_storage_error
 from feedline.io.storage.paths import Location
-from feedline.store.manifest import MANIFEST_NAME, Manifest
+from feedline.store.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from feedline.store.shards import shard_name
+from feedline.store.stored_files import read_small
 from feedline.store.write_lock import LOCK_NAME, WriterLock, conditional
 
 __all__ = [
@@ -142,10 +143,15 @@ def prepare_target(target: Location) -> None:
 # --------------------------------------------------------------------------- writes
 
 
+def _manifest_bytes(target: Location) -> bytes:
+    """The committed manifest's bytes (capped, never a FIFO); ``FileNotFoundError`` if none."""
+    return read_small(target.child(MANIFEST_NAME), MAX_MANIFEST_BYTES, what="the manifest")
+
+
 def _manifest_token(target: Location) -> str | None:
     """The sha256 of the committed manifest's bytes (``None`` when there is none)."""
     try:
-        return hashlib.sha256(target.fs.cat_file(target.join(MANIFEST_NAME))).hexdigest()
+        return hashlib.sha256(_manifest_bytes(target)).hexdigest()
     except FileNotFoundError:
         return None
 
@@ -154,8 +160,11 @@ def _manifest_base(target: Location) -> tuple[str | None, str | None]:
     """:func:`_manifest_token` and the manifest's version (S3 ETag), from one read."""
     if not conditional(target):
         return _manifest_token(target), None
+    path = target.join(MANIFEST_NAME)
     try:
-        data, version = target.fs.read_versioned(target.join(MANIFEST_NAME))
+        if target.fs.size(path) > MAX_MANIFEST_BYTES:  # an object's size is what it holds
+            _manifest_bytes(target)  # raises, naming the limit
+        data, version = target.fs.read_versioned(path)
     except FileNotFoundError:
         return None, None
     return hashlib.sha256(data).hexdigest(), version
@@ -228,7 +237,7 @@ class PendingWrite:
 
 def _committed_write(target: Location) -> str | None:
     try:
-        doc = json.loads(target.fs.cat_file(target.join(MANIFEST_NAME)))
+        doc = json.loads(_manifest_bytes(target))
         return str(doc["write"]["id"])
     except Exception:  # noqa: BLE001 - no (readable) manifest: no committed write id
         return None
@@ -371,7 +380,7 @@ def replace_manifest(target: Location, expected: Manifest, manifest: Manifest) -
     with writing(target) as write:
         where = f"{target.url.rstrip('/')}/{MANIFEST_NAME}"
         try:
-            current = Manifest.from_json(target.fs.cat_file(target.join(MANIFEST_NAME)), where)
+            current = Manifest.from_json(_manifest_bytes(target), where)
         except FileNotFoundError:
             current = None
         if current is None or (current.shards, current.write.get("id")) != (

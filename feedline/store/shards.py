@@ -14,10 +14,11 @@ from feedline.arrow.column_names import check_unique
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.arrow.parquet_types import check_storable
 from feedline.arrow.tensor_codec import TensorStorage
-from feedline.errors import ConfigurationError, DataError, SchemaError
+from feedline.errors import ConfigurationError, DataError, IntegrityError, SchemaError
 from feedline.io.storage.paths import Location
 from feedline.store.footers import footer_digest, read_footer_block
 from feedline.store.manifest import ShardInfo
+from feedline.store.stored_files import check_regular
 
 __all__ = [
     "PARQUET_CODECS",
@@ -416,6 +417,7 @@ def file_checksum(location: Location) -> tuple[int, str]:
     """
     digest = hashlib.sha256()
     size = 0
+    check_regular(location, what="the shard", error=IntegrityError)  # never a FIFO or device
     with location.fs.open(location.path, "rb") as handle:
         while chunk := handle.read(_CHECKSUM_CHUNK):
             digest.update(chunk)
