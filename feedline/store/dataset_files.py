@@ -35,6 +35,7 @@ from feedline.io.parquet import ParquetSource, read_footer
 from feedline.io.source import ExecutionReport, ReadFn, ReadTask, fingerprint_of
 from feedline.io.storage.paths import Location, resolve
 from feedline.store.commit import (
+    WriteBase,
     commit,
     is_write_leftover,
     writing,
@@ -279,9 +280,11 @@ def write_batches(
     on_rows: Callable[[int], None] | None = None,
     preprocessors: list[dict[str, Any]] | None = None,
     report: Any = None,
+    base: WriteBase | None = None,
 ) -> Manifest:
-    """Write ``batches`` as a feedline dataset at ``target`` and commit it."""
-    with writing(target) as write:
+    """Write ``batches`` as a feedline dataset at ``target`` and commit it (only if the
+    dataset is still at ``base``, when given: :func:`~feedline.store.commit.note_base`)."""
+    with writing(target, base) as write:
         writer = ShardWriter(
             write.shard_folder, on_rows=on_rows, write_id=write.write_id, **writer_options
         )
