@@ -66,7 +66,8 @@ class LocalEngine:
         ``spill_directory``. Default: ``memory_budget``. DuckDB gets one thread per 64 MB
         of it, up to ``parallelism`` (with less per thread a sort can fail to spill).
     spill_directory:
-        Where they spill. Default: a fresh temporary directory, removed afterwards.
+        Where they spill. Default: a fresh temporary directory, removed afterwards. A
+        spill that fills its disk raises ``StorageError`` naming the directory.
 
     Examples
     --------
