@@ -39,6 +39,7 @@ from feedline.preprocess.preprocessor import from_state
 from feedline.statistics.compute import store_stats
 from feedline.store.dataset_files import open_source
 from feedline.store.shard_source import BatchStream, ShardSource
+from feedline.ui.inert_text import inert
 
 if TYPE_CHECKING:
     import pandas
@@ -501,7 +502,8 @@ class Dataset:
         return Plan(source, tuple(ops))
 
     def explain(self, analyze: bool = False, engine: str | Engine | None = None) -> str:
-        """The plan, one operator per line, with what is pushed into the reader.
+        """The plan, one operator per line, with what is pushed into the reader (control
+        and bidi characters in names shown as escapes).
 
         With ``analyze=True`` the plan runs (output discarded) and the counters are shown.
         """
@@ -515,7 +517,7 @@ class Dataset:
             report = self.analyze(engine=engine)
             lines.append("Execution:")
             lines += [f"  {k}: {v}" for k, v in report.as_dict().items() if k != "skipped"]
-        return "\n".join(lines)
+        return "\n".join(inert(line) for line in lines)  # names from data: shown inert
 
     def analyze(self, engine: str | Engine | None = None) -> ExecutionReport:
         """Run the plan, discard the rows, and return the execution counters."""
