@@ -2,7 +2,8 @@
 
 Each ``cmd_*`` takes the parsed arguments and a Rich console and returns the exit status;
 errors are :class:`~feedline.errors.FeedlineError` subclasses that :func:`feedline.cli.main.main`
-prints. Everything printed that came from data goes through :func:`safe_text`.
+prints. Everything printed that came from data goes through
+:func:`~feedline.ui.inert_text.safe_text`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.text import Text
 
 import feedline as fl
 from feedline.cli.bench_loader import bench_loader
-from feedline.cli.text import count, percent, rate, safe_table, safe_text, seconds, size
+from feedline.cli.text import count, percent, rate, safe_table, seconds, size
 from feedline.demo import run_demo
 from feedline.errors import ConfigurationError, FeedlineError
 from feedline.io.image_folders import IMAGE_SUFFIXES
@@ -29,6 +30,7 @@ from feedline.statistics.compute import stats, stored_stats
 from feedline.statistics.drift import compare
 from feedline.statistics.html_page import write_html
 from feedline.store.dataset_files import read_manifest, verify_manifest
+from feedline.ui.inert_text import safe_text
 
 if TYPE_CHECKING:
     from feedline.dataset.dataset import Dataset

@@ -3,8 +3,9 @@
 The parser lives here; each subcommand's work is in :mod:`feedline.cli.commands`, the
 argument types (each refusing a bad value with a fix) in :mod:`feedline.cli.arguments`, and the
 printing (inert text, human-readable numbers) in :mod:`feedline.cli.text`. Everything
-printed that came from data goes through :func:`safe_text` first, so a hostile manifest
-cannot drive the terminal (escape sequences, bidi overrides) or inject Rich markup.
+printed that came from data goes through :func:`~feedline.ui.inert_text.safe_text` first, so
+a hostile manifest cannot drive the terminal (escape sequences, bidi overrides) or inject
+Rich markup.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """What the ``feedline`` command prints: inert text and human-readable numbers.
 
 Everything printed that came from data (column names, lineage, paths, statistics, error
-messages) goes through :func:`safe_text` first, so a hostile manifest cannot drive the
+messages) goes through :func:`~feedline.ui.inert_text.safe_text` first (or
+:func:`safe_table` for tables built elsewhere), so a hostile manifest cannot drive the
 terminal (escape sequences, bidi overrides) or inject Rich markup. Numbers in tables go
 through :func:`count`, :func:`size`, :func:`percent`, :func:`seconds` or :func:`rate`.
 """
@@ -15,26 +16,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["count", "percent", "print_error", "rate", "safe_table", "safe_text", "seconds", "size"]
+from feedline.ui.inert_text import safe_text
 
-
-def safe_text(value: object, style: str = "") -> Text:
-    """``value`` as inert terminal text: shown as is, never driving the terminal.
-
-    Every character Python does not call printable (C0/C1 controls such as ESC, BEL and
-    NUL, bidi overrides, zero-width and other format characters, line separators) is shown
-    as its Python escape (``\\x1b``, ``\\u202e``), and the result is a Rich ``Text``, so
-    ``[bold]`` in data is never parsed as markup (nor ``:emoji:`` codes).
-
-    Examples
-    --------
-    >>> print(safe_text("\\x1b]0;title\\x07[bold]x[/] \\u202egnp.exe").plain)
-    \\x1b]0;title\\x07[bold]x[/] \\u202egnp.exe
-    """
-    text = str(value)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return Text(text, style=style)
+__all__ = ["count", "percent", "print_error", "rate", "safe_table", "seconds", "size"]
 
 
 def safe_table(table: Table) -> Table:

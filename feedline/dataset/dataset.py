@@ -39,6 +39,7 @@ from feedline.preprocess.preprocessor import from_state
 from feedline.statistics.compute import store_stats
 from feedline.store.dataset_files import open_source
 from feedline.store.shard_source import BatchStream, ShardSource
+from feedline.ui.inert_text import inert
 
 if TYPE_CHECKING:
     import pandas
@@ -421,6 +422,9 @@ class Dataset:
     def rename(self, mapping: Mapping[str, str]) -> Dataset:
         """Rename columns (``{"old": "new"}``); the others keep their names and places.
 
+        A new name that another column has (or two columns renamed to one name) raises
+        ``SchemaError``: a dataset names each column once.
+
         Examples
         --------
         >>> import feedline as fl
@@ -442,7 +446,9 @@ class Dataset:
 
     def cast(self, types: Mapping[str, pa.DataType | str]) -> Dataset:
         """Cast columns to Arrow types (``{"x": pa.float32()}`` or ``{"x": "float32"}``);
-        a value the new type cannot hold raises ``DataError``.
+        a value the new type cannot hold raises ``DataError`` naming the column and the value:
+        an integer out of range, a truncated float or timestamp, and a finite float too large
+        for a narrower float type (``1e40`` as ``float32``; infinities and NaN stay as they are).
 
         Examples
         --------
@@ -496,7 +502,8 @@ class Dataset:
         return Plan(source, tuple(ops))
 
     def explain(self, analyze: bool = False, engine: str | Engine | None = None) -> str:
-        """The plan, one operator per line, with what is pushed into the reader.
+        """The plan, one operator per line, with what is pushed into the reader (control
+        and bidi characters in names shown as escapes).
 
         With ``analyze=True`` the plan runs (output discarded) and the counters are shown.
         """
@@ -510,7 +517,7 @@ class Dataset:
             report = self.analyze(engine=engine)
             lines.append("Execution:")
             lines += [f"  {k}: {v}" for k, v in report.as_dict().items() if k != "skipped"]
-        return "\n".join(lines)
+        return "\n".join(inert(line) for line in lines)  # names from data: shown inert
 
     def analyze(self, engine: str | Engine | None = None) -> ExecutionReport:
         """Run the plan, discard the rows, and return the execution counters."""

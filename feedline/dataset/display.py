@@ -1,5 +1,9 @@
 """How a Dataset shows itself: ``repr``, the notebook HTML view, and ``show()``'s rich table.
 
+Names and values come from data: every one is shown inert (control and bidi characters as
+escapes, never Rich markup; :mod:`feedline.ui.inert_text`), so a hostile column name cannot
+drive the terminal or the notebook.
+
 Nothing here runs a plan: :func:`describe` and :func:`to_html` use the plan and the schema
 (only when the schema is known without running user functions) and a row count only when
 metadata gives it. :func:`render_table` formats rows already read (``Dataset.show`` reads
@@ -17,6 +21,7 @@ import pyarrow as pa
 from feedline.engines.local.engine import plan_schema
 from feedline.errors import FeedlineError
 from feedline.plan.relational import plan_lines
+from feedline.ui.inert_text import inert, safe_text
 from feedline.ui.notebook import short_type, table
 
 if TYPE_CHECKING:
@@ -79,7 +84,7 @@ def describe(plan: Plan) -> str:
         more = f", ... (+{len(schema) - _REPR_COLUMNS} more)" if len(schema) > _REPR_COLUMNS else ""
         noun = "column" if len(schema) == 1 else "columns"
         lines.append(f"  schema: {len(schema)} {noun}: {shown}{more}")
-    return "\n".join(lines)
+    return "\n".join(inert(line) for line in lines)
 
 
 def _input_lines(plan: Plan, depth: int) -> list[str]:
@@ -108,7 +113,7 @@ def to_html(plan: Plan) -> str:
     if rows is not None:
         parts.append(f" <span>({rows:,} rows)</span>")
 
-    parts.append(f"<pre>{esc(chr(10).join(plan_lines(plan)))}</pre>")
+    parts.append(f"<pre>{esc(chr(10).join(inert(line) for line in plan_lines(plan)))}</pre>")
     schema = _schema(plan)
     if schema is None:
         parts.append("<p>Schema: known after running the user functions.</p>")
@@ -151,17 +156,23 @@ def _item_type(kind: pa.DataType) -> pa.DataType:
 
 
 def render_table(table: pa.Table, title: str | None = None) -> Table:
-    """A ``rich`` table of ``table``'s rows (header: name and type)."""
+    """A ``rich`` table of ``table``'s rows (header: name and type), every name and value
+    inert (:func:`~feedline.ui.inert_text.safe_text`)."""
     from rich.table import Table
+    from rich.text import Text
 
-    out = Table(title=title, show_lines=False, header_style="bold")
+    out = Table(
+        title=safe_text(title) if title is not None else None,
+        show_lines=False,
+        header_style="bold",
+    )
     for field in table.schema:
         kind = field.type
         type_name = short_type(kind)
         numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
         justify: Literal["right", "left"] = "right" if numeric else "left"
         out.add_column(
-            f"{field.name}\n[dim]{type_name}[/dim]",
+            Text.assemble(safe_text(field.name), "\n", safe_text(type_name, style="dim")),
             justify=justify,
             overflow="ellipsis",
             max_width=_CELL_CHARS,
@@ -170,7 +181,7 @@ def render_table(table: pa.Table, title: str | None = None) -> Table:
     kinds = [f.type for f in table.schema]
     for row in table.to_pylist():
         values = row.values()
-        out.add_row(*(format_value(v, k) for v, k in zip(values, kinds, strict=True)))
+        out.add_row(*(safe_text(format_value(v, k)) for v, k in zip(values, kinds, strict=True)))
     return out
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from feedline.arrow.column_names import check_unique
 from feedline.arrow.python_columns import arrays_from_columns
 from feedline.dataset.dataset import Dataset
 from feedline.engines.ray.source import RaySource
@@ -47,7 +48,15 @@ def from_arrow(table: pa.Table | pa.RecordBatch) -> Dataset:
     >>> fl.from_arrow(pa.table({"x": [1, 2, 3]})).count()
     3
     """
+    if isinstance(table, pa.Table | pa.RecordBatch):
+        _check_names(table.schema.names, "from_arrow()")
     return Dataset.from_source(ArrowSource(table))
+
+
+def _check_names(names: Sequence[str], where: str) -> None:
+    check_unique(
+        names, f"{where}: the input", "rename the columns to unique names before wrapping it."
+    )
 
 
 def from_dict(mapping: Mapping[str, Any]) -> Dataset:
@@ -82,6 +91,7 @@ def from_dict(mapping: Mapping[str, Any]) -> Dataset:
             "one value per row."
         )
 
+    _check_names([str(name) for name in mapping], "from_dict()")
     columns = {str(name): values for name, values in mapping.items()}
     arrays = arrays_from_columns(columns, bad_column=bad_column, uneven=uneven)
     return Dataset.from_source(ArrowSource(pa.table(arrays), name="dict"))
@@ -168,6 +178,7 @@ def from_huggingface(dataset: datasets.Dataset) -> Dataset:
     else:
         table = dataset.with_format("arrow")[:]  # the indexed rows, taken once
     name = f"huggingface dataset {getattr(dataset, 'builder_name', None) or ''}".rstrip()
+    _check_names(table.schema.names, "from_huggingface()")
     return Dataset.from_source(ArrowSource(table, name=name))
 
 
@@ -185,6 +196,7 @@ def from_pandas(df: pandas.DataFrame) -> Dataset:
             f"from_pandas() needs a pandas DataFrame, got {type(df).__name__}. Fix: use "
             "fl.from_arrow() for Arrow tables or fl.from_polars() for Polars frames."
         )
+    _check_names([str(name) for name in df.columns], "from_pandas()")
     try:
         table = table_from_pandas(df)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
@@ -225,7 +237,9 @@ def from_polars(df: polars.DataFrame) -> Dataset:
             f"from_polars() needs a Polars DataFrame, got {type(df).__name__}. Fix: use "
             "fl.from_pandas() for pandas frames or fl.from_arrow() for Arrow tables."
         )
-    return Dataset.from_source(ArrowSource(df.to_arrow(), name="polars DataFrame"))
+    table = df.to_arrow()
+    _check_names(table.schema.names, "from_polars()")
+    return Dataset.from_source(ArrowSource(table, name="polars DataFrame"))
 
 
 def from_spark(

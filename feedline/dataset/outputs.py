@@ -29,6 +29,7 @@ from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import resolve
 from feedline.io.tfrecord.writer import write_tfrecord as write_records
 from feedline.plan.plan import Plan, Select, Transform
+from feedline.store.commit import note_base
 from feedline.store.shard_source import BatchStream, ShardSource
 from feedline.ui.progress import also
 from feedline.ui.progress import bar as progress_bar
@@ -71,7 +72,9 @@ def write(
 
     ``fitted`` is called inside the progress bar of the rows written, so the fits it
     triggers follow the same ``progress`` setting; the fitted preprocessors' states go into
-    the manifest. See :meth:`feedline.Dataset.write` for the parameters.
+    the manifest. The write commits only if no other writer committed at ``path`` since
+    this call began (else :class:`~feedline.errors.ConcurrentWriteError`). See
+    :meth:`feedline.Dataset.write` for the parameters.
 
     Examples
     --------
@@ -87,15 +90,20 @@ def write(
         row_group_rows=row_group_rows,
         compression=compression,
     )
+    target = resolve(path, storage_options)
+    # the version this write starts from, noted before any work: a commit by another writer
+    # from now on (during the fits, the schema inference, the shards) fails this write
+    base = note_base(target)
     with progress_bar(f"write {os.fspath(path)}", progress=progress) as advance:
         plan = fitted()
         return engine.write(
             plan,
-            resolve(path, storage_options),
+            target,
             options,
             preserve_order=preserve_order,
             on_rows=also(advance, on_rows),
             preprocessors=preprocessor_states(plan),
+            base=base,
         )
 
 

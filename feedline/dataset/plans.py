@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from feedline.arrow.column_names import check_unique
 from feedline.engines.local.engine import plan_schema
 from feedline.errors import ConfigurationError
 from feedline.plan.inference import check_model_options
@@ -91,6 +92,7 @@ def select(plan: Plan, columns: str | Sequence[str]) -> Plan:
             f"select() needs one or more column names, got {columns!r}. Fix: pass a list of "
             "strings."
         )
+    check_unique(names, f"select({list(names)})", "name each column once.")
     return plan.then(Select(names))
 
 
@@ -147,6 +149,11 @@ def map_batches(
     device = check_model_options(fn, device, fn_constructor_kwargs, concurrency)
     if isinstance(passthrough, str):
         passthrough = [passthrough]
+    if output_schema is not None:
+        check_unique(
+            output_schema.names, "map_batches(output_schema=...)", "name each column once."
+        )
+    check_unique(passthrough or (), "map_batches(passthrough=...)", "name each column once.")
     return plan.then(
         MapBatches(
             fn,

@@ -15,6 +15,7 @@ from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan
+from feedline.store.commit import WriteBase
 from feedline.store.shards import parquet_codec
 from feedline.ui.notebook import size, table, view
 
@@ -145,11 +146,14 @@ class Engine(Protocol):
         on_rows: Callable[[int], None] | None = None,
         report: ExecutionReport | None = None,
         preprocessors: list[dict[str, Any]] | None = None,
+        base: WriteBase | None = None,
     ) -> WriteInfo:
         """Materialize the plan as a feedline dataset at ``target``.
 
         ``preprocessors`` are the fitted states stored in the manifest; the engine commits
-        the manifest last (:func:`feedline.store.dataset_files.commit`).
+        the manifest last (:func:`feedline.store.dataset_files.commit`), only if the dataset
+        is still at ``base`` (the version noted when the write was asked for,
+        :func:`feedline.store.commit.note_base`; ``None``: when the engine takes the lock).
         """
         ...
 

@@ -13,6 +13,7 @@ from feedline.statistics.accumulators import QUANTILES
 from feedline.statistics.html_page import summary_line, write_html
 from feedline.statistics.numbers import fixed, number
 from feedline.statistics.svg_charts import shown_value
+from feedline.ui.inert_text import inert
 from feedline.ui.notebook import MAX_NAMES, Markup, table, view
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class Stats:
 
     def __repr__(self) -> str:
 
-        shown = [f"{k} ({c.get('kind')})" for k, c in list(self.columns.items())[:MAX_NAMES]]
+        shown = [inert(f"{k} ({c.get('kind')})") for k, c in list(self.columns.items())[:MAX_NAMES]]
         more = len(self.columns) - len(shown)
         listed = ", ".join(shown) + (f", … +{more:,} more" if more > 0 else "")
         noun = "column" if len(self.columns) == 1 else "columns"

@@ -18,7 +18,10 @@ dataset or the new one, and the next write cleans up whatever the crash left:
    stale and is broken; any other lock makes the write fail at once with
    :class:`~feedline.errors.ConcurrentWriteError`. The write also notes the manifest it
    started from (the sha256 of its bytes, and on S3 its ETag): optimistic concurrency on
-   top of the lock.
+   top of the lock. ``Dataset.write`` notes it when it is called (:func:`note_base`),
+   before its fits and its shards: a manifest committed since then (by a writer that
+   already released the lock) fails the write here, so of two writes whose calls overlap
+   exactly one commits.
 2. **Stage.** Shards are written under their final names (new to this write) to
    ``.feedline-staging-<write id>/`` (hidden from readers and from plain Parquet
    listings). On object stores, where a rename is a full copy, the local engine writes
@@ -63,21 +66,26 @@ import re
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
+from feedline.arrow.column_names import check_unique
 from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError
 from feedline.io.storage.nospace import out_of_space_as_storage_error
 from feedline.io.storage.paths import Location
-from feedline.store.manifest import MANIFEST_NAME, Manifest
+from feedline.store.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from feedline.store.shards import shard_name
+from feedline.store.stored_files import read_small
 from feedline.store.write_lock import LOCK_NAME, WriterLock, conditional
 
 __all__ = [
     "STAGING_PREFIX",
     "PendingWrite",
+    "WriteBase",
     "begin_write",
     "commit",
     "fsync_dir",
     "fsync_file",
+    "note_base",
     "prepare_target",
     "replace_manifest",
     "writing",
@@ -141,10 +149,15 @@ def prepare_target(target: Location) -> None:
 # --------------------------------------------------------------------------- writes
 
 
+def _manifest_bytes(target: Location) -> bytes:
+    """The committed manifest's bytes (capped, never a FIFO); ``FileNotFoundError`` if none."""
+    return read_small(target.child(MANIFEST_NAME), MAX_MANIFEST_BYTES, what="the manifest")
+
+
 def _manifest_token(target: Location) -> str | None:
     """The sha256 of the committed manifest's bytes (``None`` when there is none)."""
     try:
-        return hashlib.sha256(target.fs.cat_file(target.join(MANIFEST_NAME))).hexdigest()
+        return hashlib.sha256(_manifest_bytes(target)).hexdigest()
     except FileNotFoundError:
         return None
 
@@ -153,8 +166,11 @@ def _manifest_base(target: Location) -> tuple[str | None, str | None]:
     """:func:`_manifest_token` and the manifest's version (S3 ETag), from one read."""
     if not conditional(target):
         return _manifest_token(target), None
+    path = target.join(MANIFEST_NAME)
     try:
-        data, version = target.fs.read_versioned(target.join(MANIFEST_NAME))
+        if target.fs.size(path) > MAX_MANIFEST_BYTES:  # an object's size is what it holds
+            _manifest_bytes(target)  # raises, naming the limit
+        data, version = target.fs.read_versioned(path)
     except FileNotFoundError:
         return None, None
     return hashlib.sha256(data).hexdigest(), version
@@ -227,19 +243,62 @@ class PendingWrite:
 
 def _committed_write(target: Location) -> str | None:
     try:
-        doc = json.loads(target.fs.cat_file(target.join(MANIFEST_NAME)))
+        doc = json.loads(_manifest_bytes(target))
         return str(doc["write"]["id"])
     except Exception:  # noqa: BLE001 - no (readable) manifest: no committed write id
         return None
 
 
-def begin_write(target: Location) -> PendingWrite:
-    """Check ``target``, take its writer lock and note the manifest the write starts from."""
+@dataclass(frozen=True)
+class WriteBase:
+    """The committed version a write started from, noted when the write was asked for
+    (:func:`note_base`), before any work: the sha256 of the manifest's bytes (``None``: no
+    manifest) and, on S3, its ETag."""
+
+    token: str | None
+    version: str | None = None
+
+
+def note_base(target: Location) -> WriteBase:
+    """The version committed at ``target`` now: what a write asked for now starts from.
+
+    ``Dataset.write`` notes it first thing and hands it to the engine, whose commit then
+    fails with :class:`ConcurrentWriteError` if another writer committed in between, however
+    long the fits, the schema inference or the shards took, and whether or not the other
+    writer still held the lock when this one took it.
+
+    Examples
+    --------
+    >>> import tempfile, feedline as fl
+    >>> from feedline.io.storage.paths import resolve
+    >>> out = tempfile.mkdtemp() + "/ds"
+    >>> note_base(resolve(out))
+    WriteBase(token=None, version=None)
+    >>> _ = fl.range(3).write(out)
+    >>> note_base(resolve(out)).token is not None
+    True
+    """
+    if not target.fs.isdir(target.path):  # no dataset yet (or a file: refused later)
+        return WriteBase(None)
+    return WriteBase(*_manifest_base(target))
+
+
+def begin_write(target: Location, base: WriteBase | None = None) -> PendingWrite:
+    """Check ``target``, take its writer lock and note the manifest the write starts from.
+
+    With ``base`` (:func:`note_base`, noted when the write was asked for), a manifest
+    committed since raises :class:`ConcurrentWriteError` at once, and the commit stays
+    conditional on ``base``.
+    """
     prepare_target(target)
     write = PendingWrite(target)
     write._lock.acquire()
     try:
         write.base, write.base_version = _manifest_base(target)
+        if base is not None:
+            if write.base != base.token:
+                raise write.overtaken()
+            write.base_version = base.version
     except BaseException:
         write.release()
         raise
@@ -247,7 +306,7 @@ def begin_write(target: Location) -> PendingWrite:
 
 
 @contextlib.contextmanager
-def writing(target: Location) -> Iterator[PendingWrite]:
+def writing(target: Location, base: WriteBase | None = None) -> Iterator[PendingWrite]:
     """:func:`begin_write` as a context: anything but a committed write is aborted on exit.
 
     A full disk (or quota, or file size limit) anywhere in the write is raised as a
@@ -267,7 +326,7 @@ def writing(target: Location) -> Iterator[PendingWrite]:
     ['_feedline.json', 'part']
     """
     with out_of_space_as_storage_error(target.url):  # after the abort below cleaned up
-        write = begin_write(target)
+        write = begin_write(target, base)
         try:
             yield write
         finally:
@@ -284,6 +343,13 @@ def commit(write: PendingWrite, manifest: Manifest) -> None:
     Steps 3 to 5 of the protocol in this module's docstring; the write's lock is released.
     """
     target, staging, fs = write.target, write.staging, write.target.fs
+    # a schema that names a column twice cannot be read back: never commit one
+    check_unique(
+        manifest.schema.names,
+        f"The schema of the write {write.write_id} to {target.url!r}",
+        "rename or drop the repeated columns before writing (ds.rename, ds.drop, ds.select); "
+        "nothing was committed.",
+    )
     manifest.write = dict(manifest.write) | {"id": write.write_id}
     staged = []
     for shard in manifest.shards:
@@ -363,7 +429,7 @@ def replace_manifest(target: Location, expected: Manifest, manifest: Manifest) -
     with writing(target) as write:
         where = f"{target.url.rstrip('/')}/{MANIFEST_NAME}"
         try:
-            current = Manifest.from_json(target.fs.cat_file(target.join(MANIFEST_NAME)), where)
+            current = Manifest.from_json(_manifest_bytes(target), where)
         except FileNotFoundError:
             current = None
         if current is None or (current.shards, current.write.get("id")) != (

@@ -35,6 +35,7 @@ from feedline.io.parquet import ParquetSource, read_footer
 from feedline.io.source import ExecutionReport, ReadFn, ReadTask, fingerprint_of
 from feedline.io.storage.paths import Location, resolve
 from feedline.store.commit import (
+    WriteBase,
     commit,
     is_write_leftover,
     writing,
@@ -47,6 +48,7 @@ from feedline.store.manifest import (
     ShardInfo,
 )
 from feedline.store.shards import ShardWriter, file_checksum
+from feedline.store.stored_files import read_small
 
 __all__ = [
     "FeedlineSource",
@@ -66,16 +68,10 @@ FOOTER_THREADS = 16
 def read_manifest(target: Location) -> Manifest | None:
     """The dataset's manifest, ``None`` when there is none; raises on an interrupted write."""
     fs = target.fs
-    path = target.join(MANIFEST_NAME)
     where = f"{target.url.rstrip('/')}/{MANIFEST_NAME}"
     try:
-        size = fs.size(path)
-        if size is not None and size > MAX_MANIFEST_BYTES:
-            raise FormatError(
-                f"The manifest {where} is {size} bytes, over the {MAX_MANIFEST_BYTES}-byte "
-                f"limit. {_REWRITE}"
-            )
-        text = fs.cat_file(path)
+        # capped whatever the size claims (/dev/zero says 0); a FIFO or device is refused
+        text = read_small(target.child(MANIFEST_NAME), MAX_MANIFEST_BYTES, what="the manifest")
     except FileNotFoundError:
         names = fs.ls(target.path, detail=False) if fs.isdir(target.path) else []
         if any(is_write_leftover(posixpath.basename(p.rstrip("/"))) for p in names):
@@ -284,9 +280,11 @@ def write_batches(
     on_rows: Callable[[int], None] | None = None,
     preprocessors: list[dict[str, Any]] | None = None,
     report: Any = None,
+    base: WriteBase | None = None,
 ) -> Manifest:
-    """Write ``batches`` as a feedline dataset at ``target`` and commit it."""
-    with writing(target) as write:
+    """Write ``batches`` as a feedline dataset at ``target`` and commit it (only if the
+    dataset is still at ``base``, when given: :func:`~feedline.store.commit.note_base`)."""
+    with writing(target, base) as write:
         writer = ShardWriter(
             write.shard_folder, on_rows=on_rows, write_id=write.write_id, **writer_options
         )

@@ -23,12 +23,14 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from feedline.arrow.parquet_types import same_stored_schema
 from feedline.errors import DataError, IntegrityError, SchemaError
+from feedline.io.storage.local_files import open_regular
 from feedline.io.storage.paths import Location
 from feedline.store.manifest import ShardInfo
 
@@ -162,7 +164,7 @@ def footer_of(location: Location, shard: ShardInfo | None = None) -> Footer:
 def _footer_block_of(location: Location, shard: ShardInfo | None) -> tuple[int, bytes]:
     where = repr(location.url)
     try:
-        with location.fs.open(location.path, "rb") as handle:
+        with _open_shard(location) as handle:
             handle.seek(0, 2)
             size = handle.tell()
             if shard is not None:
@@ -178,6 +180,14 @@ def _footer_block_of(location: Location, shard: ShardInfo | None) -> tuple[int, 
     except OSError as exc:
         raise DataError(f"Cannot read the Parquet footer of {where}: {exc}. {_RESTORE}") from exc
     return size, block
+
+
+def _open_shard(location: Location) -> Any:
+    """``location`` open for reading; on local disk only a regular file (a FIFO planted as a
+    shard would block forever): anything else is an :class:`IntegrityError`."""
+    if location.is_local:
+        return open_regular(location.path, what="the shard", error=IntegrityError)
+    return location.fs.open(location.path, "rb")
 
 
 def footer_of_handle(handle: pa.NativeFile, where: str, shard: ShardInfo | None = None) -> Footer:

@@ -34,6 +34,7 @@ from typing import Any, TypeGuard
 import pyarrow as pa
 
 from feedline._version import __version__
+from feedline.arrow.column_names import repeated
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.errors import FormatError
 
@@ -319,4 +320,12 @@ def schema_from_json(doc: Any, where: str) -> pa.Schema:
         raise FormatError(
             f"The schema in {where} cannot be decoded: {str(exc)[:200]}. {_REWRITE}"
         ) from None
+    twice = repeated(schema.names)
+    if twice:
+        raise FormatError(
+            f"The schema in {where} names more than one column {twice[:10]}, so its shards "
+            "cannot be read back (a reader cannot tell the columns apart). Fix: re-run the "
+            "write with one name per column (feedline versions that check this refuse such a "
+            "write)."
+        )
     return schema

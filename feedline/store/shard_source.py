@@ -37,13 +37,15 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from feedline.arrow.tensor_codec import decode_batch
-from feedline.errors import DataError
+from feedline.errors import DataError, IntegrityError
 from feedline.io.parquet import ParquetSource
 from feedline.io.source import check_columns
+from feedline.io.storage.local_files import regular_size
 from feedline.io.storage.paths import Location
 from feedline.store.dataset_files import open_source, plain_parquet_shards
 from feedline.store.footers import Footer, check_footer, footer_of_handle
 from feedline.store.manifest import ShardInfo
+from feedline.store.stored_files import check_regular
 
 __all__ = [
     "READ_BATCH_ROWS",
@@ -223,9 +225,13 @@ class ShardSource:
             ) from exc
 
     def _open(self, file: int, path: str | None) -> Any:
+        # a local file is checked to be a regular file before pyarrow opens it (a FIFO
+        # planted as a shard, or as its cached copy, would block the reader forever)
         if path is not None:
+            regular_size(path, what="the cached copy of a shard", error=IntegrityError)
             return pafs.LocalFileSystem().open_input_file(path)
         loc = self.files[file]
+        check_regular(loc, what="the shard", error=IntegrityError)
         return loc.arrow_filesystem().open_input_file(loc.path)
 
     def read(self, file: int, groups: Sequence[int], columns: Sequence[str]) -> pa.Table:

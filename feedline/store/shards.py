@@ -9,13 +9,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from feedline.arrow.casts import overflowed
+from feedline.arrow.column_names import check_unique
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.arrow.parquet_types import check_storable
 from feedline.arrow.tensor_codec import TensorStorage
-from feedline.errors import ConfigurationError, SchemaError
+from feedline.errors import ConfigurationError, DataError, IntegrityError, SchemaError
 from feedline.io.storage.paths import Location
 from feedline.store.footers import footer_digest, read_footer_block
 from feedline.store.manifest import ShardInfo
+from feedline.store.stored_files import check_regular
 
 __all__ = [
     "PARQUET_CODECS",
@@ -349,6 +352,11 @@ def writable_schema(schema: pa.Schema, where: str = "the dataset") -> pa.Schema:
     >>> writable_schema(pa.schema({"t": pa.timestamp("s")})).types
     [TimestampType(timestamp[s])]
     """
+    check_unique(
+        schema.names,
+        f"The schema of {where}",
+        "rename or drop the repeated columns before writing (ds.rename, ds.drop, ds.select).",
+    )
     check_storable(schema, where)
     return valid_pandas_schema(schema)
 
@@ -376,12 +384,22 @@ def conform(
     if batch.schema.equals(schema, check_metadata=False):
         return batch.replace_schema_metadata(schema.metadata)
     try:
-        return batch.cast(schema)
+        cast = batch.cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise SchemaError(
             f"A batch with schema {batch.schema} cannot be written with {reference} "
             f"{schema}: {exc}. Fix: return consistent types from map_batches."
         ) from exc
+    for name, before, after in zip(schema.names, batch.columns, cast.columns, strict=True):
+        value = overflowed(before, after)
+        if value is not None:
+            raise DataError(
+                f"A batch reached the writer with the column {name!r} of type "
+                f"{before.type} holding {value!r}, which {reference}'s type {after.type} "
+                "cannot hold (it would become an infinity). Fix: return consistent types from "
+                "map_batches (or cast to a wider type first)."
+            )
+    return cast
 
 
 def _footer_digest(tail: bytes, name: str) -> str:
@@ -399,6 +417,7 @@ def file_checksum(location: Location) -> tuple[int, str]:
     """
     digest = hashlib.sha256()
     size = 0
+    check_regular(location, what="the shard", error=IntegrityError)  # never a FIFO or device
     with location.fs.open(location.path, "rb") as handle:
         while chunk := handle.read(_CHECKSUM_CHUNK):
             digest.update(chunk)

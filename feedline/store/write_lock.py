@@ -37,6 +37,7 @@ from typing import Any
 from feedline.errors import ConcurrentWriteError
 from feedline.io.storage.paths import Location
 from feedline.io.storage.retrying_fs import RetryingFileSystem
+from feedline.store.stored_files import read_small
 
 __all__ = ["HEARTBEAT_S", "LOCK_NAME", "LOCK_TIMEOUT_S", "WriterLock"]
 
@@ -45,6 +46,8 @@ LOCK_NAME = "_feedline.lock"
 LOCK_TIMEOUT_S = 120.0
 #: seconds between heartbeats of a running write
 HEARTBEAT_S = 15.0
+#: the largest lock file read (a lock feedline writes is about 150 bytes)
+MAX_LOCK_BYTES = 64 << 10
 
 
 def _lock_text(write_id: str, started: float) -> bytes:
@@ -83,9 +86,11 @@ def _read_lock(location: Location) -> tuple[dict[str, Any] | None, str | None]:
     version (the S3 ETag; ``None`` elsewhere), read together."""
     try:
         if conditional(location):
+            if location.fs.size(location.path) > MAX_LOCK_BYTES:
+                return {}, None  # not a lock feedline wrote: unreadable
             raw, version = location.fs.read_versioned(location.path)
-        else:
-            raw, version = location.fs.cat_file(location.path), None
+        else:  # capped, and a FIFO or device planted as the lock is refused (never blocks)
+            raw, version = read_small(location, MAX_LOCK_BYTES, what="the writer lock"), None
     except FileNotFoundError:
         return None, None
     try:

@@ -1,7 +1,8 @@
 """Notebook views (``_repr_html_``) and one-line ``repr`` texts of feedline's result objects.
 
 Every view is one self-contained ``<div>`` (inline CSS, no scripts, no external resources),
-every data-derived string in it is HTML-escaped (column names may hold markup), and it
+every string in it is HTML-escaped (column names may hold markup) with its control and
+bidi characters shown as escapes (:func:`~feedline.ui.inert_text.inert`), and it
 stays small for wide data: a table lists at most ``MAX_ROWS`` entries and then one
 "… and K more" row.
 
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+
+from feedline.ui.inert_text import inert
 
 __all__ = ["MAX_ROWS", "Markup", "names", "short_type", "size", "table", "view"]
 
@@ -43,8 +46,8 @@ class Markup(str):
 
 def _cell(value: Any) -> str:
     if isinstance(value, Markup):
-        return value
-    text = str(value)
+        return inert(value)  # feedline's own HTML (data in it escaped): no controls either
+    text = inert(value)
     text = text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
     return html.escape(text, quote=True)
 
@@ -68,10 +71,10 @@ def table(head: Sequence[str], rows: Sequence[Sequence[Any]], *, max_rows: int =
 
 def view(title: str, lines: Sequence[str], body: str = "") -> str:
     """One notebook view: a bold ``title``, escaped ``lines`` of text, then ``body`` (HTML)."""
-    text = "".join(f"<div>{html.escape(line)}</div>" for line in lines)
+    text = "".join(f"<div>{html.escape(inert(line))}</div>" for line in lines)
     return (
         f'<div class="feedline-view" style="{_STYLE}"><style>{_CSS}</style>'
-        f"<strong>{html.escape(title)}</strong>{text}{body}</div>"
+        f"<strong>{html.escape(inert(title))}</strong>{text}{body}</div>"
     )
 
 

@@ -112,7 +112,7 @@ def assert_inert(text: str, shown: list[str]) -> None:
 
 
 def test_safe_text_escapes_controls_and_markup() -> None:
-    from feedline.cli.text import safe_text
+    from feedline.ui.inert_text import safe_text
 
     assert safe_text("plain [b]x[/] ü 日本").plain == "plain [b]x[/] ü 日本"
     assert (

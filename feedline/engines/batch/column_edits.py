@@ -10,6 +10,8 @@ import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
 
+from feedline.arrow.casts import overflowed
+from feedline.arrow.column_names import check_unique
 from feedline.errors import DataError, SchemaError
 from feedline.plan.plan import Cast, Drop, Rename, WithColumns
 
@@ -34,7 +36,14 @@ def apply_edit(op: ColumnEdit, batch: pa.RecordBatch, label: str) -> pa.RecordBa
     _check(batch.schema, _named(op), label, op.describe())
     if isinstance(op, Rename):
         mapping = dict(op.mapping)
-        return batch.rename_columns([mapping.get(n, n) for n in batch.schema.names])
+        names = [mapping.get(n, n) for n in batch.schema.names]
+        check_unique(
+            names,
+            f"{op.describe()} on rows from {label}",
+            "rename to names no other column has (or drop the column in the way first, "
+            "e.g. ds.drop('s').rename({'v': 's'})).",
+        )
+        return batch.rename_columns(names)
     if isinstance(op, Drop):
         return batch.drop_columns(list(op.columns))
     return _cast(batch, op, label)
@@ -97,14 +106,29 @@ def _with_columns(batch: pa.RecordBatch, op: WithColumns, label: str) -> pa.Reco
 
 
 def _cast(batch: pa.RecordBatch, op: Cast, label: str) -> pa.RecordBatch:
+    """Cast column by column (safe casts), so an error names the column; a value that only
+    fits as an infinity (``1e40`` as ``float32``) is refused too, which Arrow allows."""
     types = dict(op.types)
-    fields = [
-        pa.field(f.name, types[f.name], f.nullable) if f.name in types else f for f in batch.schema
-    ]
-    try:
-        return batch.cast(pa.schema(fields, metadata=batch.schema.metadata))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise DataError(
-            f"{op.describe()} failed on rows from {label}: {exc}. Fix: cast to a type that "
-            "holds every value (e.g. a wider number type), or filter or fix the values first."
-        ) from exc
+    columns, fields = list(batch.columns), list(batch.schema)
+    for index, field in enumerate(batch.schema):
+        if field.name not in types:
+            continue
+        target = types[field.name]
+        where = f"{op.describe()}: the column {field.name!r} (rows from {label})"
+        try:
+            cast = batch.column(index).cast(target, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise DataError(
+                f"{where} cannot become {target}: {exc}. Fix: cast to a type that holds every "
+                "value (e.g. a wider number type), or filter or fix the values first."
+            ) from exc
+        value = overflowed(batch.column(index), cast)
+        if value is not None:
+            raise DataError(
+                f"{where} holds {value!r}, which {target} cannot hold: it would become an "
+                "infinity. Fix: cast to a wider type (e.g. float64), or clip or filter the "
+                "values first (ds.filter / pc.clip)."
+            )
+        columns[index] = cast
+        fields[index] = pa.field(field.name, target, field.nullable)
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, batch.schema.metadata))

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from feedline.arrow.column_names import check_unique
 from feedline.arrow.python_columns import arrays_from_columns
 from feedline.engines.batch.column_edits import apply_edit
 from feedline.errors import FeedlineError, SchemaError, UserFunctionError
@@ -45,6 +46,9 @@ __all__ = [
     "split_at_limits",
     "split_at_models",
 ]
+
+#: the fix for a user function returning two columns of one name
+_ONCE = "return each column once, under a name of its own (a dict or batch of unique names)."
 
 Stage = Callable[[Iterator[pa.RecordBatch], str, int], Iterator[pa.RecordBatch]]
 
@@ -320,6 +324,8 @@ class BatchPipeline:
             outputs = as_record_batches(result, where)
             if op.passthrough:
                 outputs = [add_passthrough(batch, _concat(outputs), op.passthrough, where)]
+            for output in outputs:
+                check_unique(output.schema.names, f"{where} (on rows from {label})", _ONCE)
             yield from outputs
 
     def _transform(
@@ -332,6 +338,11 @@ class BatchPipeline:
                 raise
             except Exception as exc:
                 raise _user_error(f"The preprocessor {op.preprocessor!r}", exc, label) from exc
+            check_unique(
+                result.schema.names,
+                f"The preprocessor {op.preprocessor!r} (on rows from {label})",
+                "give its outputs names no other column has (output=...).",
+            )
             yield result
 
 

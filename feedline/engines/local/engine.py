@@ -41,6 +41,7 @@ from feedline.io.storage.paths import Location
 from feedline.plan.plan import MapBatches, Operator, Plan, Pushdown, callable_name, pushdown
 from feedline.plan.relational import RelationalSource
 from feedline.store import dataset_files as fmt
+from feedline.store.commit import WriteBase
 
 __all__ = ["LocalEngine", "lineage_of", "plan_schema"]
 
@@ -65,7 +66,8 @@ class LocalEngine:
         ``spill_directory``. Default: ``memory_budget``. DuckDB gets one thread per 64 MB
         of it, up to ``parallelism`` (with less per thread a sort can fail to spill).
     spill_directory:
-        Where they spill. Default: a fresh temporary directory, removed afterwards.
+        Where they spill. Default: a fresh temporary directory, removed afterwards. A
+        spill that fills its disk raises ``StorageError`` naming the directory.
 
     Examples
     --------
@@ -262,8 +264,10 @@ class LocalEngine:
         on_rows: Callable[[int], None] | None = None,
         report: ExecutionReport | None = None,
         preprocessors: list[dict[str, Any]] | None = None,
+        base: WriteBase | None = None,
     ) -> WriteInfo:
-        """Materialize the plan as a feedline dataset at ``target``."""
+        """Materialize the plan as a feedline dataset at ``target`` (committed only if it
+        is still at ``base``, when given)."""
 
         report = report if report is not None else ExecutionReport()
         start = time.perf_counter()
@@ -278,6 +282,7 @@ class LocalEngine:
             on_rows=on_rows,
             preprocessors=preprocessors,
             report=report,
+            base=base,
         )
         return WriteInfo.from_manifest(
             target.url, manifest, started=start, engine=self.name, report=report

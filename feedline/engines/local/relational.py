@@ -32,7 +32,13 @@ from feedline.engines.local.arrow_join import arrow_join
 from feedline.engines.local.duckdb_inputs import arrow_table, register_direct
 from feedline.engines.local.duckdb_sql import quote, relational_sql
 from feedline.engines.schema import infer_schema
-from feedline.errors import ConfigurationError, DataError, MissingDependencyError, SchemaError
+from feedline.errors import (
+    ConfigurationError,
+    DataError,
+    MissingDependencyError,
+    SchemaError,
+    StorageError,
+)
 from feedline.io.source import ExecutionReport, ReadTask, check_columns
 from feedline.plan.plan import Limit, Select
 
@@ -48,6 +54,12 @@ _CARRIED = ("files_read", "row_groups_total", "row_groups_read", "row_groups_ski
             "rows_read", "bytes_read", "records_skipped", "function_calls")  # fmt: skip
 #: the attribute of an engine copy holding the DuckDB database nested operators share
 _SHARED = "_feedline_duckdb"
+#: the attribute of an engine copy naming that database's spill directory
+_SPILL = "_feedline_spill"
+#: what DuckDB says when the disk under its spill directory is full (it sizes its temporary
+#: files to the disk's free space, ``max_temp_directory_size``, and reports hitting that as
+#: out of memory; an OS write error says so itself)
+_DISK_FULL = ("max_temp_directory_size", "no space left on device", "disk full", "disk is full")
 
 
 def relational_tasks(
@@ -125,6 +137,7 @@ def _run(
         shared = getattr(engine, _SHARED, None)  # a nested operator: the outer one's database
         if shared is not None:
             con = shared.cursor()
+            spill = getattr(engine, _SPILL, engine.spill_directory)
         else:
             spill = engine.spill_directory or stack.enter_context(_temporary_directory())
             con = duckdb.connect(
@@ -139,6 +152,7 @@ def _run(
         stack.callback(_carry, inner, report)
         child = copy.copy(engine)  # runs the inputs; nested operators share this database
         setattr(child, _SHARED, shared if shared is not None else con)
+        setattr(child, _SPILL, spill)
         schemas = []
         files: list[str] = []
         failures: list[BaseException] = []
@@ -164,7 +178,7 @@ def _run(
                     f"{exc}. The file is corrupt or truncated. Fix: re-create it or exclude "
                     "it from the input."
                 ) from exc
-            raise _engine_error(engine, source, exc) from exc
+            raise _engine_error(engine, source, exc, spill) from exc
 
 
 def _arrow_join(
@@ -252,9 +266,26 @@ def _query(
             yield conform(batch, target, source.describe())
 
 
-def _engine_error(engine: LocalEngine, source: RelationalSource, exc: Exception) -> Exception:
+def _engine_error(
+    engine: LocalEngine, source: RelationalSource, exc: Exception, spill: Any = None
+) -> Exception:
     import duckdb
 
+    text = str(exc)
+    if isinstance(exc, duckdb.OutOfMemoryException | duckdb.IOException) and any(
+        sign in text.lower() for sign in _DISK_FULL
+    ):
+        error = StorageError(
+            f"{source.describe()} ran out of disk space while spilling to its spill "
+            f"directory {str(spill or '(a temporary directory)')!r}: the disk is full "
+            f"(DuckDB: {text.splitlines()[0].removeprefix('Out of Memory Error: ')}). "
+            "Fix: free space on that disk, or give the local "
+            "engine a spill directory on a disk with room, "
+            "LocalEngine(spill_directory='/path/with/space') (the default is a temporary "
+            "directory under TMPDIR); more relational_memory= also spills less."
+        )
+        error.url, error.last_error = str(spill or ""), exc
+        return error
     if isinstance(exc, duckdb.OutOfMemoryException):
         return ConfigurationError(
             f"{source.describe()} ran out of its memory limit "

@@ -79,6 +79,7 @@ from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Operator, Plan, pushdown
+from feedline.store.commit import WriteBase
 
 __all__ = ["RayEngine"]
 
@@ -312,8 +313,10 @@ class RayEngine:
         on_rows: Callable[[int], None] | None = None,
         report: ExecutionReport | None = None,
         preprocessors: list[dict[str, Any]] | None = None,
+        base: WriteBase | None = None,
     ) -> WriteInfo:
-        """Materialize the plan; Ray tasks write the shards (``feedline.engines.ray.write``)."""
+        """Materialize the plan; Ray tasks write the shards (``feedline.engines.ray.write``),
+        committed only if the dataset is still at ``base``, when given."""
 
         return write_plan(
             self,
@@ -324,6 +327,7 @@ class RayEngine:
             on_rows=on_rows,
             report=report if report is not None else ExecutionReport(),
             preprocessors=preprocessors,
+            base=base,
         )
 
 

@@ -48,7 +48,7 @@ from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan, pushdown
 from feedline.store import dataset_files as fmt
-from feedline.store.commit import PendingWrite
+from feedline.store.commit import PendingWrite, WriteBase
 from feedline.store.shards import conform, writable_schema
 
 if TYPE_CHECKING:
@@ -152,6 +152,7 @@ def write_plan(
     on_rows: Callable[[int], None] | None,
     report: ExecutionReport,
     preprocessors: list[dict[str, Any]] | None,
+    base: WriteBase | None = None,
 ) -> WriteInfo:
     """Write ``plan`` as a feedline dataset at ``target``: shards written in Ray tasks."""
 
@@ -163,7 +164,7 @@ def write_plan(
             raise ConfigurationError(f"{name}={value} must be >= 1. Fix: pass a positive count.")
     engine.ensure_ray()
     collector, run_id = engine._collector(), uuid.uuid4().hex
-    with fmt.writing(target) as write:
+    with fmt.writing(target, base) as write:
         sink = ShardSink.create(write.staging, schema, options)
         try:
             rds = _dataset(engine, plan, schema, preserve_order, report, collector, run_id)

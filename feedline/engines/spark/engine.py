@@ -82,6 +82,7 @@ from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan
+from feedline.store.commit import WriteBase
 
 __all__ = ["SparkEngine", "spark_session"]
 
@@ -359,8 +360,10 @@ class SparkEngine:
         on_rows: Callable[[int], None] | None = None,
         report: ExecutionReport | None = None,
         preprocessors: list[dict[str, Any]] | None = None,
+        base: WriteBase | None = None,
     ) -> WriteInfo:
-        """Materialize the plan as a feedline dataset at ``target`` (manifest committed last).
+        """Materialize the plan as a feedline dataset at ``target`` (manifest committed last,
+        only if the dataset is still at ``base``, when given).
 
         ``rows_per_shard`` and ``bytes_per_shard`` apply within each Spark partition: every
         shard is exact except the last one of each partition. ``on_rows`` is called once
@@ -380,6 +383,7 @@ class SparkEngine:
                 preserve_order=preserve_order,
                 report=report,
                 preprocessors=preprocessors or [],
+                base=base,
             )
         finally:
             prepared.finish(report)

@@ -41,6 +41,7 @@ from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan
 from feedline.store import dataset_files as fmt
+from feedline.store.commit import WriteBase
 from feedline.store.footers import footer_of
 from feedline.store.shards import writable_schema
 
@@ -75,9 +76,10 @@ def write_with_feedline(
     preserve_order: bool,
     report: ExecutionReport,
     preprocessors: list[dict[str, Any]],
+    base: WriteBase | None = None,
 ) -> fmt.Manifest:
     """Executors write feedline shards; the driver renames them and commits."""
-    with fmt.writing(target) as write:
+    with fmt.writing(target, base) as write:
         staging = write.staging
         job = build_job(
             engine.spark,
@@ -120,6 +122,7 @@ def write_with_spark(
     preserve_order: bool,
     report: ExecutionReport,
     preprocessors: list[dict[str, Any]],
+    base: WriteBase | None = None,
 ) -> fmt.Manifest:
     """Spark's Parquet writer writes the shards; the driver reads footers and commits."""
     job = build_job(engine.spark, plan, preserve_order=preserve_order, partitions=engine.partitions)
@@ -130,7 +133,7 @@ def write_with_spark(
             "writer turns tensors, lists, unsigned and large types into other types). Fix: use "
             "SparkEngine(writer='feedline') (the default), which writes any schema."
         )
-    with fmt.writing(target) as write:
+    with fmt.writing(target, base) as write:
         staging = write.staging
         out = staging.child("spark")
         writer = job.frame.write.option("compression", options.compression or "none")

@@ -36,6 +36,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from feedline.errors import IntegrityError, StorageError
+from feedline.io.storage.local_files import open_regular
 from feedline.store.footers import Footer, check_footer, parse_footer, read_footer_block
 
 if TYPE_CHECKING:
@@ -88,17 +90,17 @@ class FileFooters:
     def open(self, file: int, path: str) -> Iterator[tuple[int, Footer] | None]:
         """File ``file`` open at ``path`` as ``(descriptor, checked footer)``, closed after;
         ``None`` when it cannot be opened or read (the caller reads it through pyarrow,
-        which names the problem). A footer that is not the manifest's raises."""
+        which names the problem). A footer that is not the manifest's raises, and so does a
+        path that is not a regular file (a FIFO planted as a shard would block forever)."""
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+            handle = open_regular(path, what="the shard", error=IntegrityError)
+        except (OSError, StorageError):
             yield None
             return
-        try:
+        with handle:
+            fd = handle.fileno()
             try:
                 footer = self.footer(file, fd, path)
             except OSError:
                 footer = None
             yield None if footer is None else (fd, footer)
-        finally:
-            os.close(fd)
