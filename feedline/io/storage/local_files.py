@@ -122,7 +122,10 @@ def open_regular(
             raise error(f"{what} {name!r} is a symbolic link loop. Fix: remove the link.") from None
         if exc.errno == errno.ENXIO:  # a socket, or a FIFO opened for writing with no reader
             raise _refusal(name, what, "a socket or FIFO", error) from None
-        raise StorageError(f"cannot open {what} {name!r}: {exc.strerror or exc}") from exc
+        raise StorageError(
+            f"cannot open {what} {name!r}: {exc.strerror or exc}. "
+            "Fix: check the path and its permissions."
+        ) from exc
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -158,7 +161,10 @@ def regular_size(
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise error(f"{what} {name!r} is a symbolic link loop. Fix: remove the link.") from None
-        raise StorageError(f"cannot stat {what} {name!r}: {exc.strerror or exc}") from exc
+        raise StorageError(
+            f"cannot stat {what} {name!r}: {exc.strerror or exc}. "
+            "Fix: check the path and its permissions."
+        ) from exc
     if not stat.S_ISREG(st.st_mode):
         raise _refusal(name, what, file_kind(st.st_mode), error)
     return st.st_size

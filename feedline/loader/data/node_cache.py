@@ -253,13 +253,13 @@ class NodeCache(ColumnCache):
             if self._mapped is not mapped:  # another thread did it
                 return self._mapped
             fix = (
-                "Fix: check the disk under cache_dir (or pass another cache_dir=), make sure "
+                "check the disk under cache_dir (or pass another cache_dir=), make sure "
                 "no other program writes to the node cache files, or use cache='memory'."
             )
             if self.rebuilds >= MAX_REBUILDS:
                 raise IntegrityError(
                     f"The node cache file {str(self.path)!r} is damaged again after "
-                    f"{self.rebuilds} rebuilds in this process: {problem}. {fix}"
+                    f"{self.rebuilds} rebuilds in this process: {problem}. Fix: {fix}"
                 )
             logger.warning("node cache: %s; rebuilding %s", problem, self.path)
             try:
@@ -267,7 +267,7 @@ class NodeCache(ColumnCache):
             except (FeedlineError, OSError) as exc:
                 raise IntegrityError(
                     f"The node cache file {str(self.path)!r} is damaged ({problem}) and "
-                    f"rebuilding it failed: {exc}. {fix}"
+                    f"rebuilding it failed: {exc}. Fix: {fix}"
                 ) from exc
             self.rebuilds += 1
             self.built = self.built or built
