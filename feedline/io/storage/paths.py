@@ -34,6 +34,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from feedline.errors import ConfigurationError, DataError
 from feedline.io.storage import s3
+from feedline.io.storage.local_files import regular_size
 from feedline.io.storage.retry import RetryPolicy
 from feedline.io.storage.retrying_fs import RetryingFileSystem
 
@@ -153,7 +154,9 @@ def expand_paths(
 
     Hidden files and folders (``.name`` / ``_name``) inside folders are skipped, so a
     dataset's manifest and staging folders are never read as data. A path that exists is
-    taken literally even when it holds glob characters (``[``, ``]``, ``*``, ``?``).
+    taken literally even when it holds glob characters (``[``, ``]``, ``*``, ``?``). A local
+    file that is not a regular file (a FIFO, a device, a socket) is refused with a
+    :class:`~feedline.errors.DataError`: reading it would block or never end.
 
     Parameters
     ----------
@@ -200,6 +203,9 @@ def expand_paths(
             found.extend(_from(loc, f) for f in files)
         else:
             found.append(loc)
+    for location in found:
+        if location.is_local:  # a FIFO would hang the reader, a device stream without end
+            regular_size(location.path, what=f"the {what}", error=DataError)
     return found
 
 
