@@ -343,9 +343,8 @@ def iter_blocks(
                                     (starts, stops, numbers, offsets))  # fmt: skip
             while pos + 12 <= end:
                 length, length_crc = _HEADER.unpack_from(buf, pos)
-                if masked_crc(view[pos : pos + 8]) != length_crc:
-                    wrong = "has a corrupt length (CRC mismatch)"
-                else:
+                wrong: str | None = "has a corrupt length (CRC mismatch)"
+                if masked_crc(view[pos : pos + 8]) == length_crc:
                     wrong = _implausible(length, size, base + pos)
                 if wrong is not None:
                     if resync_from is None:
