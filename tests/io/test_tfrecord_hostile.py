@@ -265,3 +265,27 @@ def test_defaults_of_a_large_fixed_len_fill_bounded_batches(tmp_path: Path) -> N
         timeout=120,
     )
     assert (out.kind, out.value) == ("ok", 6), out
+
+
+# ---------------------------------------------------------------- found by the fuzz pass
+
+
+def _int64_example(payload: bytes) -> bytes:
+    """An Example with one feature ``v``: an int64_list whose packed bytes are ``payload``."""
+    packed = b"\x0a" + bytes([len(payload)]) + payload
+    feature = b"\x1a" + bytes([len(packed)]) + packed
+    entry = b"\x0a\x01v\x12" + bytes([len(feature)]) + feature
+    features = b"\x0a" + bytes([len(entry)]) + entry
+    return b"\x0a" + bytes([len(features)]) + features
+
+
+def test_a_broken_varint_does_not_condemn_the_next_record(tmp_path: Path) -> None:
+    """Record 0's packed varints end mid-varint; record 1 holds one valid 6-byte varint.
+    Decoded together, the two looked like one 11-byte varint and record 1 was dropped too."""
+    path = tmp_path / "a.tfrecord"
+    records = [_int64_example(b"\x01\xff\xff\xff\xff\xff"), _int64_example(b"\xff" * 5 + b"\x01")]
+    path.write_bytes(b"".join(frame(r) for r in records))
+    skipping = fl.read_tfrecord(path, features={"v": fl.tfrecord.VarLen("int64")}, on_error="skip")
+    assert skipping.to_arrow()["v"].to_pylist() == [[2**36 - 1]]
+    report = skipping.analyze()
+    assert report.records_skipped == 1 and report.skipped[0]["where"].endswith("(record 0)")
