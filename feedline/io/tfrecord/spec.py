@@ -107,13 +107,13 @@ def value_bytes(dtype: str) -> int:
 def _checked_shape(shape: Any, dtype: str) -> tuple[int, ...]:
     """``shape`` as a tuple of positive ints, refused when it cannot be a feature's shape."""
     dims = (shape,) if not isinstance(shape, tuple | list) else tuple(shape)
-    fix = "Fix: pass a tuple of positive ints, e.g. (64, 64, 3), or () for one value."
     out = []
     for d in dims:
         if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 1:
             raise ConfigurationError(
                 f"FixedLen shape {shape!r} has the dimension {d!r}, which is not a positive "
-                f"integer. {fix}"
+                "integer. Fix: pass a tuple of positive ints, e.g. (64, 64, 3), or () for one "
+                "value."
             )
         out.append(int(d))
     size = math.prod(out)
@@ -143,7 +143,9 @@ class FixedLen:
     Parameters
     ----------
     shape:
-        ``()`` for one value per record (a scalar column), else the tensor's shape.
+        ``()`` for one value per record (a scalar column), else the tensor's shape: positive
+        integers, at most ``2**31 - 1`` values taking at most 2 GiB a record, else
+        :class:`~feedline.errors.ConfigurationError` here, not an Arrow error at read time.
     dtype:
         The column's value type (see the module docstring).
     default:
