@@ -289,3 +289,22 @@ def test_a_broken_varint_does_not_condemn_the_next_record(tmp_path: Path) -> Non
     assert skipping.to_arrow()["v"].to_pylist() == [[2**36 - 1]]
     report = skipping.analyze()
     assert report.records_skipped == 1 and report.skipped[0]["where"].endswith("(record 0)")
+
+
+def test_batches_are_cut_by_record_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch holds at most BATCH_BYTES of records (at least one record), so one huge record
+    never shares a batch whose binary values would overflow 32-bit offsets."""
+    from feedline.io.source import ExecutionReport
+    from feedline.io.tfrecord import reader
+
+    sizes = [10, 300, 5, 900, 20, 20, 20, 2000, 1]
+    table = pa.table({"b": [b"x" * n for n in sizes]})
+    fl.from_arrow(table).write_tfrecord(tmp_path)
+    monkeypatch.setattr(reader, "BATCH_BYTES", 1000)
+    source = reader.TfRecordSource(tmp_path, features={"b": "bytes"})
+    (task,) = source.read_tasks(None, None)
+    batches = list(task.read(ExecutionReport()))
+    assert [len(v) for b in batches for v in b.column("b").to_pylist()] == sizes
+    for batch in batches:
+        assert batch.num_rows == 1 or sum(len(v) for v in batch.column("b").to_pylist()) < 1000
+    assert [b.num_rows for b in batches] == [3, 3, 1, 1, 1]  # records: values + ~14 bytes
