@@ -842,7 +842,10 @@ class Dataset:
         ``records_per_file`` records or about ``bytes_per_file`` bytes), ``compression``
         ``None``, ``"GZIP"`` or ``"ZLIB"``. Integers and booleans become ``int64_list``,
         floats ``float_list`` (float32), binary and strings ``bytes_list``; lists and
-        tensors are flattened. See :mod:`feedline.io.tfrecord.writer`.
+        tensors are flattened; a null leaves the feature out of the row's Example. A value an
+        Example cannot hold (a uint64 above ``2**63 - 1``, a float64 beyond float32's range)
+        raises :class:`~feedline.errors.DataError` naming the column, row and value, unless
+        you convert the column yourself first. See :mod:`feedline.io.tfrecord.writer`.
 
         Examples
         --------

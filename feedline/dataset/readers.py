@@ -227,7 +227,8 @@ def read_tfrecord(
     ``bytes`` value per record, like ``tf.io.decode_raw``), ``fl.tfrecord.VarLen(dtype)`` (a
     list column) or a dtype string (a scalar). Without it the specs are inferred from the
     first ``fl.tfrecord.INFER_RECORDS`` (1000) records, and a later record that disagrees
-    raises :class:`~feedline.errors.SchemaError`. Both CRCs of every record are checked;
+    raises :class:`~feedline.errors.SchemaError`. Both CRCs of every record are checked, and
+    its length against 2 GiB and the file's size before anything is read for it;
     corrupt, truncated and (with ``features=``) non-matching records raise
     :class:`~feedline.errors.DataError` naming the file, record and byte offset, or with
     ``on_error="skip"`` are dropped and counted. ``compression="auto"`` tells plain, GZIP

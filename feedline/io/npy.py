@@ -6,6 +6,15 @@ when every value has the same length and the same header bytes, all payloads are
 of the column's data buffer at once and viewed as one ``(rows, *shape)`` array: no per-row
 Python. Otherwise (shapes differ, nulls aside) each value is parsed on its own.
 
+A header's shape and dtype are claims of the data: :func:`read_header` checks them against
+the bytes the value really holds (``shape × itemsize`` must equal the bytes after the
+header) before anything is allocated, so a 16-byte value claiming ``(2**40,)`` is refused in
+microseconds instead of asking for terabytes. ``.npy`` has no checksum: a flipped byte in a
+payload gives another value of the same shape (a flipped byte in a header is refused, or
+yields a value whose shape still matches its bytes). :func:`read_header` is the one checked
+parser of ``.npy`` headers in feedline: readers of other formats holding ``.npy`` members
+call it (or :func:`load_npy`) rather than :mod:`numpy.lib.format` directly.
+
 The result, :class:`Cells`, then becomes an Arrow column with :func:`cells_to_arrow`
 (in :mod:`feedline.io.npy_arrow`, re-exported here). Values that cannot be decoded are
 reported per row in ``Cells.failed``, so the caller can raise or skip them (``on_error``).
@@ -32,8 +41,10 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 import threading
 import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +59,9 @@ ZIP_MAGIC = b"PK\x03\x04"
 _KINDS = "biufUS"
 #: the largest compressed member (bytes) one ``.npz`` value may expand to
 _MAX_NPZ_BYTES = 1 << 31
+#: the most (sub)arrays an empty value's leading dimensions may claim (an empty ``(2**40, 0)``
+#: holds no bytes but would become 2**40 empty lists)
+_MAX_EMPTY_ITEMS = 1 << 16
 #: serializes NumPy's header parsing (see read_header)
 _HEADER_LOCK = threading.Lock()
 
@@ -98,9 +112,14 @@ class Cells:
 
 
 def read_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], bool, int]:
-    """``(dtype, shape, fortran_order, header_length)`` of one ``.npy`` value.
+    """``(dtype, shape, fortran_order, header_length)`` of one whole ``.npy`` value, checked.
 
-    Raises ``ValueError`` when it is not ``.npy`` data or holds Python objects.
+    ``data`` is the whole value: its header's claims are checked against it before anything
+    is allocated. Raises ``ValueError`` (with a reason naming the field and the claimed size)
+    when it is not ``.npy`` data, holds Python objects or a dtype that is not a plain number,
+    bool or string, has a dimension that is not a non-negative integer, or when
+    ``shape × itemsize`` is not the number of bytes after the header (a truncated value, or a
+    header claiming more than the value holds).
 
     Examples
     --------
@@ -108,25 +127,63 @@ def read_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], bo
     >>> dtype, shape, fortran, length = read_header(buf.getvalue())
     >>> dtype, shape, fortran, length
     (dtype('float32'), (2, 3), False, 128)
+    >>> read_header(buf.getvalue()[:128] + b"x" * 8)
+    Traceback (most recent call last):
+    ...
+    ValueError: its header's shape (2, 3) of float32 claims 24 bytes, but the value holds 8 ...
     """
+    if bytes(data[:6]) != NPY_MAGIC:
+        raise ValueError("it does not start with the .npy magic bytes")
     handle = io.BytesIO(data)
-    version = np.lib.format.read_magic(handle)
     # NumPy parses the header with ast.literal_eval, which is not thread-safe on CPython 3.11
     # (reader threads raised "SystemError: AST constructor recursion depth mismatch")
-    with _HEADER_LOCK:
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-        else:
-            raise ValueError(f"npy format version {version} is not supported")
+    try:
+        version = np.lib.format.read_magic(handle)
+        with _HEADER_LOCK:
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+            else:
+                raise ValueError(f"npy format version {version} is not supported")
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a hostile header may upset NumPy's parser anyhow
+        raise ValueError(f"its header cannot be parsed ({type(exc).__name__}: {exc})") from None
     if dtype.hasobject or dtype.kind not in _KINDS or dtype.fields is not None:
         raise ValueError(f"its dtype {dtype} is not a plain number, bool or string type")
-    return dtype, tuple(int(d) for d in shape), bool(fortran), handle.tell()
+    if dtype.itemsize == 0:
+        raise ValueError(f"its dtype {dtype} has no size")
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+        raise ValueError(f"its header's shape {shape!r} is not a tuple of sizes")
+    shape = tuple(int(d) for d in shape)
+    header = handle.tell()
+    claimed = math.prod(shape) * dtype.itemsize
+    held = len(data) - header
+    if claimed != held:
+        raise ValueError(
+            f"its header's shape {shape} of {dtype} claims {claimed:,} bytes, but the value "
+            f"holds {held:,} after its {header}-byte header"
+        )
+    if not claimed:
+        leading = 1
+        for d in shape:
+            leading *= d
+            if leading > _MAX_EMPTY_ITEMS:
+                raise ValueError(
+                    f"its header's shape {shape} claims {leading:,} empty (sub)arrays, more "
+                    f"than the {_MAX_EMPTY_ITEMS:,} an empty value may have"
+                )
+            if not leading:
+                break
+    return dtype, shape, bool(fortran), header
 
 
 def load_npy(data: bytes | memoryview) -> np.ndarray:
     """One ``.npy`` value as an array (native byte order); never unpickles.
+
+    The header is checked against the value's bytes first (:func:`read_header`); the
+    payload is then viewed in place, never allocated from the header's claims.
 
     Examples
     --------
@@ -134,10 +191,13 @@ def load_npy(data: bytes | memoryview) -> np.ndarray:
     >>> load_npy(buf.getvalue()).tolist()
     [0, 1, 2]
     """
-    if bytes(data[:6]) != NPY_MAGIC:
-        raise ValueError("it does not start with the .npy magic bytes")
-    read_header(data)  # refuses Python objects and dtypes that are not plain values
-    return _native(np.lib.format.read_array(io.BytesIO(data), allow_pickle=False))
+    dtype, shape, fortran, header = read_header(data)
+    flat = np.frombuffer(data, dtype, count=math.prod(shape), offset=header)
+    if fortran and len(shape) > 1:
+        array = flat.reshape(shape[::-1]).transpose()
+    else:
+        array = flat.reshape(shape)
+    return _native(array)
 
 
 def _load_npz(data: bytes | memoryview) -> np.ndarray:
@@ -149,13 +209,23 @@ def _load_npz(data: bytes | memoryview) -> np.ndarray:
         member = next((m for m in members if m.filename == "arr.npy"), members[0])
         if member.file_size > _MAX_NPZ_BYTES:
             raise ValueError(f"its member expands to {member.file_size:,} bytes")
-        return load_npy(archive.read(member))
+        with archive.open(member) as handle:  # inflates at most what the member claims
+            data = handle.read(member.file_size)
+        if len(data) != member.file_size:
+            raise ValueError(
+                f"its member holds {len(data):,} bytes, not the {member.file_size:,} it claims"
+            )
+        return load_npy(data)
 
 
 def _native(array: np.ndarray) -> np.ndarray:
+    """``array`` in native byte order, C-contiguous and writable (a view of read-only bytes
+    is copied); a 0-d value stays 0-d (``np.ascontiguousarray`` would make it ``(1,)``)."""
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
-    return np.ascontiguousarray(array)
+    if array.flags.c_contiguous and array.flags.writeable:
+        return array
+    return array.copy(order="C")
 
 
 def _binary_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -218,10 +288,8 @@ def _fast_path(data: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
     if bytes(head[:6]) != NPY_MAGIC:
         return None
     try:
-        dtype, shape, fortran, header = read_header(head.tobytes())
+        dtype, shape, fortran, header = read_header(head.tobytes())  # size checked there
     except ValueError:
-        return None
-    if header + dtype.itemsize * math.prod(shape) != size:
         return None
     matrix = data[start : start + count * size].reshape(count, size)
     if not bool((matrix[:, :header] == matrix[0, :header]).all()):
@@ -250,6 +318,10 @@ def decode_npz(column: pa.Array) -> Cells:
             EOFError,
             TypeError,
             zipfile.BadZipFile,
+            zlib.error,
+            struct.error,
+            OverflowError,
+            KeyError,
             NotImplementedError,
             RuntimeError,
         ) as exc:

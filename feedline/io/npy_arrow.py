@@ -23,12 +23,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from feedline.errors import DataError
+from feedline.errors import DataError, SchemaError
 
 if TYPE_CHECKING:
     from feedline.io.npy import Cells
 
-__all__ = ["Shape", "arrow_type_for", "cells_to_arrow"]
+__all__ = ["MAX_TENSOR_VALUES", "Shape", "arrow_type_for", "cells_to_arrow"]
+
+#: the most values one fixed-shape tensor may hold: Arrow's largest fixed-size list
+MAX_TENSOR_VALUES = 2**31 - 1
 
 #: what values must look like: one entry a dimension, ``None`` where it varies
 Shape = tuple[int | None, ...]
@@ -49,8 +52,15 @@ def arrow_type_for(dtype: np.dtype, shape: Shape) -> pa.DataType:
     value = _value_type(dtype)
     if not shape:
         return value
-    if None not in shape and dtype.kind in "iuf" and math.prod(shape) > 0:  # type: ignore[arg-type]
-        return pa.fixed_shape_tensor(value, [int(d) for d in shape])  # type: ignore[arg-type]
+    size = math.prod(d or 0 for d in shape) if None not in shape else 0
+    if size > 0 and dtype.kind in "iuf":
+        if size > MAX_TENSOR_VALUES:
+            raise SchemaError(
+                f"The shape {_show(shape)} holds {size:,} values, more than an Arrow "
+                f"fixed-shape tensor can ({MAX_TENSOR_VALUES:,}). Fix: check the shape (a "
+                "schema's or shape=); use None for a dimension that varies."
+            )
+        return pa.fixed_shape_tensor(value, [d or 0 for d in shape])
     kind = value
     for _ in shape:
         kind = pa.list_(kind)

@@ -170,6 +170,7 @@ def _numeric_builder(
     values: np.ndarray, offsets: np.ndarray, missing: np.ndarray, spec: FixedLen
 ) -> Builder:
     k = spec.size
+    values = _cast(values, spec.dtype)  # once: the matrix below is of the column's own dtype
 
     def build(keep: np.ndarray) -> pa.Array:
         rows = np.flatnonzero(keep)
@@ -178,10 +179,11 @@ def _numeric_builder(
         else:
             matrix = np.empty((rows.size, k), values.dtype)
             present = ~missing[rows]
-            matrix[present] = values[offsets[rows[present]][:, None] + np.arange(k)]
+            if present.any():  # (the index is as large as the values the records hold)
+                matrix[present] = values[offsets[rows[present]][:, None] + np.arange(k)]
             if not present.all():
                 matrix[~present] = _default(spec).astype(values.dtype)
-        return _arrow(_cast(matrix.reshape(-1), spec.dtype), spec)
+        return _arrow(matrix.reshape(-1), spec)
 
     return build
 
@@ -237,14 +239,18 @@ def _bytes_builder(
             flat = values
         elif not missing[rows].any():
             flat = values.take(pa.array((offsets[rows][:, None] + np.arange(k)).reshape(-1)))
-        else:
-            items = values.to_pylist()
-            default = [bytes(v) if not isinstance(v, str) else v.encode() for v in _default(spec)]
-            flat = pa.array(
-                [v for r in rows.tolist()
-                 for v in (default if missing[r] else items[offsets[r] : offsets[r] + k])],
-                pa.binary(),
-            )  # fmt: skip
+        else:  # the default (one value or k) appended once, then one take: no Python per value
+            given = np.asarray(spec.default).reshape(-1)
+            default = pa.array([v.encode() if isinstance(v, str) else bytes(v) for v in given],
+                               values.type)  # fmt: skip
+            combined = pa.concat_arrays([values, default])
+            fill = np.arange(k) if given.size == k else np.zeros(k, np.int64)
+            index = np.where(
+                missing[rows][:, None],
+                len(values) + fill,
+                offsets[rows][:, None] + np.arange(k),
+            )
+            flat = combined.take(pa.array(index.reshape(-1)))
         return _arrow(flat, spec)
 
     return build

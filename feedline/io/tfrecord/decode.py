@@ -323,9 +323,10 @@ def int64_values(buf: bytes, parsed: Parsed, column: int) -> tuple[np.ndarray, n
             broken = (lengths > 0) & ~last[np.maximum(ends - 1, 0)]
         ends_at = np.flatnonzero(last)
         begins = np.concatenate([[0], ends_at[:-1] + 1]).astype(np.int64)
-        too_long = (ends_at - begins[: ends_at.size]) > 9
-        if too_long.any():
-            broken[np.searchsorted(ends, ends_at[too_long], side="right")] = True
+        if not broken.any():  # only then does every varint lie inside one piece
+            too_long = (ends_at - begins[: ends_at.size]) > 9
+            if too_long.any():
+                broken[np.searchsorted(ends, ends_at[too_long], side="right")] = True
         if not broken.any():
             break
         bad |= set(rows[broken].tolist())

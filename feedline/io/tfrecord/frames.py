@@ -9,6 +9,15 @@ may be GZIP or ZLIB compressed. :func:`iter_blocks` reads a file in large chunks
 :class:`Block` s: one buffer plus the byte ranges of the verified records inside it, so the
 Example decoder works on offsets into one ``bytes`` object without copying records.
 
+A record's length is a claim of the file, checked before anything is allocated for it: it
+may not exceed :data:`MAX_RECORD_BYTES` (protobuf's limit for one message: no
+``tf.train.Example`` is larger) nor, in an uncompressed file, the bytes left in the file; a
+record of a compressed stream is read a chunk at a time, so memory follows the bytes that
+are really there, and compressed streams are inflated a bounded piece at a time. A length
+that fails these checks is a bad record (raised, or skipped and counted), like a length whose
+CRC does not match; the reader then scans for the next valid header (vectorized: the masked
+CRC32C of every 8-byte window of a chunk at once, :func:`next_header`).
+
 CRC32C comes from the ``crc32c`` package (hardware SSE4.2/ARMv8 CRC with a software
 fallback, LGPL-2.1+, used unmodified as a dependency). It was chosen over ``google-crc32c``
 (Apache-2.0) by measurement: both checksum ~20 GB/s on large buffers, but ``crc32c`` takes a
@@ -41,17 +50,26 @@ from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 
 __all__ = [
+    "MAX_RECORD_BYTES",
     "Block",
     "Compression",
     "crc32c",
     "frame",
     "iter_blocks",
     "masked_crc",
+    "next_header",
     "open_records",
 ]
 
 Compression = Literal["GZIP", "ZLIB", "auto"] | None
+#: the longest record read: protobuf's limit for one message (2 GiB - 1), so no
+#: ``tf.train.Example`` is longer; a longer claimed length is a damaged or hostile header
+MAX_RECORD_BYTES = 2**31 - 1
 _CHUNK = 8 << 20
+#: the most bytes one read (or one inflate step) asks of a stream
+_PIECE = 8 << 20
+#: header positions tested at once by :func:`next_header`
+_SCAN_WINDOW = 1 << 20
 _HEADER = struct.Struct("<QI")
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -86,6 +104,52 @@ def _masked(crcs: list[int]) -> np.ndarray:
 
 def _u32_at(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
     return a[pos[:, None] + np.arange(4)].view("<u4").ravel().astype(np.uint64)
+
+
+def _crc_table() -> np.ndarray:
+    """The byte-at-a-time table of CRC32C (reflected Castagnoli polynomial 0x82F63B78)."""
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1)
+    return table.astype(np.uint32)
+
+
+_TABLE = _crc_table()
+
+
+def next_header(buf: bytes, start: int, end: int) -> int:
+    """The first position ``>= start`` where a record header with a valid length CRC begins
+    in ``buf[:end]``; ``max(start, end - 11)`` when there is none (those last 11 bytes may
+    begin a header completed by the next chunk).
+
+    The masked CRC32C of every 8-byte window is computed at once with NumPy (a table lookup
+    per byte position), so scanning a damaged region costs a few NumPy passes, not a Python
+    step per byte.
+
+    Examples
+    --------
+    >>> data = b"garbage!" + frame(b"abc")
+    >>> next_header(data, 0, len(data))
+    8
+    """
+    a = np.frombuffer(buf, np.uint8, count=end)
+    last = end - 12  # the last position a whole header fits at
+    pos = start
+    while pos <= last:
+        n = min(_SCAN_WINDOW, last - pos + 1)
+        crc = np.full(n, 0xFFFFFFFF, np.uint32)
+        for k in range(8):
+            crc = _TABLE[(crc ^ a[pos + k : pos + k + n]) & 0xFF] ^ (crc >> np.uint32(8))
+        crc ^= np.uint32(0xFFFFFFFF)
+        masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
+        stored = a[pos + 8 : pos + 8 + n].astype(np.uint32)
+        for k in (1, 2, 3):
+            stored |= a[pos + 8 + k : pos + 8 + k + n].astype(np.uint32) << np.uint32(8 * k)
+        hits = np.flatnonzero(masked == stored)
+        if hits.size:
+            return pos + int(hits[0])
+        pos += n
+    return max(start, end - 11)
 
 
 def masked_crc(data: Any) -> int:
@@ -123,7 +187,8 @@ class Block:
 
 
 class _ZlibReader:
-    """A ``read(n)`` view of a ZLIB-compressed stream."""
+    """A ``read(n)`` view of a ZLIB-compressed stream, inflating at most ``n`` bytes a call
+    (a small stream of zeros may inflate to gigabytes: never all at once)."""
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
@@ -131,18 +196,22 @@ class _ZlibReader:
         self._pending = b""
 
     def read(self, n: int) -> bytes:
-        out = [self._pending]
-        size = len(self._pending)
+        out = [self._pending[:n]]
+        self._pending = self._pending[n:]
+        size = len(out[0])
         while size < n and not self._inflate.eof:
-            data = self._raw.read(_CHUNK)
-            piece = self._inflate.decompress(data) if data else self._inflate.flush()
-            if not data and not piece and not self._inflate.eof:
-                raise EOFError("the ZLIB stream ended before its end marker")
+            data = self._inflate.unconsumed_tail or self._raw.read(_PIECE)
+            if data:
+                piece = self._inflate.decompress(data, n - size)
+            else:  # the input is used up: what zlib still holds, then the end marker
+                piece = self._inflate.flush()
+                self._pending = piece[n - size :]
+                piece = piece[: n - size]
+                if not piece and not self._inflate.eof:
+                    raise EOFError("the ZLIB stream ended before its end marker")
             out.append(piece)
             size += len(piece)
-        joined = b"".join(out)
-        self._pending = joined[n:]
-        return joined[:n]
+        return b"".join(out)
 
     def close(self) -> None:
         """Nothing to release: the raw handle is closed by its owner."""
@@ -187,6 +256,31 @@ def open_records(loc: Location, compression: str | None) -> tuple[Any, Any]:
     return raw, raw
 
 
+def _file_size(loc: Location) -> int | None:
+    """The size of the file at ``loc`` (``None`` when the filesystem cannot say)."""
+    try:
+        size = loc.fs.size(loc.path)
+    except (OSError, ValueError, NotImplementedError):
+        return None
+    return int(size) if isinstance(size, int) else None
+
+
+def _read_up_to(stream: Any, need: int) -> bytes:
+    """Up to ``need`` bytes of ``stream``, asked for a bounded piece at a time, so a large
+    ``need`` costs memory only for the bytes the stream really holds."""
+    if need <= _PIECE:
+        return stream.read(need)
+    parts: list[bytes] = []
+    got = 0
+    while got < need:
+        part = stream.read(min(need - got, _PIECE))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
 def iter_blocks(
     loc: Location,
     compression: str | None,
@@ -198,12 +292,14 @@ def iter_blocks(
 
     A record whose data CRC does not match raises :class:`DataError` naming the file, the
     byte offset and the record number, or with ``on_error="skip"`` is counted in ``report``
-    and left out. A corrupt length (its CRC does not match) is skipped by scanning forward
-    to the next valid header; a truncated last record or compressed stream is skipped or
-    raised likewise.
+    and left out. A corrupt length (its CRC does not match), or a length longer than
+    :data:`MAX_RECORD_BYTES` or than what is left of an uncompressed file, is skipped by
+    scanning forward to the next valid header; a truncated last record or compressed stream
+    is skipped or raised likewise. Nothing is allocated for a length before it is checked.
     """
     raw, stream = open_records(loc, compression)
     where = f"{loc.url!r}" + (f" ({compression}-compressed)" if compression else "")
+    size = None if compression else _file_size(loc)
 
     def bad(offset: int, number: int, reason: str) -> None:
         if on_error == "raise":
@@ -224,7 +320,7 @@ def iter_blocks(
     try:
         while not eof:
             try:
-                chunk = stream.read(need)
+                chunk = _read_up_to(stream, need)
             except (EOFError, OSError, zlib.error) as exc:
                 chunk, eof = b"", True
                 if resync_from is None:
@@ -247,12 +343,15 @@ def iter_blocks(
                                     (starts, stops, numbers, offsets))  # fmt: skip
             while pos + 12 <= end:
                 length, length_crc = _HEADER.unpack_from(buf, pos)
-                if masked_crc(view[pos : pos + 8]) != length_crc:
+                wrong: str | None = "has a corrupt length (CRC mismatch)"
+                if masked_crc(view[pos : pos + 8]) == length_crc:
+                    wrong = _implausible(length, size, base + pos)
+                if wrong is not None:
                     if resync_from is None:
                         resync_from = base + pos
-                        bad(resync_from, number, "has a corrupt length (CRC mismatch)")
+                        bad(resync_from, number, wrong)
                         number += 1
-                    pos += 1
+                    pos = next_header(buf, pos + 1, end)
                     continue
                 stop = pos + 12 + length
                 if stop + 4 > end:
@@ -280,6 +379,22 @@ def iter_blocks(
         if stream is not raw:
             stream.close()
         raw.close()
+
+
+def _implausible(length: int, size: int | None, offset: int) -> str | None:
+    """Why a record length (whose CRC is valid) cannot be true, or ``None``."""
+    if length > MAX_RECORD_BYTES:
+        return (
+            f"has a record length of {length:,} bytes, more than the {MAX_RECORD_BYTES:,} a "
+            "tf.train.Example can hold (its header is damaged or forged)"
+        )
+    if size is not None and offset + 16 + length > size:
+        left = max(size - offset - 12, 0)
+        return (
+            f"is truncated: its record length claims {length:,} bytes, but only {left:,} "
+            "bytes follow its header in the file"
+        )
+    return None
 
 
 def _fast(buf: bytes, view: memoryview, end: int, base: int, number: int,

@@ -8,8 +8,12 @@ record's two CRC32C checksums are verified (:mod:`feedline.io.tfrecord.frames`),
 Examples are walked in Python and their values decoded per batch with NumPy
 (:mod:`feedline.io.tfrecord.decode`), and columns are built from the feature specs
 (:mod:`feedline.io.tfrecord.spec`, :mod:`feedline.io.tfrecord.columns`). Batches hold at
-most ``batch_rows`` records of one read chunk (8 MiB, or one record when it is larger), so
-memory stays bounded whatever the file size.
+most ``batch_rows`` records of one read chunk (8 MiB, or one record when it is larger), and
+fewer when their records or the ``FixedLen`` features of their rows take more than
+:data:`BATCH_BYTES` (defaults filled in for missing features can make a batch far larger
+than its records), so memory stays bounded whatever the file size. Record lengths are checked
+before anything is read for them (:mod:`feedline.io.tfrecord.frames`), and so are the
+lengths inside each Example (a length running past its record makes the record malformed).
 
 Without ``features=`` the specs are inferred from the first :data:`INFER_RECORDS` records
 (of the first files, in order): a feature with the same number ``k`` of values in every one
@@ -73,15 +77,17 @@ from feedline.io.tfrecord.decode import (
 )
 from feedline.io.tfrecord.frames import Block, Compression, iter_blocks, resolve_compression
 from feedline.io.tfrecord.scan import parse_records
-from feedline.io.tfrecord.spec import Spec, as_specs, infer_spec
+from feedline.io.tfrecord.spec import FixedLen, Spec, as_specs, infer_spec, value_bytes
 
-__all__ = ["INFER_RECORDS", "TfRecordSource"]
+__all__ = ["BATCH_BYTES", "INFER_RECORDS", "TfRecordSource"]
 
 #: records read (from the first files, in order) to infer the specs when none are given
 INFER_RECORDS = 1000
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecords.gz",
                      ".tfrecord.zlib", ".tfrecords.zlib", ".tfr")  # fmt: skip
 _BATCH_ROWS = 8192
+#: the most bytes the ``FixedLen`` columns of one batch may take (at least one row a batch)
+BATCH_BYTES = 64 << 20
 
 
 class TfRecordSource(FileSource):
@@ -221,24 +227,25 @@ class TfRecordSource(FileSource):
         wanted = [specs[name] for name in names]
         # a feature the sample did not have matters when every column is read
         check_new = self._inferred and len(names) == len(specs)
+        row_bytes = sum(s.size * value_bytes(s.dtype) for s in wanted if isinstance(s, FixedLen))
+        rows = max(1, min(self._batch_rows, BATCH_BYTES // max(row_bytes, 1)))
 
         def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
             compression = resolve_compression(loc, self._compression)
             report.add(files_read=1)
             for block in iter_blocks(loc, compression, self._on_error, report):
-                for first in range(0, len(block.starts), self._batch_rows):
-                    batch = self._batch(loc, block, first, names, wanted, check_new, schema,
-                                        report)  # fmt: skip
+                for first, last in _batch_ranges(block, rows):
+                    batch = self._batch(loc, block, first, last, names, wanted, check_new,
+                                        schema, report)  # fmt: skip
                     if predicate is not None:
                         batch = batch.filter(predicate)
                     yield batch
 
         return read
 
-    def _batch(self, loc: Location, block: Block, first: int, names: list[str],
+    def _batch(self, loc: Location, block: Block, first: int, last: int, names: list[str],
                wanted: list[Spec], check_new: bool, schema: pa.Schema,
                report: ExecutionReport) -> pa.RecordBatch:  # fmt: skip
-        last = min(first + self._batch_rows, len(block.starts))
         keys = {name.encode(): i for i, name in enumerate(names)}
         parsed = parse_records(block.buffer, block.starts[first:last], block.stops[first:last],
                                keys, extra=check_new)  # fmt: skip
@@ -273,6 +280,21 @@ class TfRecordSource(FileSource):
                     "on_error='skip' to drop such records (they are counted in the report)."
                 )
             report.record_skip(f"{loc.url}@{offset} (record {number})", reason)
+
+
+def _batch_ranges(block: Block, rows: int) -> Iterator[tuple[int, int]]:
+    """``(first, last)`` record ranges of ``block``: at most ``rows`` records and, past the
+    first record of a range, at most :data:`BATCH_BYTES` of record bytes (so a batch's
+    binary values always fit 32-bit offsets: one record is under 2 GiB)."""
+    sizes = np.asarray(block.stops, np.int64) - np.asarray(block.starts, np.int64)
+    ends = np.cumsum(sizes)
+    first, n = 0, len(sizes)
+    while first < n:
+        before = int(ends[first - 1]) if first else 0
+        by_bytes = int(np.searchsorted(ends, before + BATCH_BYTES, side="right"))
+        last = min(first + rows, n, max(by_bytes, first + 1))
+        yield first, last
+        first = last
 
 
 def _describe(specs: dict[str, Spec]) -> str:

@@ -3,6 +3,10 @@
 ``FixedLen(shape, dtype, default=None)`` is a feature with ``prod(shape)`` values in every
 record (``tf.io.FixedLenFeature``): a scalar column for ``shape=()``, an
 ``arrow.fixed_shape_tensor`` column otherwise (bytes and strings: a ``fixed_size_list``).
+Its shape is checked when it is built (:class:`~feedline.errors.ConfigurationError`): every
+dimension a positive integer, at most :data:`MAX_VALUES` values (Arrow's largest fixed-size
+list) taking at most :data:`MAX_VALUE_BYTES` in memory, and no more than one record can
+hold (:data:`~feedline.io.tfrecord.frames.MAX_RECORD_BYTES`).
 A numeric ``FixedLen`` also reads a ``bytes_list`` holding one raw buffer of exactly
 ``prod(shape) * itemsize`` bytes (like ``tf.io.decode_raw``): how images are usually stored.
 ``VarLen(dtype)`` is a list column (``tf.io.VarLenFeature``); a record without the feature
@@ -32,8 +36,27 @@ import pyarrow as pa
 
 from feedline.errors import ConfigurationError
 from feedline.io.tfrecord.decode import BYTES, EMPTY, FLOAT, INT64, MISSING
+from feedline.io.tfrecord.frames import MAX_RECORD_BYTES
 
-__all__ = ["FixedLen", "Spec", "VarLen", "as_spec", "as_specs", "wire_kind"]
+__all__ = [
+    "MAX_VALUES",
+    "MAX_VALUE_BYTES",
+    "FixedLen",
+    "Spec",
+    "VarLen",
+    "as_spec",
+    "as_specs",
+    "value_bytes",
+    "wire_kind",
+]
+
+#: the most values one ``FixedLen`` feature may have: Arrow's largest fixed-size list
+MAX_VALUES = 2**31 - 1
+#: the most bytes one record's ``FixedLen`` value may take once decoded
+MAX_VALUE_BYTES = 2**31 - 1
+#: the fewest bytes one value takes inside a record, per wire kind (a 1-byte varint, a
+#: float32, a bytes value's tag and length)
+_WIRE_BYTES = {INT64: 1, FLOAT: 4, BYTES: 2}
 
 _ALIASES = {"int": "int64", "float": "float32", "double": "float64", "binary": "bytes",
             "str": "string", "utf8": "string"}  # fmt: skip
@@ -67,6 +90,52 @@ def wire_kind(dtype: str) -> int:
     return INT64 if dtype in _INTS else FLOAT if dtype in _FLOATS else BYTES
 
 
+def value_bytes(dtype: str) -> int:
+    """Bytes one decoded value of ``dtype`` takes (bytes and strings: their 8-byte offset,
+    the least they take).
+
+    Examples
+    --------
+    >>> value_bytes("float64"), value_bytes("bool"), value_bytes("string")
+    (8, 1, 8)
+    """
+    if dtype in _TEXT:
+        return 8
+    return np.dtype("uint8" if dtype == "bool" else dtype).itemsize
+
+
+def _checked_shape(shape: Any, dtype: str) -> tuple[int, ...]:
+    """``shape`` as a tuple of positive ints, refused when it cannot be a feature's shape."""
+    dims = (shape,) if not isinstance(shape, tuple | list) else tuple(shape)
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 1:
+            raise ConfigurationError(
+                f"FixedLen shape {shape!r} has the dimension {d!r}, which is not a positive "
+                "integer. Fix: pass a tuple of positive ints, e.g. (64, 64, 3), or () for one "
+                "value."
+            )
+        out.append(int(d))
+    size = math.prod(out)
+    if size > MAX_VALUES:
+        raise ConfigurationError(
+            f"FixedLen shape {tuple(out)} has {size:,} values, more than an Arrow fixed-size "
+            f"list holds ({MAX_VALUES:,}). Fix: use VarLen, or split the feature."
+        )
+    if size * value_bytes(dtype) > MAX_VALUE_BYTES:
+        raise ConfigurationError(
+            f"FixedLen shape {tuple(out)} of {dtype} takes {size * value_bytes(dtype):,} bytes "
+            f"per record, more than 2 GiB. Fix: check the shape; use VarLen, or split it."
+        )
+    if dtype not in _INTS and size * _WIRE_BYTES[wire_kind(dtype)] > MAX_RECORD_BYTES:
+        raise ConfigurationError(
+            f"FixedLen shape {tuple(out)} of {dtype} needs more bytes than a tf.train.Example "
+            f"can hold ({MAX_RECORD_BYTES:,}), so no record could match it. Fix: check the "
+            "shape."
+        )
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class FixedLen:
     """A feature with ``prod(shape)`` values in every record (``tf.io.FixedLenFeature``).
@@ -74,7 +143,9 @@ class FixedLen:
     Parameters
     ----------
     shape:
-        ``()`` for one value per record (a scalar column), else the tensor's shape.
+        ``()`` for one value per record (a scalar column), else the tensor's shape: positive
+        integers, at most ``2**31 - 1`` values taking at most 2 GiB a record, else
+        :class:`~feedline.errors.ConfigurationError` here, not an Arrow error at read time.
     dtype:
         The column's value type (see the module docstring).
     default:
@@ -92,14 +163,8 @@ class FixedLen:
     default: Any = None
 
     def __post_init__(self) -> None:
-        shape = (self.shape,) if isinstance(self.shape, int) else tuple(self.shape)
-        if any(not isinstance(d, int) or d < 0 for d in shape):
-            raise ConfigurationError(
-                f"FixedLen shape {self.shape!r} is not a tuple of sizes. "
-                "Fix: pass e.g. (64, 64, 3)."
-            )
-        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
         object.__setattr__(self, "dtype", _dtype(self.dtype))
+        object.__setattr__(self, "shape", _checked_shape(self.shape, self.dtype))
         if self.default is not None and np.asarray(self.default).size not in (1, self.size):
             raise ConfigurationError(
                 f"FixedLen{self.shape} has a default of {np.asarray(self.default).size} values. "
@@ -175,5 +240,8 @@ def infer_spec(kinds: np.ndarray, counts: np.ndarray) -> Spec | None:
     dtype = {INT64: "int64", FLOAT: "float32", BYTES: "bytes"}[kind]
     whole = all(k not in (MISSING, EMPTY) for k in kinds)
     if whole and counts.size and (counts == counts[0]).all() and counts[0] > 0:
-        return FixedLen(() if counts[0] == 1 else (int(counts[0]),), dtype)
+        try:
+            return FixedLen(() if counts[0] == 1 else (int(counts[0]),), dtype)
+        except ConfigurationError:  # more values than a FixedLen may have: a list column
+            return VarLen(dtype)
     return VarLen(dtype)

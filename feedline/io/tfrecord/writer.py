@@ -3,9 +3,21 @@
 Each row becomes one Example with a feature per column: integer and boolean values (scalar,
 list, ``fixed_size_list`` or ``arrow.fixed_shape_tensor``, flattened in row-major order) as
 ``int64_list``, floating-point values as ``float_list`` (float32: the only float type of an
-Example), binary and string values as ``bytes_list``. A null value leaves the feature out
-of that row's Example (how ``tf.io.parse_example`` sees a missing feature); a null inside a
+Example), binary and string values as ``bytes_list``. A null value (of any type, strings
+included) leaves the feature out of that row's Example (how ``tf.io.parse_example`` sees a
+missing feature: read it back with a ``FixedLen`` default or a ``VarLen``); a null inside a
 list cannot be written and raises :class:`~feedline.errors.DataError`.
+
+What an Example cannot hold is refused, never stored as another value: a ``uint64`` value
+above ``2**63 - 1`` (``int64_list`` would give it back negative) and a float64 value whose
+magnitude exceeds float32's largest (``3.4e38``; float32 would make it ``inf``) raise
+:class:`~feedline.errors.DataError` naming the column, the row and the value, before the
+file is published. Other float64 values are rounded to the nearest float32 (values smaller
+than float32's smallest become 0), as every float of an Example is; ``inf`` and ``nan``
+pass unchanged. To opt in, convert the column yourself (e.g. in ``map_batches``): a
+float32 column is written as it is (out-of-range values as ``inf``), and an int64 column
+holding a uint64's bit pattern (``pc.cast(col, pa.int64(), safe=False)``) reads back exactly
+with ``features={name: "uint64"}``.
 
 Files are streamed from the batches: a file is closed after ``records_per_file`` records or
 about ``bytes_per_file`` bytes and the next one opened, named ``part-00000.tfrecord``
@@ -108,20 +120,63 @@ def _filled(values: pa.Array, fill: Any) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False)
 
 
-def _column_features(column: pa.Array, name: str) -> list[bytes | None]:
-    """Each row's ``Feature`` message as map-entry bytes (``None``: leave it out)."""
+def _refuse(name: str, numbers: np.ndarray, bad: np.ndarray, offsets: np.ndarray | None,
+            first_row: int, what: str, fix: str) -> None:  # fmt: skip
+    """Raise :class:`DataError` for the first value of ``numbers`` flagged in ``bad``
+    (``offsets``: the value offsets of each row, ``None`` for one value a row)."""
+    at = int(np.flatnonzero(bad)[0])
+    row = at if offsets is None else int(np.searchsorted(offsets, at, side="right") - 1)
+    raise DataError(
+        f"Column {name!r} holds {numbers[at].item()!r} at row {first_row + row} "
+        f"({int(bad.sum())} such value(s) in its batch), {what}. Fix: {fix}"
+    )
+
+
+def _int64s(values: pa.Array, name: str, offsets: np.ndarray | None, first_row: int) -> np.ndarray:
+    """Integer or boolean ``values`` as int64, refusing uint64 values above int64's max."""
+    numbers = _filled(values, False if pa.types.is_boolean(values.type) else 0)
+    if numbers.dtype == np.uint64:
+        big = numbers > np.uint64(np.iinfo(np.int64).max)
+        if big.any():
+            _refuse(name, numbers, big, offsets, first_row,
+                    "more than an int64_list can hold (2**63 - 1; it would read back negative)",
+                    f"opt in to its int64 bit pattern (pc.cast({name!r} column, pa.int64(), "
+                    f"safe=False) in map_batches; read it back with features={{{name!r}: "
+                    "'uint64'}), or drop those rows.")  # fmt: skip
+    return numbers.astype(np.int64)
+
+
+def _float32s(
+    values: pa.Array, name: str, offsets: np.ndarray | None, first_row: int
+) -> np.ndarray:
+    """Floating-point ``values`` as float32, refusing finite values that would become inf."""
+    numbers = _filled(values, float("nan"))
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        out = numbers.astype("<f4")
+    if numbers.dtype.itemsize > 4:
+        huge = np.isfinite(numbers) & ~np.isfinite(out)
+        if huge.any():
+            _refuse(name, numbers, huge, offsets, first_row,
+                    "beyond float32's range (3.4e38), the only float of a tf.train.Example "
+                    "(it would read back as inf)",
+                    f"clip or rescale {name!r}, or opt in to inf by converting the column to "
+                    "float32 yourself (e.g. in map_batches) before writing.")  # fmt: skip
+    return out
+
+
+def _column_features(column: pa.Array, name: str, first_row: int = 0) -> list[bytes | None]:
+    """Each row's ``Feature`` message as map-entry bytes (``None``: leave it out);
+    ``first_row`` numbers the rows in errors."""
     values, offsets, valid = _flat(column, name)
     kind = values.type
     if pa.types.is_dictionary(kind):
         values, kind = values.dictionary_decode(), values.type.value_type
     key = name.encode()
     if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
-        data, value_offsets = _encode_varints(
-            _filled(values, False if pa.types.is_boolean(kind) else 0).astype(np.int64)
-        )
+        data, value_offsets = _encode_varints(_int64s(values, name, offsets, first_row))
         tag = b"\x1a"
     elif pa.types.is_floating(kind):
-        data = _filled(values, float("nan")).astype("<f4").tobytes()
+        data = _float32s(values, name, offsets, first_row).tobytes()
         value_offsets = np.arange(len(values) + 1, dtype=np.int64) * 4
         tag = b"\x12"
     elif (
@@ -155,7 +210,9 @@ def _column_features(column: pa.Array, name: str) -> list[bytes | None]:
 def _bytes_features(
     values: pa.Array, offsets: np.ndarray | None, valid: np.ndarray, key: bytes
 ) -> list[bytes | None]:
-    items = [v if isinstance(v, bytes) else v.encode() for v in values.to_pylist()]
+    items = [
+        v if isinstance(v, bytes) else b"" if v is None else v.encode() for v in values.to_pylist()
+    ]  # fmt: skip  (a None is a null row: left out)
     head = _varint(len(key))
     out: list[bytes | None] = []
     for row, ok in enumerate(valid.tolist()):
@@ -169,9 +226,16 @@ def _bytes_features(
     return out
 
 
-def encode_examples(batch: pa.RecordBatch) -> list[bytes]:
-    """The serialized ``tf.train.Example`` of each row of ``batch``."""
-    columns = [_column_features(batch.column(i), name) for i, name in enumerate(batch.schema.names)]
+def encode_examples(batch: pa.RecordBatch, first_row: int = 0) -> list[bytes]:
+    """The serialized ``tf.train.Example`` of each row of ``batch`` (whose first row is row
+    ``first_row`` of the output, as errors name it).
+
+    Raises :class:`DataError` for a value an Example cannot hold (see the module docstring).
+    """
+    columns = [
+        _column_features(batch.column(i), name, first_row)
+        for i, name in enumerate(batch.schema.names)
+    ]
     out = []
     for entries in zip(*columns, strict=True) if columns else [()] * batch.num_rows:
         body = b"".join([b"\x0a" + _varint(len(e)) + e for e in entries if e is not None])
@@ -240,7 +304,7 @@ def write_tfrecord(
     rows = in_file = size = 0
     try:
         for batch in batches:
-            for record in encode_examples(batch):
+            for record in encode_examples(batch, rows):
                 if handle is not None and (
                     (records_per_file is not None and in_file >= records_per_file)
                     or (bytes_per_file is not None and size >= bytes_per_file)
