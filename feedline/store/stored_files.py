@@ -68,8 +68,8 @@ def read_small(
         )
     if location.is_local:  # capped: the size may lie (a device or /proc file says 0)
         return read_capped(location.path, limit, what=what, error=error)
-    with location.fs.open(location.path, "rb") as handle:
-        data = handle.read(limit + 1)
+    # one ranged request (retried as a whole), never more than limit + 1 bytes
+    data = location.fs.cat_file(location.path, start=0, end=limit + 1)
     if len(data) > limit:
         raise error(
             f"{what} {location.url!r} holds more than {limit:,} bytes, the most feedline reads "
