@@ -371,12 +371,15 @@ class Dataset:
     ) -> list[Dataset]:
         """Disjoint datasets that together hold every row exactly once.
 
-        ``fractions`` (positive, summing to 1; or an int ``n`` for ``n`` equal parts) are
-        cut by rank of a seeded row-content key (see :meth:`random_shuffle`): in a stratum
-        of ``n`` rows, piece ``i`` gets the ranks ``floor(c_(i-1) * n) <= r < floor(c_i * n)``
-        with ``c`` the cumulative fractions, so sizes are exact and the partition is the
-        same on every engine and file layout. ``stratify`` names a column whose every value
-        (null included) is cut separately, keeping its proportions in every piece.
+        ``fractions`` (numbers in ``(0, 1]`` summing to 1, or an int ``n`` for ``n`` equal
+        parts; anything else is a ``ConfigurationError``) are cut by rank of a seeded
+        row-content key (see :meth:`random_shuffle`): of ``n`` rows, piece ``i`` gets the
+        ranks ``floor(c_(i-1) * n) <= r < floor(c_i * n)`` with ``c`` the cumulative
+        fractions, so sizes are exact and the partition is the same on every engine and file
+        layout. ``stratify`` names a column whose every value (null included) is cut
+        separately, keeping its proportions in every piece: the pieces' sizes stay exactly
+        the unstratified ones, and each stratum gets its share of each piece rounded up or
+        down (:mod:`feedline.plan.split_sizes`).
 
         Examples
         --------
