@@ -174,8 +174,18 @@ def transform(plan: Plan, preprocessor: Any) -> Plan:
     'Transform(StandardScaler(id; unfitted))'
     """
     if not hasattr(preprocessor, "transform_batch"):
+        kind = type(preprocessor).__name__
+        if kind.endswith("Tokenizer") or hasattr(preprocessor, "encode"):
+            # fl.ClipTokenizer, tokenizers.Tokenizer, a transformers tokenizer...
+            raise ConfigurationError(
+                f"transform() needs a feedline preprocessor, got the tokenizer {kind}: a "
+                "tokenizer does not say which column to read or what to write. Fix: wrap it "
+                f"in fl.Tokenize, e.g. ds.transform(fl.Tokenize('text', tokenizer=<the {kind}>"
+                ", max_length=77)), which writes the ids and mask columns (see the text "
+                "how-to)."
+            )
         raise ConfigurationError(
-            f"transform() needs a feedline preprocessor, got {type(preprocessor).__name__}. "
+            f"transform() needs a feedline preprocessor, got {kind}. "
             "Fix: use e.g. fl.StandardScaler(...) or map_batches for plain functions."
         )
     return plan.then(Transform(preprocessor))
