@@ -738,14 +738,26 @@ class Dataset:
         *,
         order: Literal["C", "F"] = "C",
         engine: str | Engine | None = None,
+        per_file: bool = False,
+        rows: int | None = None,
     ) -> dict[str, np.ndarray] | np.ndarray:
         """Run the plan and return its columns as NumPy arrays.
 
         ``stack=False``: a dict of one array per column (numeric columns 1-D, fixed-shape
         tensors ``(rows, *shape)``, other types object arrays). ``stack=True``: one
         ``(rows, C)`` array of ``columns`` (default: the numeric columns, in order), which
-        must be numeric and of one dtype; ``order="F"`` makes each column contiguous.
-        Float nulls become NaN; nulls in other types raise :class:`~feedline.DataError`.
+        must be numeric; mixed dtypes are promoted to their ``numpy.result_type`` (``int64``
+        with ``float64``: ``float64``). ``order="F"`` makes each column contiguous, and is
+        the faster fill (C order transposes as it copies). Float nulls become NaN (in a
+        float stack, nulls of any column do); nulls in other types raise
+        :class:`~feedline.DataError`.
+
+        ``per_file=True`` gives one block per input file: with ``stack=True`` a
+        ``(files, rows, C)`` cube of each file's first ``rows`` rows (``rows=None``: all of
+        them, the same number in every file), ``cube[f]`` column-major with ``order="F"``;
+        with ``stack=False`` a dict of ``(files, rows)`` arrays. Only the row groups (and
+        pages) holding those rows are read. It needs a Parquet input read as stored
+        (``fl.read_parquet``, ``fl.open``; column selections at most).
 
         Every array is allocated once at its final size and filled straight from the Arrow
         buffers (no table concatenation). A Parquet input read as stored (column selections
@@ -764,7 +776,9 @@ class Dataset:
         """
         resolved = get_engine(engine)
         plan = self._fitted_plan(resolved)
-        return collect.collect_arrays(resolved, plan, columns, stack, order=order)
+        return collect.collect_arrays(
+            resolved, plan, columns, stack, order=order, per_file=per_file, rows=rows
+        )
 
     # ------------------------------------------------------------------ outputs
 
