@@ -21,7 +21,13 @@ import pyarrow.compute as pc
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.dataset import collect, outputs, plans
 from feedline.dataset.display import describe, print_table, to_html
-from feedline.dataset.fit import FitCache, fit_call, fit_sample
+from feedline.dataset.fit import (
+    FitCache,
+    checked_sample,
+    fit_call,
+    fit_sample,
+    sampled_aggregate,
+)
 from feedline.dataset.grouped import GroupedDataset
 from feedline.engines.batch.fusion import rebatch
 from feedline.engines.local.engine import plan_schema
@@ -578,7 +584,8 @@ class Dataset:
         >>> fl.range(10).aggregate(lambda b: b.num_rows, lambda a, b: a + b)
         10
         >>> out = tempfile.mkdtemp() + "/ds"
-        >>> _ = fl.range(1000).write(out, rows_per_shard=500, row_group_rows=100)
+        >>> shuffled = fl.range(1000).random_shuffle(seed=0)  # ids in no order: well mixed
+        >>> _ = shuffled.write(out, rows_per_shard=500, row_group_rows=100)
         >>> fl.open(out).aggregate(len, lambda a, b: a + b, fraction=0.2, columns=["id"])
         200
         """
@@ -588,10 +595,17 @@ class Dataset:
         plan = fit_sample(self._fitted_plan(resolved), fraction, seed)
         if columns is not None:
             plan = plan.then(Select(plans.names_of(columns, "aggregate(columns=...)")))
-        return resolved.aggregate(plan, partial, merge)
+        if fraction is None:
+            return resolved.aggregate(plan, partial, merge)
+        return sampled_aggregate(resolved, plan, partial, merge)[0]  # checked: see fit.py
 
     def fit_sample(
-        self, fraction: float | None, seed: int = 0, *, engine: str | Engine | None = None
+        self,
+        fraction: float | None,
+        seed: int = 0,
+        *,
+        engine: str | Engine | None = None,
+        columns: Sequence[str] | None = None,
     ) -> Dataset:
         """The rows a fit on ``fraction`` reads, as a dataset: what ``aggregate(...,
         fraction=fraction, seed=seed)`` reads, for fits of several passes over one sample
@@ -600,7 +614,10 @@ class Dataset:
         A Parquet or feedline input read through row-wise operators gives a row-group sample
         (only the chosen row groups are read; unfitted preprocessors in this dataset are
         fitted first, on ``engine`` and all of its data); anything else
-        ``sample(fraction, seed)``. ``fraction`` ``None`` or ``1``: this dataset.
+        ``sample(fraction, seed)``. ``fraction`` ``None`` or ``1``: this dataset. With
+        ``columns`` (those the fits read), a row-group sample is checked on them as a fit's
+        is, in one pass, and grows to more row groups when they differ too much
+        (:func:`feedline.dataset.fit.checked_sample`).
 
         Examples
         --------
@@ -618,7 +635,9 @@ class Dataset:
             return self
         if sampled.source is self._plan.source:  # a row sample appended: derived from this
             return self._derived(sampled)
-        return Dataset(Plan(sampled.source, self.fitted_plan(engine).ops))
+        resolved = get_engine(engine)
+        plan = Plan(sampled.source, self.fitted_plan(resolved).ops)
+        return Dataset(checked_sample(resolved, plan, columns or ()))
 
     # ------------------------------------------------------------------ execution
 
