@@ -111,12 +111,16 @@ def collect_arrays(
     stack: bool = False,
     *,
     order: Literal["C", "F"] = "C",
+    per_file: bool = False,
+    rows: int | None = None,
 ) -> dict[str, np.ndarray] | np.ndarray:
     """The rows of ``plan`` (its preprocessors fitted) as NumPy arrays, run on ``engine``.
 
     A Parquet input read as stored on the local engine is read in parallel, each file into
     its own slice; anything else streams its batches into the same preallocated arrays
     (see :mod:`feedline.dataset.to_numpy` and :meth:`feedline.Dataset.to_numpy`).
+    ``per_file=True``: one block of the first ``rows`` rows per file (:func:`fill_cube`;
+    Parquet read as stored only, on any engine: the files are read here).
 
     Examples
     --------
@@ -127,6 +131,17 @@ def collect_arrays(
     """
     schema = valid_pandas_schema(plan_schema(plan))
     names = st.output_columns(schema, columns, stack)
+    if per_file:
+        inputs, check = st.per_file_inputs(plan, schema, names)
+        workers = st.parallel_workers(engine)
+        return st.fill_cube(
+            inputs, schema, names, rows=rows, stack=stack, order=order, workers=workers, check=check
+        )
+    if rows is not None:
+        raise ConfigurationError(
+            f"to_numpy(rows={rows!r}) takes rows per file, with per_file=True. Fix: pass "
+            "per_file=True, or ds.limit(n).to_numpy(...) for the first n rows of the dataset."
+        )
     files = st.stored_files(plan, schema, names) if engine.name == "local" else None
     if files is not None:
         workers = st.parallel_workers(engine)

@@ -21,7 +21,13 @@ import pyarrow.compute as pc
 from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.dataset import collect, outputs, plans
 from feedline.dataset.display import describe, print_table, to_html
-from feedline.dataset.fit import FitCache, fit_call, fit_sample
+from feedline.dataset.fit import (
+    FitCache,
+    checked_sample,
+    fit_call,
+    fit_sample,
+    sampled_aggregate,
+)
 from feedline.dataset.grouped import GroupedDataset
 from feedline.engines.batch.fusion import rebatch
 from feedline.engines.local.engine import plan_schema
@@ -372,12 +378,15 @@ class Dataset:
     ) -> list[Dataset]:
         """Disjoint datasets that together hold every row exactly once.
 
-        ``fractions`` (positive, summing to 1; or an int ``n`` for ``n`` equal parts) are
-        cut by rank of a seeded row-content key (see :meth:`random_shuffle`): in a stratum
-        of ``n`` rows, piece ``i`` gets the ranks ``floor(c_(i-1) * n) <= r < floor(c_i * n)``
-        with ``c`` the cumulative fractions, so sizes are exact and the partition is the
-        same on every engine and file layout. ``stratify`` names a column whose every value
-        (null included) is cut separately, keeping its proportions in every piece.
+        ``fractions`` (numbers in ``(0, 1]`` summing to 1, or an int ``n`` for ``n`` equal
+        parts; anything else is a ``ConfigurationError``) are cut by rank of a seeded
+        row-content key (see :meth:`random_shuffle`): of ``n`` rows, piece ``i`` gets the
+        ranks ``floor(c_(i-1) * n) <= r < floor(c_i * n)`` with ``c`` the cumulative
+        fractions, so sizes are exact and the partition is the same on every engine and file
+        layout. ``stratify`` names a column whose every value (null included) is cut
+        separately, keeping its proportions in every piece: the pieces' sizes stay exactly
+        the unstratified ones, and each stratum gets its share of each piece rounded up or
+        down (:mod:`feedline.plan.split_sizes`).
 
         Examples
         --------
@@ -582,7 +591,8 @@ class Dataset:
         >>> fl.range(10).aggregate(lambda b: b.num_rows, lambda a, b: a + b)
         10
         >>> out = tempfile.mkdtemp() + "/ds"
-        >>> _ = fl.range(1000).write(out, rows_per_shard=500, row_group_rows=100)
+        >>> shuffled = fl.range(1000).random_shuffle(seed=0)  # ids in no order: well mixed
+        >>> _ = shuffled.write(out, rows_per_shard=500, row_group_rows=100)
         >>> fl.open(out).aggregate(len, lambda a, b: a + b, fraction=0.2, columns=["id"])
         200
         """
@@ -592,10 +602,17 @@ class Dataset:
         plan = fit_sample(self._fitted_plan(resolved), fraction, seed)
         if columns is not None:
             plan = plan.then(Select(plans.names_of(columns, "aggregate(columns=...)")))
-        return resolved.aggregate(plan, partial, merge)
+        if fraction is None:
+            return resolved.aggregate(plan, partial, merge)
+        return sampled_aggregate(resolved, plan, partial, merge)[0]  # checked: see fit.py
 
     def fit_sample(
-        self, fraction: float | None, seed: int = 0, *, engine: str | Engine | None = None
+        self,
+        fraction: float | None,
+        seed: int = 0,
+        *,
+        engine: str | Engine | None = None,
+        columns: Sequence[str] | None = None,
     ) -> Dataset:
         """The rows a fit on ``fraction`` reads, as a dataset: what ``aggregate(...,
         fraction=fraction, seed=seed)`` reads, for fits of several passes over one sample
@@ -604,7 +621,10 @@ class Dataset:
         A Parquet or feedline input read through row-wise operators gives a row-group sample
         (only the chosen row groups are read; unfitted preprocessors in this dataset are
         fitted first, on ``engine`` and all of its data); anything else
-        ``sample(fraction, seed)``. ``fraction`` ``None`` or ``1``: this dataset.
+        ``sample(fraction, seed)``. ``fraction`` ``None`` or ``1``: this dataset. With
+        ``columns`` (those the fits read), a row-group sample is checked on them as a fit's
+        is, in one pass, and grows to more row groups when they differ too much
+        (:func:`feedline.dataset.fit.checked_sample`).
 
         Examples
         --------
@@ -622,7 +642,9 @@ class Dataset:
             return self
         if sampled.source is self._plan.source:  # a row sample appended: derived from this
             return self._derived(sampled)
-        return Dataset(Plan(sampled.source, self.fitted_plan(engine).ops))
+        resolved = get_engine(engine)
+        plan = Plan(sampled.source, self.fitted_plan(resolved).ops)
+        return Dataset(checked_sample(resolved, plan, columns or ()))
 
     # ------------------------------------------------------------------ execution
 
@@ -742,14 +764,27 @@ class Dataset:
         *,
         order: Literal["C", "F"] = "C",
         engine: str | Engine | None = None,
+        per_file: bool = False,
+        rows: int | None = None,
     ) -> dict[str, np.ndarray] | np.ndarray:
         """Run the plan and return its columns as NumPy arrays.
 
         ``stack=False``: a dict of one array per column (numeric columns 1-D, fixed-shape
         tensors ``(rows, *shape)``, other types object arrays). ``stack=True``: one
         ``(rows, C)`` array of ``columns`` (default: the numeric columns, in order), which
-        must be numeric and of one dtype; ``order="F"`` makes each column contiguous.
-        Float nulls become NaN; nulls in other types raise :class:`~feedline.DataError`.
+        must be numeric; mixed dtypes are promoted to their ``numpy.result_type`` (``int64``
+        with ``float64``: ``float64``). ``order="F"`` makes each column contiguous (one
+        copy per column; C order transposes as it copies, which has been measured 5-8x
+        slower on some machines). Float nulls become NaN (in a
+        float stack, nulls of any column do); nulls in other types raise
+        :class:`~feedline.DataError`.
+
+        ``per_file=True`` gives one block per input file: with ``stack=True`` a
+        ``(files, rows, C)`` cube of each file's first ``rows`` rows (``rows=None``: all of
+        them, the same number in every file), ``cube[f]`` column-major with ``order="F"``;
+        with ``stack=False`` a dict of ``(files, rows)`` arrays. Only the row groups (and
+        pages) holding those rows are read. It needs a Parquet input read as stored
+        (``fl.read_parquet``, ``fl.open``; column selections at most).
 
         Every array is allocated once at its final size and filled straight from the Arrow
         buffers (no table concatenation). A Parquet input read as stored (column selections
@@ -768,7 +803,9 @@ class Dataset:
         """
         resolved = get_engine(engine)
         plan = self._fitted_plan(resolved)
-        return collect.collect_arrays(resolved, plan, columns, stack, order=order)
+        return collect.collect_arrays(
+            resolved, plan, columns, stack, order=order, per_file=per_file, rows=rows
+        )
 
     # ------------------------------------------------------------------ outputs
 

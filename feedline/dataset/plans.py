@@ -19,9 +19,11 @@ Examples
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -66,6 +68,7 @@ __all__ = [
     "select",
     "sort",
     "split",
+    "split_fractions",
     "train_test_fractions",
     "transform",
     "union",
@@ -178,8 +181,18 @@ def transform(plan: Plan, preprocessor: Any) -> Plan:
     'Transform(StandardScaler(id; unfitted))'
     """
     if not hasattr(preprocessor, "transform_batch"):
+        kind = type(preprocessor).__name__
+        if kind.endswith("Tokenizer") or hasattr(preprocessor, "encode"):
+            # fl.ClipTokenizer, tokenizers.Tokenizer, a transformers tokenizer...
+            raise ConfigurationError(
+                f"transform() needs a feedline preprocessor, got the tokenizer {kind}: a "
+                "tokenizer does not say which column to read or what to write. Fix: wrap it "
+                f"in fl.Tokenize, e.g. ds.transform(fl.Tokenize('text', tokenizer=<the {kind}>"
+                ", max_length=77)), which writes the ids and mask columns (see the text "
+                "how-to)."
+            )
         raise ConfigurationError(
-            f"transform() needs a feedline preprocessor, got {type(preprocessor).__name__}. "
+            f"transform() needs a feedline preprocessor, got {kind}. "
             "Fix: use e.g. fl.StandardScaler(...) or map_batches for plain functions."
         )
     return plan.then(Transform(preprocessor))
@@ -398,24 +411,65 @@ def split(
     >>> len(split(fl.range(10).plan, 4))
     4
     """
-    if isinstance(fractions, int):
-        if isinstance(fractions, bool) or fractions < 1:
-            raise ConfigurationError(
-                f"split({fractions}) needs at least one part. Fix: pass e.g. split(4)."
-            )
-        fractions = [1.0 / fractions] * fractions
-    values = tuple(float(f) for f in fractions)
-    if not values or min(values) <= 0 or abs(sum(values) - 1.0) > 1e-9:
-        raise ConfigurationError(
-            f"split(): fractions {list(values)} must be positive and sum to 1. "
-            "Fix: e.g. split([0.8, 0.1, 0.1])."
-        )
+    values = split_fractions(fractions)
     if stratify is not None and not isinstance(stratify, str):
         raise ConfigurationError(
             f"split(): stratify={stratify!r} must be one column name. Fix: pass a str."
         )
     base = {"fractions": values, "seed": _seed(seed), "stratify": stratify}
     return [relational("split", {**base, "index": i}, [plan]) for i in range(len(values))]
+
+
+def split_fractions(fractions: Any) -> tuple[float, ...]:
+    """``split``'s ``fractions`` as floats: an int ``n`` (``n`` equal parts) or a sequence of
+    real numbers in ``(0, 1]`` (not bools) summing to 1; anything else raises a
+    :class:`~feedline.errors.ConfigurationError` naming the bad value.
+
+    Examples
+    --------
+    >>> split_fractions([0.8, 0.2]), split_fractions(4)
+    ((0.8, 0.2), (0.25, 0.25, 0.25, 0.25))
+    >>> split_fractions([0.5, float("nan")])
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: split(): fraction 1 is nan, not a number in (0, 1] ...
+    """
+    if isinstance(fractions, bool | np.bool_):
+        raise ConfigurationError(
+            f"split({fractions!r}): fractions must be a list of fractions or an int number of "
+            "parts, not a bool. Fix: e.g. split([0.8, 0.2]) or split(4)."
+        )
+    if isinstance(fractions, int | np.integer):
+        if fractions < 1:
+            raise ConfigurationError(
+                f"split({fractions}) needs at least one part. Fix: pass e.g. split(4)."
+            )
+        return (1.0 / int(fractions),) * int(fractions)
+    if isinstance(fractions, str | bytes) or not isinstance(fractions, Sequence | np.ndarray):
+        raise ConfigurationError(
+            f"split({fractions!r}): fractions must be a list of fractions summing to 1 (or an "
+            f"int number of parts), not {type(fractions).__name__}. Fix: e.g. split([0.8, 0.2])"
+            " or train_test_split(test_size=0.2)."
+        )
+    values = []
+    for i, value in enumerate(fractions):
+        real = isinstance(value, int | float | np.integer | np.floating)
+        real = real and not isinstance(value, bool | np.bool_)
+        number = float(value) if real and value <= 1 else math.inf  # nan, huge ints: inf
+        if not real or not 0.0 < number <= 1.0:
+            kind = f"{value!r:.60}" if real else f"{value!r:.60} ({type(value).__name__})"
+            raise ConfigurationError(
+                f"split(): fraction {i} is {kind}, not a number in (0, 1] (fractions: "
+                f"{list(fractions)!r:.200}). Fix: pass positive numbers summing to 1, e.g. "
+                "split([0.8, 0.1, 0.1])."
+            )
+        values.append(float(value))
+    if not values or abs(math.fsum(values) - 1.0) > 1e-9:
+        raise ConfigurationError(
+            f"split(): fractions {values} must sum to 1 (they sum to {math.fsum(values)!r}). "
+            "Fix: e.g. split([0.8, 0.1, 0.1])."
+        )
+    return tuple(values)
 
 
 def train_test_fractions(test_size: float) -> list[float]:

@@ -110,7 +110,10 @@ class Chain(Preprocessor):
     def _fit(
         self, ds: Dataset, fraction: float | None, seed: int, engine: str | Engine | None
     ) -> Preprocessor:
-        data = ds.fit_sample(fraction, seed, engine=engine)  # one sample for every pass
+        # one sample for every pass, checked on the input columns the steps fit
+        names = set(ds.schema().names) if fraction is not None else set()
+        inputs = [c for step in self.steps for c in step.fit_columns() if c in names]
+        data = ds.fit_sample(fraction, seed, engine=engine, columns=list(dict.fromkeys(inputs)))
         fitted: list[Preprocessor] = []
         i = 0
         while i < len(self.steps):

@@ -137,13 +137,17 @@ class Preprocessor(ABC):
 
         With ``fraction``, a Parquet or feedline input read through row-wise operators
         (select, filter, map_batches, transform, sample) is sampled by *row group*: row
-        groups are chosen from the footers' row counts by ``seed`` until they hold
-        ``fraction`` of the rows, and only those are read (rows inside are thinned to that
-        target). Every engine reads the same ones, so the fitted state is the same. Other
-        inputs (CSV, in-memory, after a ``limit`` or a relational operator) are read whole
-        and sampled row by row. A row-group sample is a cluster sample: on data sorted or
-        clustered by a fitted column, fit on ``ds.sample(fraction, seed)`` instead (every
-        row group is read, rows drawn uniformly).
+        groups are chosen from the footers' row counts by ``seed``, systematically over the
+        files and their extent, until they hold ``fraction`` of the rows, and only those are
+        read (rows inside are thinned to that target). Every engine reads the same ones, so
+        the fitted state is the same. Other inputs (CSV, in-memory, after a ``limit`` or a
+        relational operator) are read whole and sampled row by row. A row-group sample is a
+        cluster sample: the fit measures the spread between the row groups it read (numeric
+        columns), and when they differ so much that the fitted means are uncertain beyond
+        0.01 standard deviations it reads more row groups and warns (``UserWarning``;
+        :func:`feedline.dataset.fit.sampled_aggregate`). On data sorted or clustered by a
+        fitted column, ``ds.sample(fraction, seed)`` (every row group read, rows drawn
+        uniformly) or data written in shuffled order keep the fit fast.
 
         When a second pass is unavoidable: ``ds.transform(p)`` with an unfitted ``p`` fits
         it when the pipeline first runs, which is one pass over the data before ``p``
@@ -159,9 +163,10 @@ class Preprocessor(ABC):
         --------
         >>> import feedline as fl, tempfile
         >>> out = tempfile.mkdtemp() + "/ds"
-        >>> _ = fl.range(1000).write(out, rows_per_shard=500, row_group_rows=100)
+        >>> shuffled = fl.range(1000).random_shuffle(seed=0)  # sorted ids: a poor sample
+        >>> _ = shuffled.write(out, rows_per_shard=500, row_group_rows=100)
         >>> sc = fl.StandardScaler("id").fit(fl.open(out), fraction=0.2, seed=0)
-        >>> sc.fitted["count"]["id"]
+        >>> sc.fitted["count"]["id"]  # 2 of the 10 row groups
         200
         """
         fitted = copy.copy(self)

@@ -2,27 +2,34 @@
 
 ``fit(ds, fraction=f, seed=s)`` wants about ``f`` of the rows. Dropping rows after reading
 everything costs a full scan; a Parquet file is read by row group, so the sample is drawn
-at that level instead: the row groups are permuted by ``seed`` (rows per row group come from
-the manifest, or from the footers of plain Parquet) and taken in that order until they hold
-``f`` of the rows; inside them rows are kept with probability ``target / chosen rows``, so
-the expected sample size stays ``f`` of the rows. The choice is made once, on the driver,
-from metadata alone, so every engine reads the same row groups and the same rows.
+at that level instead, *systematically*: the non-empty row groups of all files, in file
+order (rows per row group come from the manifest, or from the footers of plain Parquet),
+are cut into ``k`` equal strata and one row group is taken from each, at the same seeded
+offset, with ``k`` the fewest (at least 2) whose row groups hold ``f`` of the rows. So the
+sample spreads over every part of the input (its files, and each file's start and end)
+instead of landing on a few neighbours. Inside the chosen row groups rows are kept with
+probability ``target / chosen rows``, so the expected sample size stays ``f`` of the rows.
+The choice is made once, on the driver, from metadata alone, so every engine reads the same
+row groups and the same rows.
 
-A row-group sample is a *cluster* sample: on data sorted or clustered by a fitted column
-(files written per day, rows sorted by price), a few row groups do not represent the whole.
-Sample rows from everything (``fit(ds.sample(f, seed))``, a full read) in that case.
+A row-group sample is still a *cluster* sample: on data clustered by a fitted column (files
+written per day, one series per row group, rows sorted by price), a few row groups do not
+represent the whole. The fit measures that from the rows it read
+(:mod:`feedline.statistics.cluster_sample`) and, when needed, reads more row groups
+(:meth:`RowGroupSample.enlarged`; see :mod:`feedline.dataset.fit`).
 
 Examples
 --------
 >>> choice = choose_row_groups([[100, 100], [100, 100]], fraction=0.25, seed=0)
->>> choice.rows, choice.keep
-(100, 1.0)
->>> sum(len(groups) for groups in choice.groups.values())
-1
+>>> choice.rows, choice.keep  # at least 2 row groups, thinned to the target
+(200, 0.5)
+>>> choice.groups  # one from each half of the input
+{0: (1,), 1: (1,)}
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,40 +85,53 @@ class RowGroupChoice:
 
 
 def choose_row_groups(
-    row_counts: Sequence[Sequence[int]], fraction: float, seed: int
+    row_counts: Sequence[Sequence[int]], fraction: float, seed: int, groups: int | None = None
 ) -> RowGroupChoice:
     """Choose row groups holding ``fraction`` of the rows, deterministically from ``seed``.
 
-    ``row_counts[f][g]`` is the row count of row group ``g`` of file ``f``. Row groups are
-    taken in a seeded random order until they hold at least ``fraction`` of all rows;
+    ``row_counts[f][g]`` is the row count of row group ``g`` of file ``f``. The ``G``
+    non-empty row groups, in file order, are cut into ``k`` strata of ``G / k`` row groups
+    and the one at ``floor((u + i) * G / k)`` is taken from stratum ``i`` (``u`` uniform in
+    ``[0, 1)`` from ``seed``): a systematic sample. ``k`` is the smallest number, at least
+    ``groups`` and at least 2 (or ``G``), whose row groups hold ``fraction`` of all rows;
     ``keep`` then thins their rows to that target.
 
     Examples
     --------
     >>> c = choose_row_groups([[10] * 10], fraction=0.35, seed=1)
-    >>> c.rows, round(c.keep, 3), len(c.groups[0])
-    (40, 0.875, 4)
+    >>> c.rows, round(c.keep, 3), c.groups[0]
+    (40, 0.875, (1, 4, 6, 9))
     >>> choose_row_groups([[10] * 10], fraction=0.35, seed=1) == c
     True
+    >>> choose_row_groups([[10] * 4, [10] * 4], fraction=0.1, seed=0).groups  # both files
+    {0: (3,), 1: (3,)}
+    >>> choose_row_groups([[10] * 10], fraction=0.1, seed=1, groups=5).groups[0]
+    (1, 3, 5, 7, 9)
     >>> choose_row_groups([[5]], fraction=0.0, seed=0).groups
     {}
     """
     check_sample_args(fraction, seed)
     flat = [(f, g, int(n)) for f, counts in enumerate(row_counts) for g, n in enumerate(counts)]
-    target = fraction * sum(n for _, _, n in flat)
-    order = np.random.default_rng([seed, _SALT]).permutation(len(flat))
-    chosen: dict[int, list[int]] = {}
-    rows = 0
-    for index in order:
-        if rows >= target:
+    flat = [item for item in flat if item[2] > 0]
+    sizes = np.array([n for _, _, n in flat], dtype=np.int64)
+    target = fraction * float(sizes.sum())
+    if target <= 0 or not flat:
+        return RowGroupChoice({}, 0, 1.0)
+    offset = float(np.random.default_rng([seed, _SALT]).random())
+    count = len(flat)
+    k = min(count, max(2, groups or 0, math.ceil(fraction * count)))
+    while True:
+        picked = np.floor((offset + np.arange(k)) * (count / k)).astype(np.int64)
+        rows = int(sizes[picked].sum())
+        if rows >= target or k == count:
             break
-        f, g, n = flat[index]
-        if n:
-            chosen.setdefault(f, []).append(g)
-            rows += n
+        k = min(count, max(k + 1, math.ceil(k * target / max(rows, 1))))
+    chosen: dict[int, list[int]] = {}
+    for index in picked.tolist():
+        f, g, _ = flat[index]
+        chosen.setdefault(f, []).append(g)
     keep = target / rows if rows > target else 1.0
-    groups = {f: tuple(sorted(gs)) for f, gs in sorted(chosen.items())}
-    return RowGroupChoice(groups, rows, keep)
+    return RowGroupChoice({f: tuple(gs) for f, gs in sorted(chosen.items())}, rows, keep)
 
 
 def check_sample_args(fraction: float, seed: int) -> None:
@@ -153,21 +173,54 @@ class RowGroupSample(Source):
     kind = "row-group sample"
     prunes_with_predicate = True
 
-    def __init__(self, base: ParquetSource, fraction: float, seed: int) -> None:
+    def __init__(
+        self, base: ParquetSource, fraction: float, seed: int, groups: int | None = None
+    ) -> None:
         check_sample_args(fraction, seed)
         self.base = base
         self.fraction = float(fraction)
         self.seed = int(seed)
+        #: the least number of row groups to read (``None``: what ``fraction`` needs)
+        self.groups = groups
         self._choice: RowGroupChoice | None = None
+        self._counts: list[list[int]] | None = None
 
     @property
     def choice(self) -> RowGroupChoice:
         """The chosen row groups (footers are read the first time it is asked for)."""
         if self._choice is None:
-            self._choice = choose_row_groups(self._row_counts(), self.fraction, self.seed)
+            counts = self.row_counts()
+            self._choice = choose_row_groups(counts, self.fraction, self.seed, self.groups)
         return self._choice
 
-    def _row_counts(self) -> list[list[int]]:
+    @property
+    def total_groups(self) -> int:
+        """The input's non-empty row groups."""
+        return sum(1 for counts in self.row_counts() for n in counts if n > 0)
+
+    def enlarged(self, groups: int) -> RowGroupSample:
+        """The same sample (``fraction``, ``seed``) drawn from at least ``groups`` row groups.
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> out = tempfile.mkdtemp() + "/ds"
+        >>> _ = fl.range(1000).write(out, rows_per_shard=500, row_group_rows=100)
+        >>> sample = RowGroupSample(fl.open(out).plan.source, fraction=0.2, seed=0)
+        >>> len(sample.read_tasks(None, None)), len(sample.enlarged(5).read_tasks(None, None))
+        (2, 5)
+        """
+        larger = RowGroupSample(self.base, self.fraction, self.seed, groups)
+        larger._counts = self._counts
+        return larger
+
+    def row_counts(self) -> list[list[int]]:
+        """Rows per row group of each file (from the manifest, or the footers, read once)."""
+        if self._counts is None:
+            self._counts = self._read_row_counts()
+        return self._counts
+
+    def _read_row_counts(self) -> list[list[int]]:
         manifest = getattr(self.base, "manifest", None)
         if manifest is not None:
             return [list(shard.row_groups) for shard in manifest.shards]
@@ -186,12 +239,15 @@ class RowGroupSample(Source):
         return self.base.schema()
 
     def describe(self) -> str:
+        more = f", at least {self.groups} row groups" if self.groups else ""
         return (
             f"{self.base.describe()}, row groups sampled (fraction={self.fraction}, "
-            f"seed={self.seed})"
+            f"seed={self.seed}{more})"
         )
 
     def fingerprint(self) -> str:
+        if self.groups:
+            return fingerprint_of(self.base.fingerprint(), self.fraction, self.seed, self.groups)
         return fingerprint_of(self.base.fingerprint(), self.fraction, self.seed)
 
     def read_tasks(

@@ -118,11 +118,11 @@ def test_to_numpy_runs_other_plans_through_the_engine(float_folder):
     np.testing.assert_array_equal(first, expected[:10])
 
 
-def test_to_numpy_stack_takes_numeric_columns_and_refuses_mixed_dtypes():
+def test_to_numpy_stack_takes_numeric_columns_and_promotes_mixed_dtypes():
     ds = fl.from_dict({"a": [1.0, 2.0], "s": ["x", "y"], "b": [3.0, 4.0], "i": [1, 2]})
-    with pytest.raises(SchemaError, match="one dtype") as info:
-        ds.to_numpy(stack=True)
-    assert "Fix:" in str(info.value)
+    mixed = ds.to_numpy(stack=True)  # float64 + int64 was refused: now numpy.result_type
+    assert mixed.dtype == np.float64
+    np.testing.assert_array_equal(mixed, [[1.0, 3.0, 1.0], [2.0, 4.0, 2.0]])
     np.testing.assert_array_equal(ds.to_numpy(["a", "b"], stack=True), [[1.0, 3.0], [2.0, 4.0]])
     with pytest.raises(SchemaError, match="not numeric"):
         ds.to_numpy(["a", "s"], stack=True)
@@ -130,6 +130,87 @@ def test_to_numpy_stack_takes_numeric_columns_and_refuses_mixed_dtypes():
         ds.to_numpy(["nope"])
     only = fl.from_dict({"s": ["x"], "i": [5]})
     np.testing.assert_array_equal(only.to_numpy(stack=True), [[5]])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_to_numpy_stack_promotes_like_numpy_result_type(tmp_path, fast):
+    table = pa.table(
+        {
+            "x": pa.array([0.5, 1.5, 2.5]),
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "i8": pa.array([-1, 0, 1], pa.int8()),
+            "u8": pa.array([1, 2, 250], pa.uint8()),
+            "f": pa.array([True, False, True]),
+            "f32": pa.array([1.25, 2.5, None], pa.float32()),
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet")
+    ds = fl.read_parquet(tmp_path) if fast else fl.from_arrow(table)
+    for names in (["x", "id"], ["i8", "u8"], ["f", "i8"], ["id", "f32"], ["u8", "f"]):
+        got = ds.to_numpy(names, stack=True)
+        want = np.result_type(*(table[n].type.to_pandas_dtype() for n in names))
+        assert got.dtype == want, names
+        columns = [np.asarray(table[n].to_numpy(zero_copy_only=False), np.float64) for n in names]
+        np.testing.assert_array_equal(got.astype(np.float64), np.stack(columns, axis=1))
+    with pytest.raises(DataError, match="'id'"):  # an int stack cannot hold a null
+        fl.from_dict({"id": pa.array([1, None]), "u": [1, 2]}).to_numpy(stack=True)
+
+
+@pytest.fixture
+def cube_files(tmp_path):
+    """Six files of 250-600 rows x 40 float64 columns in row groups of 64 rows, and one int
+    column; the reference cube of the first 100 rows x 10 random columns of each."""
+    rng = np.random.default_rng(7)
+    frames = []
+    for i in range(6):
+        rows = int(rng.integers(250, 600))
+        df = pd.DataFrame(rng.normal(size=(rows, 40)), columns=[f"c{j}" for j in range(40)])
+        df["n"] = np.arange(rows) + 1000 * i
+        pq.write_table(pa.Table.from_pandas(df), tmp_path / f"part-{i}.parquet", row_group_size=64)
+        frames.append(df)
+    columns = [f"c{j}" for j in rng.choice(40, 10, replace=False)]
+    cube = np.stack([df.iloc[:100][columns].to_numpy() for df in frames])
+    return tmp_path, columns, cube, frames
+
+
+def test_to_numpy_per_file_cube_equals_the_pandas_recipe(cube_files):
+    # the "speed cubing" workload: the first 100 rows x random columns of every file
+    root, columns, expected, frames = cube_files
+    ds = fl.read_parquet(root)
+    for order in ("C", "F"):
+        cube = ds.to_numpy(columns, stack=True, per_file=True, rows=100, order=order)
+        assert cube.shape == (6, 100, 10) and cube.dtype == np.float64
+        np.testing.assert_array_equal(cube, expected)
+        block = cube[3]
+        assert block.flags.c_contiguous if order == "C" else block.flags.f_contiguous
+    mixed = ds.to_numpy([*columns[:2], "n"], stack=True, per_file=True, rows=3)
+    assert mixed.dtype == np.float64 and mixed[2, :, 2].tolist() == [2000.0, 2001.0, 2002.0]
+    arrays = ds.to_numpy(["n"], per_file=True, rows=2)
+    assert arrays["n"].tolist() == [[1000 * i, 1000 * i + 1] for i in range(6)]
+    written = fl.read_parquet(root).write(str(root / "out"), rows_per_shard=300)
+    assert written.rows == sum(len(df) for df in frames)
+    shards = fl.open(str(root / "out")).to_numpy(["n"], stack=True, per_file=True, rows=5)
+    assert shards.shape == (len(fl.open(str(root / "out")).manifest.shards), 5, 1)
+    assert shards[0, :, 0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_to_numpy_per_file_refusals(cube_files, tmp_path):
+    root, columns, _, frames = cube_files
+    ds = fl.read_parquet(root)
+    smallest = min(len(df) for df in frames)
+    with pytest.raises(DataError, match=f"holds {smallest} rows") as info:
+        ds.to_numpy(columns, stack=True, per_file=True, rows=smallest + 1)
+    assert "Fix:" in str(info.value)
+    with pytest.raises(DataError, match="like the first file"):
+        ds.to_numpy(columns, stack=True, per_file=True)  # files of different lengths
+    with pytest.raises(ConfigurationError, match="per_file=True"):
+        ds.to_numpy(columns, stack=True, rows=10)
+    with pytest.raises(ConfigurationError, match="as stored"):
+        ds.filter(pc.field("n") > 3).to_numpy(columns, stack=True, per_file=True, rows=10)
+    with pytest.raises(ConfigurationError, match="rows="):
+        ds.to_numpy(columns, stack=True, per_file=True, rows=-1)
+    empty = ds.to_numpy(columns, stack=True, per_file=True, rows=0)
+    assert empty.shape == (6, 0, 10)
 
 
 def test_to_numpy_nulls_are_nan_for_floats_and_an_error_otherwise(tmp_path):

@@ -119,7 +119,7 @@ def test_sample_is_deterministic_and_rows_are_thinned_to_the_target(tmp_path):
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_choice_holds_the_fraction_and_no_row_group_too_many(seed):
+def test_choice_holds_the_fraction_one_row_group_per_stratum(seed):
     rng = np.random.default_rng(seed)
     counts = [list(rng.integers(0, 500, rng.integers(1, 6))) for _ in range(rng.integers(1, 9))]
     total = sum(sum(c) for c in counts)
@@ -130,8 +130,24 @@ def test_choice_holds_the_fraction_and_no_row_group_too_many(seed):
     assert all(sizes) and sum(sizes) == choice.rows
     if total:
         assert choice.rows >= fraction * total
-        assert choice.rows - max(sizes) < fraction * total  # not a whole row group too many
         assert choice.rows * choice.keep == pytest.approx(fraction * total)
+        # systematic: the non-empty row groups in file order, cut into k equal strata, one
+        # row group taken from each (so the sample spans the files and each file's extent)
+        flat = [(f, g) for f, c in enumerate(counts) for g, n in enumerate(c) if n]
+        picked = sorted(flat.index((f, g)) for f, gs in choice.groups.items() for g in gs)
+        k = len(picked)
+        assert k >= min(2, len(flat))
+        width = len(flat) / k  # stratum i: [i * width, (i + 1) * width)
+        assert all(int(i * width) <= p < (i + 1) * width for i, p in enumerate(picked))
+
+
+def test_choice_spreads_over_files_and_extent():
+    # 5 files of 10 row groups: 10% takes 5 row groups, one per file (a random order could
+    # take 3 neighbours in one file)
+    choice = choose_row_groups([[100] * 10] * 5, fraction=0.1, seed=4)
+    assert sorted(choice.groups) == [0, 1, 2, 3, 4]
+    assert {len(gs) for gs in choice.groups.values()} == {1}
+    assert len({gs[0] for gs in choice.groups.values()}) == 1  # the same offset in each
 
 
 def test_plain_parquet_reads_footers_and_pushes_the_filter(tmp_path):
@@ -152,7 +168,8 @@ def test_plain_parquet_reads_footers_and_pushes_the_filter(tmp_path):
 
 def test_upstream_preprocessors_are_fitted_on_all_rows(written):
     ds = fl.open(written).transform(fl.StandardScaler("x"))
-    rows = ds.aggregate(lambda b: b.num_rows, lambda a, b: a + b, fraction=0.1, seed=0)
+    count = lambda b: b.num_rows  # noqa: E731
+    rows = ds.aggregate(count, lambda a, b: a + b, fraction=0.1, seed=0, columns=["x"])
     assert rows == ROWS // 10  # the pass read the sample ...
     upstream = ds.fitted_plan().ops[-1].preprocessor  # ... after fitting this on every row
     assert upstream.state == fl.StandardScaler("x").fit(fl.open(written)).state
@@ -189,3 +206,55 @@ def test_a_chain_fits_every_step_on_one_row_sample():
     sampled = ds.fit_sample(0.5, seed=1)
     assert sampled.plan.ops[-1] == Sample(0.5, 1)
     assert imputer.state == fl.Imputer("x").fit(sampled).state
+
+
+SERIES, SERIES_ROWS = 50, 20_000
+
+
+@pytest.fixture(scope="module")
+def sensor_series(tmp_path_factory) -> tuple[Path, Path]:
+    """50 sensor series of 20,000 rows, one row group each, each series with its own mean
+    (N(0, 0.5); noise N(0, 1)), as Parquet; and the same values in shuffled order, as a
+    feedline dataset of 20,000-row row groups."""
+    root = tmp_path_factory.mktemp("series")
+    rng = np.random.default_rng(0)
+    means = rng.normal(0.0, 0.5, SERIES)
+    x = np.concatenate([rng.normal(m, 1.0, SERIES_ROWS) for m in means])
+    series = np.repeat(np.arange(SERIES), SERIES_ROWS)
+    clustered, shuffled = root / "clustered.parquet", root / "shuffled"
+    pq.write_table(pa.table({"series": series, "x": x}), clustered, row_group_size=SERIES_ROWS)
+    order = rng.permutation(x.size)
+    table = pa.table({"series": series[order], "x": x[order]})
+    fl.from_arrow(table).write(shuffled, rows_per_shard=5 * SERIES_ROWS, row_group_rows=SERIES_ROWS)
+    return clustered, shuffled
+
+
+def test_fit_on_row_groups_clustered_by_the_fitted_column_is_near_the_full_fit(sensor_series):
+    # the workload of issue 24.1: 5% of 50 series written one per row group read 2-3 whole
+    # series, and the fitted mean was 0.10-0.27 std off, silently
+    ds = fl.read_parquet(sensor_series[0])
+    full = fl.StandardScaler("x").fit(ds).fitted
+    std = full["scale"]["x"]
+    for seed in range(3):
+        with pytest.warns(UserWarning, match="row groups differ") as caught:
+            fitted = fl.StandardScaler("x").fit(ds, fraction=0.05, seed=seed).fitted
+        assert "Fix:" in str(caught[0].message)
+        assert abs(fitted["mean"]["x"] - full["mean"]["x"]) < 0.02 * std  # the stated tolerance
+        assert abs(fitted["scale"]["x"] / std - 1) < 0.02
+        assert abs(fitted["count"]["x"] - 0.05 * SERIES * SERIES_ROWS) < 2_000  # still 5%
+    with pytest.warns(UserWarning, match="row groups differ"):  # a chain's steps are checked
+        chain = fl.Chain([fl.StandardScaler("x")]).fit(ds, fraction=0.05, seed=0)
+    assert abs(chain.steps[0].fitted["mean"]["x"] - full["mean"]["x"]) < 0.02 * std
+
+
+def test_fit_on_row_groups_of_shuffled_rows_stays_on_the_fast_path(sensor_series, recwarn):
+    ds = fl.open(sensor_series[1])
+    full = fl.StandardScaler("x").fit(ds).fitted
+    for seed in (1, 2, 0):
+        if seed == 0:  # the proof that it reads the 3 chosen row groups only
+            assert len(damage_unsampled(sensor_series[1], 0.05, seed)) == SERIES - 3
+            with pytest.raises(DataError):
+                fl.StandardScaler("x").fit(ds)
+        fitted = fl.StandardScaler("x").fit(ds, fraction=0.05, seed=seed).fitted
+        assert abs(fitted["mean"]["x"] - full["mean"]["x"]) < 0.02 * full["scale"]["x"]
+    assert not [w for w in recwarn if "row groups differ" in str(w.message)]

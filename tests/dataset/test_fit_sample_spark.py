@@ -47,3 +47,24 @@ def test_fraction_fit_is_byte_equal_on_spark_and_reads_only_sampled_row_groups(s
     remote = chain.fit(fl.open(out), fraction=0.15, seed=4, engine=SparkEngine(spark, partitions=3))
     assert json.dumps(remote.state, sort_keys=True) == json.dumps(local.state, sort_keys=True)
     assert local.steps[0].fitted["count"]["x"] == 600
+
+
+def test_a_clustered_sample_grows_the_same_on_spark(spark, tmp_path):
+    """The spread check runs in the engine's partials: Spark measures the same moments,
+    settles on the same row groups and fits the same state as the local engine."""
+    import numpy as np
+    import pyarrow as pa
+
+    from feedline.engines.spark.engine import SparkEngine
+
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.normal(m, 1.0, 2_000) for m in rng.normal(0, 0.5, 40)])
+    out = tmp_path / "series"
+    fl.from_arrow(pa.table({"x": x})).write(out, rows_per_shard=20_000, row_group_rows=2_000)
+    scaler = fl.StandardScaler("x")
+    with pytest.warns(UserWarning, match="row groups differ"):
+        local = scaler.fit(fl.open(out), fraction=0.05, seed=1)
+    with pytest.warns(UserWarning, match="row groups differ"):
+        remote = scaler.fit(fl.open(out), fraction=0.05, seed=1, engine=SparkEngine(spark))
+    assert json.dumps(remote.state, sort_keys=True) == json.dumps(local.state, sort_keys=True)
+    assert abs(local.fitted["mean"]["x"] - x.mean()) < 0.02 * x.std()

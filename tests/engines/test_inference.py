@@ -74,6 +74,36 @@ def test_predictions_in_order_at_exact_batch_size(engine) -> None:
     assert sorted(Linear.built) == [f"feedline-Linear-{i}" for i in range(3)]
 
 
+class SeededNet:
+    """A model seeding torch's global generator in ``__init__``, then drawing its weights
+    (a pause between the two, as a real model's layer construction takes time)."""
+
+    built: ClassVar[list[str]] = []
+
+    def __init__(self, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        time.sleep(0.05)  # other workers' constructors run here when not serialized
+        self.net = torch.nn.Linear(3, 2)
+        type(self).built.append(threading.current_thread().name)
+
+    def __call__(self, batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+        with torch.no_grad():
+            digest = float(self.net.weight.double().sum() + self.net.bias.double().sum())
+        return {"id": batch["id"], "weights": np.full(batch.num_rows, digest)}
+
+
+def test_seeded_models_get_the_same_weights_in_every_worker() -> None:
+    # the local engine builds one copy per worker thread; constructed concurrently, the
+    # copies' torch.manual_seed and weight draws interleaved and the workers disagreed
+    expected_digest = SeededNet(0)(pa.record_batch({"id": [0]}))["weights"][0]
+    for run in range(2):
+        ds = fl.range(400, rows_per_task=25).map_batches(SeededNet, batch_size=25, concurrency=4)
+        SeededNet.built = []
+        digests = set(ds.to_arrow()["weights"].to_pylist())
+        assert digests == {expected_digest}, run
+        assert len(SeededNet.built) == 4  # one copy per worker
+
+
 def test_fewer_batches_than_workers_build_fewer_models(engine) -> None:
     ds = fl.range(100).map_batches(features).map_batches(Linear, batch_size=60, concurrency=4)
     assert ds.count(engine=engine) == 100

@@ -510,6 +510,24 @@ def test_tokenize_with_clip(clip_vocab: Path, reference: ReferenceClip) -> None:
     ]
 
 
+def test_transform_of_a_bare_tokenizer_points_to_tokenize(clip_vocab: Path) -> None:
+    # ds.transform(fl.ClipTokenizer(path)) said "use e.g. fl.StandardScaler"
+    from tokenizers import Tokenizer, models
+
+    ds = fl.from_arrow(batched_table(SENTENCES[:4]))
+    for tokenizer in (ClipTokenizer(clip_vocab), Tokenizer(models.BPE())):
+        with pytest.raises(fl.ConfigurationError) as caught:
+            ds.transform(tokenizer)
+        message = str(caught.value)
+        assert type(tokenizer).__name__ in message
+        assert "fl.Tokenize('text', tokenizer=" in message and "Fix:" in message
+        assert "StandardScaler" not in message
+    the_fix = ds.transform(Tokenize("text", tokenizer=ClipTokenizer(clip_vocab), max_length=77))
+    assert the_fix.to_arrow().column_names[-2:] == ["text", "text_mask"]
+    with pytest.raises(fl.ConfigurationError, match="StandardScaler"):
+        ds.transform(len)  # not a tokenizer: the general advice
+
+
 # Text that ftfy, HTML unescaping, Unicode case rules and truncation each change
 ADVERSARIAL = [
     "",

@@ -95,16 +95,38 @@ def hashable(kwargs: tuple[tuple[str, Any], ...]) -> Any:
     return kwargs
 
 
+#: held while a class of ``map_batches`` is constructed: one at a time in a process
+_CONSTRUCTING = threading.RLock()
+
+
 def construct(
     cls: Callable[..., Any], kwargs: tuple[tuple[str, Any], ...], device: str | None = None
 ) -> Any:
-    """``cls(**kwargs, device=device)`` (``device`` only when set, checked to exist here)."""
+    """``cls(**kwargs, device=device)`` (``device`` only when set, checked to exist here).
+
+    Constructions run one at a time in a process (a lock): worker threads each build their
+    own copy of a model at the same moment, and an ``__init__`` that seeds a global
+    generator (``torch.manual_seed(0)``, ``np.random.seed(0)``) and then draws its weights
+    would otherwise interleave its draws with another copy's, giving each worker different
+    weights.
+
+    Examples
+    --------
+    >>> class Seeded:
+    ...     def __init__(self, seed):
+    ...         np.random.seed(seed)
+    ...         self.w = np.random.normal(size=3)
+    >>> a, b = construct(Seeded, (("seed", 0),)), construct(Seeded, (("seed", 0),))
+    >>> bool((a.w == b.w).all())
+    True
+    """
 
     if device is not None:
         check_device(device, f"by {callable_name(cls)} (process {os.getpid()})")
         kwargs = (*kwargs, ("device", device))
     try:
-        return cls(**dict(kwargs))
+        with _CONSTRUCTING:
+            return cls(**dict(kwargs))
     except FeedlineError:
         raise
     except Exception as exc:

@@ -17,6 +17,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -27,7 +28,7 @@ from feedline.plan.rowhash import ROW_HASH_COLUMN
 if TYPE_CHECKING:
     from feedline.plan.relational import Relational
 
-__all__ = ["quote", "relational_sql"]
+__all__ = ["StratifiedSplit", "quote", "relational_sql", "stratified_split_sql"]
 
 
 def quote(name: str) -> str:
@@ -128,13 +129,12 @@ def _join(relational: Relational, left: pa.Schema, right: pa.Schema) -> str:
 
 
 def _split(relational: Relational) -> str:
+    """An unstratified piece (a stratified one: :func:`stratified_split_sql`)."""
     lo, hi = split_bounds(relational.param("fractions"))[relational.param("index")]
-    stratify = relational.param("stratify")
-    window = f"PARTITION BY {quote(stratify)} " if stratify else ""
     key = quote(ROW_HASH_COLUMN)
     ranked = (
-        f"SELECT *, row_number() OVER ({window}ORDER BY {key}) - 1 AS __feedline_rank, "
-        f"count(*) OVER ({window.strip()}) AS __feedline_count FROM input_0"
+        f"SELECT *, row_number() OVER (ORDER BY {key}) - 1 AS __feedline_rank, "
+        "count(*) OVER () AS __feedline_count FROM input_0"
     )
     n = "CAST(__feedline_count AS DOUBLE)"
     return (
@@ -142,3 +142,45 @@ def _split(relational: Relational) -> str:
         f"WHERE __feedline_rank >= floor(CAST({lo!r} AS DOUBLE) * {n}) "
         f"AND __feedline_rank < floor(CAST({hi!r} AS DOUBLE) * {n})"
     )
+
+
+@dataclass(frozen=True)
+class StratifiedSplit:
+    """The three statements of a stratified ``split`` piece (:mod:`feedline.plan.split_sizes`).
+
+    ``ranked`` creates ``table``: the input with each row's rank by row key in its stratum
+    and the stratum's smallest row key; ``sizes`` lists ``(smallest key, rows)`` per stratum
+    in key order (the engine computes the bounds from them); ``piece`` keeps the rows of a
+    table ``bounds`` ``(__feedline_first, __feedline_lo, __feedline_hi)`` whose rank is
+    between their stratum's bounds.
+
+    Examples
+    --------
+    >>> from feedline.plan.relational import Relational
+    >>> sql = stratified_split_sql("k", "t")
+    >>> sql.sizes
+    'SELECT __feedline_first, count(*) FROM t GROUP BY 1 ORDER BY 1'
+    """
+
+    ranked: str
+    sizes: str
+    piece: str
+
+
+def stratified_split_sql(stratify: str, table: str, bounds: str = "bounds") -> StratifiedSplit:
+    """The statements of a piece of ``split(..., stratify=stratify)`` (see
+    :class:`StratifiedSplit`), over a temporary table named ``table``."""
+    window = f"PARTITION BY {quote(stratify)}"
+    key = quote(ROW_HASH_COLUMN)
+    ranked = (
+        f"CREATE TEMP TABLE {table} AS SELECT *, "
+        f"row_number() OVER ({window} ORDER BY {key}) - 1 AS __feedline_rank, "
+        f"min({key}) OVER ({window}) AS __feedline_first FROM input_0"
+    )
+    sizes = f"SELECT __feedline_first, count(*) FROM {table} GROUP BY 1 ORDER BY 1"
+    piece = (
+        f"SELECT * EXCLUDE ({key}, __feedline_rank, __feedline_first, __feedline_lo, "
+        f"__feedline_hi) FROM {table} JOIN {bounds} USING (__feedline_first) "
+        "WHERE __feedline_rank >= __feedline_lo AND __feedline_rank < __feedline_hi"
+    )
+    return StratifiedSplit(ranked, sizes, piece)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ import pyarrow.compute as pc
 
 from feedline.engines.local.arrow_join import arrow_join
 from feedline.engines.local.duckdb_inputs import arrow_table, register_direct
-from feedline.engines.local.duckdb_sql import quote, relational_sql
+from feedline.engines.local.duckdb_sql import quote, relational_sql, stratified_split_sql
 from feedline.engines.schema import infer_schema
 from feedline.errors import (
     ConfigurationError,
@@ -41,6 +42,7 @@ from feedline.errors import (
 )
 from feedline.io.source import ExecutionReport, ReadTask, check_columns
 from feedline.plan.plan import Limit, Select
+from feedline.plan.split_sizes import stratum_bounds
 
 if TYPE_CHECKING:
     from feedline.engines.local.engine import LocalEngine
@@ -250,7 +252,11 @@ def _query(
 ) -> Iterator[pa.RecordBatch]:
     """Run the operator's SQL on ``con`` and stream the result (only ``columns`` when given)
     cast to ``target``."""
-    sql = relational_sql(source.relational, schemas)
+    relational = source.relational
+    if relational.op == "split" and relational.param("stratify") is not None:
+        yield from _stratified_split(con, source, target, columns)
+        return
+    sql = relational_sql(relational, schemas)
     if columns is not None and columns != target.names:
         sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM ({sql})"
         target = pa.schema([target.field(c) for c in columns])
@@ -264,6 +270,41 @@ def _query(
     for batch in con.sql(sql).arrow():
         if batch.num_rows:
             yield conform(batch, target, source.describe())
+
+
+def _stratified_split(
+    con: Any, source: RelationalSource, target: pa.Schema, columns: list[str] | None
+) -> Iterator[pa.RecordBatch]:
+    """A piece of a stratified ``split``: the input ranked in a DuckDB table, the strata's
+    sizes allocated to the pieces (:func:`~feedline.plan.split_sizes.stratum_bounds`, as on
+    Spark and Ray), and the rows between their stratum's bounds kept."""
+    relational = source.relational
+    name = f"feedline_split_{uuid.uuid4().hex}"
+    sql = stratified_split_sql(relational.param("stratify"), name, f"{name}_bounds")
+    con.execute(sql.ranked).fetchall()
+    try:
+        sizes = con.sql(sql.sizes).arrow().read_all()
+        firsts, rows = sizes.column(0), sizes.column(1).to_numpy()
+        bounds = stratum_bounds(rows, relational.param("fractions"))
+        index = int(relational.param("index"))
+        table = pa.table(
+            {
+                "__feedline_first": firsts,
+                "__feedline_lo": pa.array(bounds[:, index]),
+                "__feedline_hi": pa.array(bounds[:, index + 1]),
+            }
+        )
+        con.register(f"{name}_bounds", table)
+        query = sql.piece
+        if columns is not None and columns != target.names:
+            query = f"SELECT {', '.join(quote(c) for c in columns)} FROM ({query})"
+            target = pa.schema([target.field(c) for c in columns])
+        for batch in con.sql(query).arrow():
+            if batch.num_rows:
+                yield conform(batch, target, source.describe())
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {name}")
+        con.unregister(f"{name}_bounds")
 
 
 def _engine_error(

@@ -13,14 +13,15 @@ A plan whose source is a :class:`~feedline.plan.relational.RelationalSource` run
    row per key for ``unique(subset)``), ``repartition(n)``, and for ``random_shuffle`` /
    ``split`` a ``sort`` by the row-hash key that the input's batch stage computed with
    :mod:`feedline.plan.rowhash` (the same code as every engine), then
-   ``split_at_indices`` at the exact per-stratum ranks of
-   :func:`~feedline.plan.relational.split_bounds`;
+   ``split_at_indices`` at the exact ranks of :func:`~feedline.plan.relational.split_bounds`
+   (per stratum: :func:`~feedline.plan.split_sizes.stratum_bounds`);
 3. a ``map_batches`` drops the helper columns and casts to ``RelationalSource.schema()``
    (Ray's joins return ``large_string``, its aggregations null-typed columns for empty
    blocks), then the plan's own operators run as usual (:meth:`RayEngine.dataset` over the
    result, so a class in a ``map_batches`` still gets its actor pool).
 
-Nothing is collected on the driver but row counts (``split``: one per stratum) and a global
+Nothing is collected on the driver but row counts (``split``: one per stratum, with the
+stratum's smallest row key) and a global
 aggregate's single row. A join's inputs and a split's sorted rows are materialized in Ray's
 object store (which spills to disk) when the plan starts: Ray's join fails on an input
 without blocks, so an empty one is replaced by a typed empty table.
@@ -56,6 +57,7 @@ from feedline.errors import ConfigurationError
 from feedline.plan.plan import Limit, Plan, Pushdown, pushdown
 from feedline.plan.relational import RelationalSource, split_bounds
 from feedline.plan.rowhash import ROW_HASH_COLUMN, column_hash
+from feedline.plan.split_sizes import stratum_bounds
 from feedline.store.shards import conform
 
 if TYPE_CHECKING:
@@ -287,9 +289,10 @@ def _first_row(table: pa.Table) -> pa.Table:
 
 def _split(rds: Any, relational: Any) -> Any:
     """Piece ``index`` of ``split``: rows ranked by row key within their stratum, cut at
-    ``floor(bound * n)`` per stratum (``split_bounds``), with Ray's sort and
-    ``split_at_indices``; only the strata's row counts reach the driver."""
-    from ray.data.aggregate import Count
+    ``floor(bound * n)`` (``split_bounds``), or per stratum at the bounds that
+    :func:`~feedline.plan.split_sizes.stratum_bounds` allocates, with Ray's sort and
+    ``split_at_indices``; only the strata's row counts and smallest keys reach the driver."""
+    from ray.data.aggregate import Count, Min
 
     lo, hi = split_bounds(relational.param("fractions"))[int(relational.param("index"))]
     stratify = relational.param("stratify")
@@ -302,18 +305,23 @@ def _split(rds: Any, relational: Any) -> Any:
     coded = rds.map_batches(_stratum_code, fn_args=(stratify, code), **ARROW_BATCHES)
     ranked = coded.sort([code, ROW_HASH_COLUMN]).materialize()
     counts = ranked.groupby(code, num_partitions=hash_partitions()).aggregate(
-        Count(alias_name="rows")
+        Count(alias_name="rows"), Min(ROW_HASH_COLUMN, alias_name="first")
     )
+    empty = pa.array([], pa.int64())
     table = pa.concat_tables(
         [t for t in counts.iter_batches(batch_size=None, batch_format="pyarrow")]
-        or [pa.table({code: pa.array([], pa.int64()), "rows": pa.array([], pa.int64())})]
+        or [pa.table({code: empty, "rows": empty, "first": empty})]
     )
-    order = np.argsort(table.column(code).to_numpy(), kind="stable")
-    sizes = table.column("rows").to_numpy()[order]
+    order = np.argsort(table.column(code).to_numpy(), kind="stable")  # the rows' order
+    sizes = table.column("rows").to_numpy()[order].astype(np.int64)
+    by_key = np.argsort(table.column("first").to_numpy()[order], kind="stable")
+    allocated = np.empty((len(sizes), len(relational.param("fractions")) + 1), np.int64)
+    allocated[by_key] = stratum_bounds(sizes[by_key], relational.param("fractions"))
+    index = int(relational.param("index"))
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     ranges = [
-        (int(s) + math.floor(lo * int(n)), int(s) + math.floor(hi * int(n)))
-        for s, n in zip(starts, sizes, strict=True)
+        (int(s) + int(a), int(s) + int(b))
+        for s, a, b in zip(starts, allocated[:, index], allocated[:, index + 1], strict=True)
     ]
     bounds = sorted({i for pair in ranges for i in pair})
     pieces = ranked.split_at_indices(bounds)

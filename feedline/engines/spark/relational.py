@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -56,6 +57,7 @@ from feedline.io.source import ExecutionReport, ReadTask, Source
 from feedline.plan.plan import Plan
 from feedline.plan.relational import RelationalSource, split_bounds
 from feedline.plan.rowhash import ROW_HASH_COLUMN
+from feedline.plan.split_sizes import stratum_bounds
 
 __all__ = ["Prepared", "RelationalFrameSource", "is_relational", "prepare", "relational_frame"]
 
@@ -70,6 +72,10 @@ _BUCKET2 = "__feedline_bucket_of_counts"
 _STRATUM = "__feedline_stratum"
 _OFFSET = "__feedline_offset"
 _SIZE = "__feedline_bucket_size"
+_FIRST = "__feedline_first"
+_FIRST2 = "__feedline_first_of_bounds"
+_LO = "__feedline_lo"
+_HI = "__feedline_hi"
 _JOIN_HOW = {
     "inner": "inner",
     "left": "left",
@@ -354,7 +360,8 @@ def _random_shuffle(frames: list[Any], relational: Any, source: Any) -> Any:
 
 
 def _split(frames: list[Any], relational: Any, source: Any) -> Any:
-    """Rows ranked by row key within their stratum, cut at ``split_bounds``.
+    """Rows ranked by row key within their stratum, cut at ``split_bounds`` (one stratum) or
+    at the per-stratum bounds of :func:`~feedline.plan.split_sizes.stratum_bounds`.
 
     A window over a whole stratum (or the whole input) would run in one task, so the rank
     is computed in two levels, all in parallel: rows are bucketed by the top 8 bits of
@@ -389,15 +396,30 @@ def _split(frames: list[Any], relational: Any, source: Any) -> Any:
         F.col(_BUCKET).alias(_BUCKET2),
         F.coalesce(F.sum(_SIZE).over(below), F.lit(0)).alias(_OFFSET),
         F.sum(_SIZE).over(stratum).cast("double").alias(_COUNT),
+        F.min(key).over(stratum).alias(_FIRST),
     )
     match = F.col(_BUCKET) == F.col(_BUCKET2)
     if stratify is not None:
         match = match & _col(stratify).eqNullSafe(F.col(_STRATUM))
     joined = ranked.join(F.broadcast(counts), match, "inner")
     rank, count = F.col(_OFFSET) + F.col(_RANK), F.col(_COUNT)
-    # the same IEEE double products as split_bounds' rule: floor(lo * n) <= r < floor(hi * n)
-    keep = (rank >= F.floor(F.lit(lower) * count)) & (rank < F.floor(F.lit(upper) * count))
-    return joined.where(keep)
+    if stratify is None:
+        # the same IEEE double products as split_bounds: floor(lo * n) <= r < floor(hi * n)
+        keep = (rank >= F.floor(F.lit(lower) * count)) & (rank < F.floor(F.lit(upper) * count))
+        return joined.where(keep)
+    # the strata's sizes, in the order of their smallest row key, allocated to the pieces on
+    # the driver (feedline.plan.split_sizes, as on the local engine and Ray), broadcast back
+    strata = counts.select(_FIRST, _COUNT).distinct().collect()
+    firsts = np.array([row[0] for row in strata], dtype=np.int64)
+    order = np.argsort(firsts, kind="stable")
+    sizes = np.array([int(row[1]) for row in strata], dtype=np.int64)[order]
+    bounds = stratum_bounds(sizes, relational.param("fractions"))
+    rows = np.column_stack([firsts[order], bounds[:, index], bounds[:, index + 1]]).tolist()
+    table = frames[0].sparkSession.createDataFrame(
+        rows, schema=f"{_FIRST2} long, {_LO} long, {_HI} long"
+    )
+    cut = joined.join(F.broadcast(table), F.col(_FIRST) == F.col(_FIRST2), "inner")
+    return cut.where((rank >= F.col(_LO)) & (rank < F.col(_HI)))
 
 
 _OPS = {

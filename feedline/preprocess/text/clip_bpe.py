@@ -170,7 +170,11 @@ class ClipTokenizer:
     Parameters
     ----------
     vocab_path:
-        Path or URL (fsspec) of the merges file, plain or gzipped.
+        Path or URL (fsspec) of the merges file, plain or gzipped. CLIP's is
+        ``bpe_simple_vocab_16e6.txt.gz`` (SHA-256 ``924691ac…6804a``), not shipped with
+        feedline: it is in the ``open-clip-torch`` wheel
+        (``importlib.resources.files("open_clip") / "bpe_simple_vocab_16e6.txt.gz"``) and in
+        OpenAI's CLIP repository (see the text how-to).
     context_length:
         Row length of :meth:`__call__` (CLIP models use 77).
     num_merges:

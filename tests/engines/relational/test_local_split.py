@@ -71,10 +71,41 @@ def test_stratified_split_keeps_proportions_per_label() -> None:
     train, test = fl.from_arrow(table).train_test_split(test_size=0.2, seed=0, stratify="label")
     counts = {v: table["label"].to_pylist().count(v) for v in ("cat", "dog", "eel")}
     got = test.to_arrow()["label"].to_pylist()
-    for label, n in counts.items():
-        assert got.count(label) == n - math.floor(0.8 * n)
-    assert train.count() + test.count() == 1000
+    for label, n in counts.items():  # each label: its share of the 200 test rows, rounded
+        assert abs(got.count(label) - 0.2 * n) < 1
+    assert (train.count(), test.count()) == (800, 200)
     assert not set(_ids(train)) & set(_ids(test))
+
+
+@pytest.mark.parametrize(
+    "strata, fractions",
+    [
+        (2, [0.8, 0.2]),
+        (7, [0.9, 0.1]),
+        (1000, [0.8, 0.2]),
+        (5000, [0.85, 0.15]),  # ~32 rows per stratum, many of 20 to 45
+        (40_000, [0.9, 0.1]),  # ~4 rows per stratum, many singletons
+        (300, [0.7, 0.2, 0.1]),
+    ],
+)
+def test_stratified_split_sizes_are_exact_over_many_strata(strata, fractions) -> None:
+    # 160,000 rows: a stratified split gave 127,929 + 32,071 (not 128,000 + 32,000) with 200
+    # strata, and 18,235 test rows instead of 16,000 with 5,000 strata (every stratum cut on
+    # its own, rounded the same way)
+    n = 160_000
+    rng = np.random.default_rng(strata)
+    k = rng.zipf(1.3, n) % strata if strata > 7 else rng.integers(0, strata, n)
+    table = pa.table({"id": np.arange(n), "k": k})
+    pieces = [p.to_arrow() for p in fl.from_arrow(table).split(fractions, seed=1, stratify="k")]
+    ids = np.concatenate([p.column("id").to_numpy() for p in pieces])
+    assert np.array_equal(np.sort(ids), np.arange(n))  # every row in exactly one piece
+    ends = [math.floor(e * n) for e in np.cumsum(fractions[:-1])] + [n]
+    assert [p.num_rows for p in pieces] == [b - a for a, b in itertools.pairwise([0, *ends])]
+    sizes = np.bincount(k, minlength=strata)
+    for i, piece in enumerate(pieces):  # each stratum gets its share of the piece, rounded
+        got = np.bincount(piece.column("k").to_numpy(), minlength=strata)
+        share = sizes * piece.num_rows / n
+        assert np.abs(got - share).max() < (1 if len(fractions) == 2 else 3), i
 
 
 def test_split_of_empty_input_and_bad_fractions() -> None:
