@@ -174,7 +174,8 @@ class Loader:
         """The transform's worker pool (started on first use, closed with the loader)."""
         if self.transform is None:
             return None
-        workers = make_workers(self.transform, self.num_workers, self.worker_type)
+        workers = make_workers(self.transform, self.num_workers, self.worker_type,
+                               self.options.timeout)  # fmt: skip
         weakref.finalize(self, workers.close)
         return workers
 
