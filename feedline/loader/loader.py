@@ -339,6 +339,8 @@ class Loader:
                 if len(item.indices) != size:  # a short batch (the last, or with skips)
                     timing.short(run, k, size - len(item.indices))
                     self._skips.add(epoch, item.skipped)
+                    if item.skipped and not len(item.indices):
+                        continue  # the transform skipped every sample: counted, not yielded
                 now = clock()
                 append((run, k, asked, now, got))
                 got = now
