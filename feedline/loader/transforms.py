@@ -42,10 +42,11 @@ class ImageTransform:
 
     The column holds encoded bytes (JPEG, PNG, ...: decoded with Pillow) or decoded ``uint8``
     pixels (a tensor column, ``(C, H, W)``, ``(H, W, C)`` or ``(H, W)``: cropped, resized and
-    flipped with NumPy, bilinear without antialiasing). Either way a sample gets the same
-    crop box and flip from its ``(seed, epoch, index)`` generator. Per sample by default; with
-    the loader's ``batched=True`` it is called once per batch, and pixels are augmented for
-    the whole batch in a few NumPy calls (the same values as per sample).
+    flipped with NumPy, by Pillow's bilinear filter, antialiased when shrinking). Either way a
+    sample gets the same crop box and flip from its ``(seed, epoch, index)`` generator. Per
+    sample by default; with the loader's ``batched=True`` it is called once per batch, and
+    pixels are augmented for the whole batch in a few NumPy calls (the same values as per
+    sample).
 
     Parameters
     ----------

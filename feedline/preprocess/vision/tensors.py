@@ -2,10 +2,11 @@
 
 A :class:`~feedline.preprocess.vision.augment.Compose` plans each image's geometry from its
 size and the sample's generator exactly as for encoded bytes (the same crop box and flip for
-the same ``(seed, epoch, index)``), then :func:`augment_pixels` samples every box of the batch
-with a few NumPy calls (:func:`feedline.preprocess.vision.pixels.resample`: bilinear, no
-antialiasing) and finishes them together (:class:`~feedline.preprocess.vision.ops.Normalize`
-to float32, or ``uint8``; ``CHW`` or ``HWC``).
+the same ``(seed, epoch, index)``), then :func:`augment_pixels` resizes every box of the
+batch with a few NumPy calls (:func:`feedline.preprocess.vision.pixels.resample`: Pillow's
+bilinear filter, antialiased when shrinking) and finishes them together
+(:class:`~feedline.preprocess.vision.ops.Normalize` to float32, or ``uint8``; ``CHW`` or
+``HWC``).
 
 Images come as ``uint8`` arrays ``(C, H, W)``, ``(H, W, C)`` or ``(H, W)`` (one channel):
 a fixed-shape tensor column gives the batch as one ``(N, ...)`` array, a list column a list
@@ -172,7 +173,8 @@ def _augment_group(
             "uint8 pixels (0..255) or decodes encoded image bytes. Fix: store the pixels as "
             "uint8 (e.g. fl.DecodeImages), or convert them before the loader."
         )
-    hwc = _hwc(images, pixel_layout(images.shape[1:], compose.mode, layout, column))
+    given = pixel_layout(images.shape[1:], compose.mode, layout, column)
+    hwc = _hwc(images, given)
     n, height, width, _ = hwc.shape
     views: list[View] = [compose.plan((width, height), rng) for rng in rngs]
     sizes = {v.size for v in views}
@@ -186,5 +188,9 @@ def _augment_group(
         shape = compose.output_shape((width, height)) or (0,)
         dtype = np.float32 if isinstance(compose.finish, Normalize) else np.uint8
         return np.empty((0, *shape), dtype)
-    pixels = resample(hwc, [v.box for v in views], views[0].size, [v.flip for v in views])
+    boxes, flips = [v.box for v in views], [v.flip for v in views]
+    if given == "CHW":  # channel planes keep their rows contiguous
+        pixels = resample(images, boxes, views[0].size, flips, channels_first=True)
+    else:
+        pixels = resample(hwc, boxes, views[0].size, flips)
     return _finish(pixels, compose.finish)
