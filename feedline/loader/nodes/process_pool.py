@@ -110,6 +110,8 @@ class _Processes:
                         self._file(i, obj.recv())
                 except (EOFError, OSError):
                     self._died(i)
+        if self.timeout is not None:  # another worker's replies must not hide a stuck one
+            self.reap()
 
     def reap(self) -> None:
         """Kill a worker whose call has run past the timeout, stop the others, and raise
