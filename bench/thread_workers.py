@@ -24,9 +24,14 @@ process's threads plus the worker processes'): on a machine whose cores other pr
 hold, wall-clock rates say little about parallel speed-up, CPU time says what each
 configuration costs.
 
+``--join-ab`` measures instead what stacking each chunk straight into the batch's arrays
+saves (2 thread workers, per-sample augmentation): the same loader with the chunks joined as
+before (stacked per chunk, then concatenated), interleaved with the default, and 0 workers.
+
 Run::
 
     flock /tmp/feedline-bench.lock .venv/bin/python bench/thread_workers.py
+    flock /tmp/feedline-bench.lock .venv/bin/python bench/thread_workers.py --join-ab
 """
 
 from __future__ import annotations
@@ -183,6 +188,37 @@ def configs(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
     return out
 
 
+def join_ab(args: argparse.Namespace) -> None:
+    """2 thread workers with the chunks stacked into the batch (now) or concatenated (before),
+    and 0 workers: median CPU ms per 1,000 samples over interleaved rounds."""
+    import feedline.loader.nodes.map as map_node
+
+    sys.path.insert(0, str(HERE))
+    from thread_workers import Augment as Importable
+
+    images = image_data(args.images, args.side)
+    augment = Importable(args.crop)
+    common = {"batch_size": args.batch, "seed": 0, "format": "torch", "transform": augment}
+    threads, inline = images.loader(**common, num_workers=2), images.loader(**common)
+    filled = map_node._filled
+    runs = {"stacked into the batch": (threads, filled),
+            "concatenated (before)": (threads, lambda parts: None),
+            "0 workers": (inline, filled)}  # fmt: skip
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    batches = min(args.batches, args.images // args.batch - 2)
+    for r in range(args.rounds):
+        for name, (loader, join) in runs.items():
+            map_node._filled = join  # type: ignore[assignment]
+            loader.set_epoch(r)
+            cpu[name].append(timed(loader, batches)[1])
+    map_node._filled = filled
+    print(f"\n{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, {args.rounds} rounds")
+    for name, got in cpu.items():
+        print(f"| 2 thread workers, {name} | {statistics.median(got):,.1f} CPU ms / 1k samples |"
+              if name != "0 workers" else
+              f"| 0 workers | {statistics.median(got):,.1f} CPU ms / 1k samples |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=4096)
@@ -196,7 +232,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-image-transform", dest="image_transform", action="store_false")
     parser.add_argument("--only", default="", help="run the configurations containing this")
+    parser.add_argument("--join-ab", action="store_true", help="stacked vs concatenated join")
     args = parser.parse_args()
+    if args.join_ab:
+        join_ab(args)
+        return
     sys.path.insert(0, str(HERE))
     # the worker processes import the transform's module (bench/thread_workers.py)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])

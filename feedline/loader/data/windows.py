@@ -204,7 +204,10 @@ def window_copier(fmt: str, prefetch: int) -> str:
     (``prefetch=0``). From the prefetch thread it runs a second OpenMP team beside the loop's:
     measured on the 2-core VM (case W, 3 x 3,000 batches, the loop having run a torch op), the
     prefetch thread gave 1.13-1.50M windows/s with it against 1.43-1.78M with NumPy's copy into
-    fresh arrays; on the loop's thread 2.1-2.5M against 1.7-1.8M.
+    fresh arrays; on the loop's thread 2.1-2.5M against 1.7-1.8M. That holds while the other
+    CPUs are idle: when other processes keep them busy each call waits for all of torch's
+    threads to be scheduled, and ``prefetch=0`` fell to 19k-450k windows/s against 0.9-2.9M
+    with the default prefetch (``bench/thread_workers.py``, issue 24).
 
     Examples
     --------
