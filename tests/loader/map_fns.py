@@ -94,3 +94,18 @@ class HangOnce:
             Path(self.marker).write_text(str(os.getpid()))
             time.sleep(3600)
         return {"id": sample["id"]}
+
+
+def skip_fifth(sample: dict[str, Any], rng: np.random.Generator) -> Any:
+    """``big_output``, but every fifth sample is dropped (a Skipped marker)."""
+    from feedline.preprocess.vision.augment import Skipped
+
+    if int(sample["id"]) % 5 == 0:
+        return Skipped(int(sample["id"]), None, "every fifth")
+    return big_output(sample, rng)
+
+
+def shape_by_half(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """Arrays of another shape for the second half of the ids (a transform to refuse)."""
+    n = 3 if int(sample["id"]) < 32 else 4
+    return {"id": sample["id"], "x": np.zeros(n, np.float32)}
