@@ -133,7 +133,10 @@ class _Processes:
             )  # fmt: skip
             self.close()
             raise UserFunctionError(
-                message + " The process was killed; the workers restart on the next iteration."
+                message + " The process was killed; the workers restart on the next iteration. "
+                "Fix: find why the transform hangs on it (call it on that sample alone, e.g. "
+                "with num_workers=0), make it give up by itself, or raise timeout= if it is "
+                "only slow."
             )
 
     def _died(self, i: int) -> None:

@@ -66,7 +66,8 @@ class Progress:
 
 def stuck_message(fn_name: str, timeout: float, seconds: float, indices: np.ndarray,
                   position: int, batched: bool, epoch: int, worker: str) -> str:  # fmt: skip
-    """What a timed-out call says: the transform, the sample (or batch), the worker.
+    """What a timed-out call says: the transform, the sample (or batch), the worker (the
+    raise site adds what became of the worker and the fix).
 
     Examples
     --------
@@ -80,7 +81,5 @@ def stuck_message(fn_name: str, timeout: float, seconds: float, indices: np.ndar
         what = f"the sample at row index {int(indices[position])}"
     return (
         f"The loader's transform {fn_name} has run for {seconds:.1f} s on {what} (epoch "
-        f"{epoch}), more than timeout={timeout:g} s, in {worker}. Fix: find why the transform "
-        "hangs on it (call it on that sample alone, e.g. with num_workers=0), make it give up "
-        "by itself, or raise timeout= if it is only slow."
+        f"{epoch}), more than timeout={timeout:g} s, in {worker}."
     )

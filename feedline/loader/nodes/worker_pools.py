@@ -247,7 +247,9 @@ class ThreadWorkers(InlineWorkers):
                                   job.batched, job.epoch, f"worker thread {worker.number}")
                     + " The thread cannot be stopped: it is abandoned (it keeps running, as a "
                     "daemon thread, until the call returns; its result is dropped) and a new "
-                    "thread replaces it."
+                    "thread replaces it. Fix: find why the transform hangs on it (call it on "
+                    "that sample alone, e.g. with num_workers=0), make it give up by itself, "
+                    "or raise timeout= if it is only slow."
                 )  # fmt: skip
                 if not job.future.done():
                     job.future.set_exception(error)
