@@ -160,6 +160,7 @@ class Loader:
                 dtype=self.dtype, **self.lists, world_size=self.world_size,
                 node_dir=self.cache_dir,
                 window_copier=window_copier(self.format, self.prefetch),
+                batch_size=self.batch_size,
             )  # fmt: skip
         return self._backend
 
@@ -174,7 +175,8 @@ class Loader:
         """The transform's worker pool (started on first use, closed with the loader)."""
         if self.transform is None:
             return None
-        workers = make_workers(self.transform, self.num_workers, self.worker_type)
+        workers = make_workers(self.transform, self.num_workers, self.worker_type,
+                               self.options.timeout)  # fmt: skip
         weakref.finalize(self, workers.close)
         return workers
 
@@ -229,7 +231,8 @@ class Loader:
         segments = self._segments if epoch == self._epoch else ()
         key = (epoch, segments, self.shuffle, backend.window, self.seed)
         if self._plan_cache is None or self._plan_cache[0] != key:
-            order = self._orders().get(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+            shuffle = self.shuffle and not backend.arranged  # contiguous windows shuffle runs
+            order = self._orders().get(shuffle=shuffle, seed=self.seed, epoch=epoch,
                                        window=backend.window)  # fmt: skip
             plan = epoch_plan(
                 order, segments, rank=self.rank, world_size=self.world_size,
@@ -247,8 +250,9 @@ class Loader:
 
     def _draw_ahead(self, epoch: int) -> None:
         """Start drawing epoch ``epoch``'s order (called by the gather, mid-epoch)."""
-        self._orders().ahead(shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                             window=self._prepare().window)  # fmt: skip
+        backend = self._prepare()
+        self._orders().ahead(shuffle=self.shuffle and not backend.arranged, seed=self.seed,
+                             epoch=epoch, window=backend.window)  # fmt: skip
 
     def _position(self) -> EpochPlan:
         """The current epoch's plan, moving on to the next epoch when this one is complete."""
@@ -338,6 +342,8 @@ class Loader:
                 if len(item.indices) != size:  # a short batch (the last, or with skips)
                     timing.short(run, k, size - len(item.indices))
                     self._skips.add(epoch, item.skipped)
+                    if item.skipped and not len(item.indices):
+                        continue  # the transform skipped every sample: counted, not yielded
                 now = clock()
                 append((run, k, asked, now, got))
                 got = now
@@ -405,6 +411,7 @@ class Loader:
         """
         states = parse_states(state)  # before loading any data
         backend = self._prepare()
+        backend.check_states(states)
         at = restore(
             states, num_samples=backend.num_samples, streaming=backend.mode == "none",
             world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,

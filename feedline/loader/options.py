@@ -55,7 +55,7 @@ from feedline.loader.adapters.formats import FORMATS
 from feedline.loader.adapters.torch import distributed_defaults
 from feedline.loader.checks import checked_int
 from feedline.loader.data.windows import Windows
-from feedline.loader.nodes.worker_pools import check_workers
+from feedline.loader.nodes.worker_pools import check_timeout, check_workers
 
 __all__ = [
     "CACHES",
@@ -191,6 +191,15 @@ class LoaderOptions:
         in the prefetch thread. Workers start once per loader and stop on
         :meth:`~feedline.loader.Loader.close`, garbage collection or exit; batches come out
         in order regardless of worker timing.
+    timeout:
+        Seconds one call of ``transform`` (one sample; one batch with ``batched=True``) may
+        run in a worker; a call running longer raises
+        :class:`~feedline.errors.UserFunctionError` naming its sample's row index (or the
+        batch's) instead of blocking the loader forever. A stuck worker process is killed
+        (the workers restart on the next iteration); a stuck thread cannot be stopped: it is
+        abandoned (a daemon thread that keeps running, with its CPU and memory, until the
+        call returns; its result is dropped) and a new thread takes its place. ``None``
+        (default): no limit. Needs ``num_workers >= 1``.
     device:
         Move each batch to this torch device (``"cuda"``, ``"cuda:1"``) with
         ``non_blocking=True`` on a side CUDA stream, one batch ahead (pair with
@@ -246,6 +255,7 @@ class LoaderOptions:
     shapes: Mapping[str, Sequence[int]] | None = None
     ragged: str | Mapping[str, str] = "raise"
     pad_value: float = 0
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         keep = object.__setattr__  # frozen: the checked, normalized values replace the given
@@ -289,6 +299,7 @@ class LoaderOptions:
                 "rng) -> dict (or fn(batch, rngs) -> dict with batched=True)."
             )
         keep(self, "num_workers", check_workers(self.num_workers, self.worker_type))
+        keep(self, "timeout", check_timeout(self.timeout, self.num_workers))
         if self.device is not None and self.format != "torch":
             raise ConfigurationError(
                 f"Loader: device={self.device!r} needs format='torch' (got {self.format!r}). "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -61,3 +62,50 @@ def big_output(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, An
     """A 64 KiB float32 array per sample, plus a string (which travels pickled)."""
     return {"id": sample["id"], "image": np.full((16, 1024), float(sample["id"]), np.float32),
             "name": f"s{int(sample['id'])}"}  # fmt: skip
+
+
+#: set to let the threads stuck in ``hang_on_5`` return (a test releases them when it is done)
+RELEASE = threading.Event()
+
+
+def hang_on_5(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """Blocks on sample 5 until ``RELEASE`` is set (a transform that never returns)."""
+    if int(sample["id"]) == 5 and not RELEASE.is_set():
+        RELEASE.wait()
+    return {"id": sample["id"]}
+
+
+def hang_batch_with_5(batch: dict[str, Any], rngs: Any) -> dict[str, Any]:
+    """A batched transform that blocks on the batch holding sample 5 until ``RELEASE``."""
+    if 5 in np.asarray(batch["id"]).tolist() and not RELEASE.is_set():
+        RELEASE.wait()
+    return {"id": batch["id"]}
+
+
+class HangOnce:
+    """Sleeps (for an hour) on sample 5 in its worker process, once: the marker file says it
+    did, so the restarted workers go through."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __call__(self, sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        if int(sample["id"]) == 5 and not Path(self.marker).exists():
+            Path(self.marker).write_text(str(os.getpid()))
+            time.sleep(3600)
+        return {"id": sample["id"]}
+
+
+def skip_fifth(sample: dict[str, Any], rng: np.random.Generator) -> Any:
+    """``big_output``, but every fifth sample is dropped (a Skipped marker)."""
+    from feedline.preprocess.vision.augment import Skipped
+
+    if int(sample["id"]) % 5 == 0:
+        return Skipped(int(sample["id"]), None, "every fifth")
+    return big_output(sample, rng)
+
+
+def shape_by_half(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """Arrays of another shape for the second half of the ids (a transform to refuse)."""
+    n = 3 if int(sample["id"]) < 32 else 4
+    return {"id": sample["id"], "x": np.zeros(n, np.float32)}

@@ -127,6 +127,17 @@ class Backend:
         return int(sum(self.sizes))
 
     @property
+    def arranged(self) -> bool:
+        """Whether the samples are positions the source maps to its own order each epoch
+        (contiguous windows): the loader orders them sequentially (the source shuffles)."""
+        return isinstance(self.source, WindowSampler) and self.source.arranged
+
+    def check_states(self, states: Sequence[Any]) -> None:
+        """Refuse checkpoints the source cannot resume (see ``WindowSampler.check_states``)."""
+        if isinstance(self.source, WindowSampler):
+            self.source.check_states(states)
+
+    @property
     def nbytes(self) -> int:
         """Bytes held in memory by a cache (0 when streaming)."""
         return int(getattr(self.source, "nbytes", 0)) if self.mode == "memory" else 0
@@ -164,6 +175,8 @@ class Backend:
         ``indices`` (the rows this rank will ask for, in order) let a shard cache download
         the shards of the pools they fall in, in the order they will be read.
         """
+        if isinstance(self.source, WindowSampler):
+            return self.source.session(shuffle=shuffle, seed=seed, epoch=epoch)
         if self.mode == "memory":
             return self.source if self.packing is None else CacheSession(self.source)
         assert self.window is not None  # open_backend picks a window for a streaming backend
@@ -198,6 +211,7 @@ def open_backend(
     world_size: int = 1,
     node_dir: str | os.PathLike[str] | None = None,
     window_copier: str = "numpy",
+    batch_size: int = 1,
 ) -> Backend:
     """Decide how to serve ``data`` (any input of :func:`as_source`) and load it when it is
     cached.
@@ -215,7 +229,8 @@ def open_backend(
     :func:`~feedline.loader.data.column_dtypes.with_dtypes`); ``shapes``, ``ragged`` and
     ``pad_value`` too (list columns, see :func:`~feedline.loader.data.columns.column_specs`).
     ``window_copier`` is what copies ``windows=`` batches (see
-    :class:`~feedline.loader.data.windows.WindowSampler`: ``"torch"`` for torch batches).
+    :class:`~feedline.loader.data.windows.WindowSampler`: ``"torch"`` for torch batches);
+    ``batch_size`` and ``world_size`` cut contiguous windows into runs.
 
     Examples
     --------
@@ -248,9 +263,9 @@ def open_backend(
             shards.schedule(range(len(layout.files)))
         sampler = WindowSampler(
             source, windows, layout=layout, widen_unsigned=widen_unsigned, dtype=dtype,
-            copier=window_copier,
+            copier=window_copier, batch_size=batch_size, world_size=world_size,
         )  # fmt: skip
-        return Backend("memory", sampler, [sampler.num_rows], window, shards=shards)
+        return Backend("memory", sampler, [sampler.num_samples], window, shards=shards)
     lists = {"shapes": shapes, "ragged": ragged, "pad_value": pad_value}
     packing = _packing(source, columns, strings, widen_unsigned, stack, dtype, lists)
     specs = packing.specs

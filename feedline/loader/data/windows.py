@@ -51,12 +51,20 @@ from feedline.loader.data.window_gather import (
     torch_window_blocks,
     window_blocks,
 )
+from feedline.loader.data.window_runs import WindowRuns
 
 if TYPE_CHECKING:
     from feedline.loader.data.memory_cache import FileLayout
     from feedline.store.shard_source import BatchStream, ShardSource
 
-__all__ = ["WindowSampler", "Windows", "window_copier", "window_counts", "window_starts"]
+__all__ = [
+    "EpochRuns",
+    "WindowSampler",
+    "Windows",
+    "window_copier",
+    "window_counts",
+    "window_starts",
+]
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -95,6 +103,24 @@ class Windows:
         list) (default: every scalar numeric column but ``by`` and ``order_by``).
     targets:
         Target columns (default: the features).
+    contiguous:
+        Every batch is ``batch_size`` consecutive windows of one series (``stride`` rows
+        apart, in time order) from a random start, for a recurrent model that carries its
+        state along the batch. Each epoch the series are cut into such runs from a random
+        offset and the runs shuffled (see :mod:`feedline.loader.data.window_runs`); the fewer
+        than ``batch_size`` windows left over at a series' ends sit that epoch out.
+    stream_batches:
+        Truncated back-propagation through time: every batch holds ``batch_size`` streams,
+        and row ``i`` of batch ``b + 1`` is the window right after row ``i`` of batch ``b``
+        (the next ``stride`` rows; ``stride=size`` makes the inputs follow on exactly), for
+        ``stream_batches`` batches; then every row starts a new stream from a random start
+        (reset the state when ``batch % stream_batches == 0``, counting the epoch's batches).
+        Streams are dealt to the ranks whole. Not with ``contiguous``.
+
+    Both are deterministic from ``(seed, epoch, rank, world_size)``, sharded equally and
+    resumed exactly like plain windows; a resume keeps the checkpoint's ``batch_size``
+    (and, with ``stream_batches``, its ``world_size``). For evaluation use plain windows
+    (every window once).
 
     Examples
     --------
@@ -112,6 +138,14 @@ class Windows:
     >>> batch = next(iter(ds.loader(windows=w, batch_size=1, format="numpy")))
     >>> batch["inputs"].shape, batch["targets"].tolist()
     ((1, 2, 2), [[7.0]])
+
+    A recurrent model's batches: consecutive windows from a random start.
+
+    >>> ds = fl.from_arrow(pa.table({"v": np.arange(20.0)}))
+    >>> w = Windows(size=3, horizon=1, features="v", contiguous=True)
+    >>> batch = next(iter(ds.loader(windows=w, batch_size=4, seed=0, format="numpy")))
+    >>> bool((np.diff(batch["inputs"][:, 0]) == 1).all())
+    True
     """
 
     size: int
@@ -121,6 +155,8 @@ class Windows:
     order_by: str | None = None
     features: str | Sequence[str] | None = None
     targets: str | Sequence[str] | None = None
+    contiguous: bool = False
+    stream_batches: int | None = None
 
     def __post_init__(self) -> None:
         for name, value, low in (("size", self.size, 1), ("horizon", self.horizon, 0)):
@@ -132,6 +168,23 @@ class Windows:
         if not isinstance(self.stride, int) or self.stride < 1:
             raise ConfigurationError(
                 f"Windows: stride must be an int >= 1, got {self.stride!r}. Fix: e.g. stride=1."
+            )
+        if not isinstance(self.contiguous, bool | np.bool_):
+            raise ConfigurationError(
+                f"Windows: contiguous must be True or False, got {self.contiguous!r}. Fix: "
+                "contiguous=True for batches of consecutive windows."
+            )
+        k = self.stream_batches
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise ConfigurationError(
+                f"Windows: stream_batches must be an int >= 1 or None, got {k!r}. Fix: e.g. "
+                "stream_batches=8 (each stream goes on for 8 batches)."
+            )
+        if k is not None and self.contiguous:
+            raise ConfigurationError(
+                "Windows: contiguous=True and stream_batches= are two layouts of consecutive "
+                "windows (along a batch, or along the rows of successive batches). Fix: pass "
+                "one of them."
             )
         for name in ("features", "targets"):
             value = getattr(self, name)
@@ -151,7 +204,10 @@ def window_copier(fmt: str, prefetch: int) -> str:
     (``prefetch=0``). From the prefetch thread it runs a second OpenMP team beside the loop's:
     measured on the 2-core VM (case W, 3 x 3,000 batches, the loop having run a torch op), the
     prefetch thread gave 1.13-1.50M windows/s with it against 1.43-1.78M with NumPy's copy into
-    fresh arrays; on the loop's thread 2.1-2.5M against 1.7-1.8M.
+    fresh arrays; on the loop's thread 2.1-2.5M against 1.7-1.8M. That holds while the other
+    CPUs are idle: when other processes keep them busy each call waits for all of torch's
+    threads to be scheduled, and ``prefetch=0`` fell to 19k-450k windows/s against 0.9-2.9M
+    with the default prefetch (``bench/thread_workers.py``, issue 24).
 
     Examples
     --------
@@ -236,6 +292,8 @@ class WindowSampler:
         widen_unsigned: bool,
         dtype: Any = None,
         copier: str = "numpy",
+        batch_size: int = 1,
+        world_size: int = 1,
     ) -> None:
         if copier not in ("numpy", "torch"):
             raise ConfigurationError(
@@ -303,6 +361,13 @@ class WindowSampler:
         #: windows per series when every series has as many (then w's series is w // it)
         self._per_series = int(counts[0]) if len(counts) and counts[0] and (
             counts == counts[0]).all() else None  # fmt: skip
+        #: contiguous windows: the loader's samples are positions, mapped to windows per epoch
+        self.runs: WindowRuns | None = None
+        self.layout = (int(world_size), int(batch_size))
+        if windows.contiguous:
+            self.runs = WindowRuns(counts, batch_size)
+        elif windows.stream_batches is not None:
+            self.runs = WindowRuns(counts, windows.stream_batches, world_size * batch_size)
 
     @staticmethod
     def _specs(
@@ -329,8 +394,55 @@ class WindowSampler:
 
     @property
     def num_rows(self) -> int:
-        """The number of windows (the loader's samples)."""
+        """The number of windows."""
         return int(self.first_ids[-1])
+
+    @property
+    def num_samples(self) -> int:
+        """The loader's samples per epoch: the windows, or with ``contiguous`` /
+        ``stream_batches`` the positions that runs of windows fill (see :attr:`arranged`)."""
+        return self.num_rows if self.runs is None else self.runs.num_samples
+
+    @property
+    def arranged(self) -> bool:
+        """Whether the loader's samples are positions this sampler maps to windows itself,
+        epoch by epoch (``contiguous`` / ``stream_batches``): the loader then orders them
+        sequentially and this sampler shuffles (:meth:`session`)."""
+        return self.runs is not None
+
+    def session(self, *, shuffle: bool, seed: int, epoch: int) -> Any:
+        """What serves one epoch's batches: this sampler, or for contiguous windows an
+        :class:`EpochRuns` mapping the loader's positions to that epoch's windows."""
+        if self.runs is None:
+            return self
+        return EpochRuns(self, self.runs.epoch(shuffle=shuffle, seed=seed, epoch=epoch))
+
+    def check_states(self, states: Sequence[Any]) -> None:
+        """Refuse checkpoints taken with another run layout (contiguous windows only): the
+        positions of another ``batch_size`` (or, for streams, ``world_size``) are other
+        windows.
+
+        ``states`` are parsed loader states (:func:`~feedline.loader.order.state.parse_states`).
+        """
+        if self.runs is None:
+            return
+        world, batch = self.layout
+        streams = self.windows.stream_batches is not None
+        for state in states:
+            layouts = [(state.world_size, state.batch_size)] + [
+                (seg.world_size, seg.batch_size) for seg in state.history]  # fmt: skip
+            for old_world, old_batch in layouts:
+                if old_batch != batch or (streams and old_world != world):
+                    what = "world_size and batch_size" if streams else "batch_size"
+                    raise ConfigurationError(
+                        f"Loader state: windows with "
+                        f"{'stream_batches' if streams else 'contiguous=True'} resume only "
+                        f"with the checkpoint's {what} (it was taken with world_size="
+                        f"{old_world}, batch_size={old_batch}; this loader has world_size="
+                        f"{world}, batch_size={batch}): the runs of windows are cut to the "
+                        f"batches. Fix: build the loader with the checkpoint's {what}, or "
+                        "start the epoch over without the state."
+                    )
 
     def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Per output key: the shape of one sample and the dtype."""
@@ -338,8 +450,10 @@ class WindowSampler:
         return {k: ((lengths[k], *a.shape[1:]), a.dtype) for k, a in self.arrays.items()}
 
     def describe(self) -> dict[str, int | bool]:
-        """``num_series`` and ``rows_resorted`` (the rows were not stored in time order)."""
-        return {"num_series": self.num_series, "rows_resorted": self.resorted}
+        """``num_series``, ``num_windows`` and ``rows_resorted`` (the rows were not stored in
+        time order)."""
+        return {"num_series": self.num_series, "num_windows": self.num_rows,
+                "rows_resorted": self.resorted}  # fmt: skip
 
     def window_starts(self, ids: np.ndarray) -> np.ndarray:
         """The first row (in the sorted, packed arrays) of windows ``ids``.
@@ -375,3 +489,29 @@ class WindowSampler:
             else:
                 got[key] = gather_windows(self.arrays[key], at, view.shape[1], buffer)
         return got
+
+
+class EpochRuns:
+    """One epoch of contiguous windows: the loader's positions gathered as their windows.
+
+    Made by :meth:`WindowSampler.session`; ``plan`` is the epoch's run order and offsets
+    (:meth:`~feedline.loader.data.window_runs.WindowRuns.epoch`), drawn once per epoch.
+    """
+
+    #: reads shared state only (see WindowSampler.thread_safe_gather)
+    thread_safe_gather = True
+
+    def __init__(self, sampler: WindowSampler, plan: tuple[np.ndarray, np.ndarray]) -> None:
+        assert sampler.runs is not None  # made for contiguous windows only
+        self.sampler, self.runs, self.plan = sampler, sampler.runs, plan
+        self.fills_buffers = sampler.fills_buffers
+
+    def window_ids(self, positions: np.ndarray) -> np.ndarray:
+        """The windows at the loader's ``positions`` this epoch."""
+        return self.runs.windows(positions, self.plan)
+
+    def gather(
+        self, indices: np.ndarray, out: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The windows at positions ``indices`` (see :meth:`WindowSampler.gather`)."""
+        return self.sampler.gather(self.window_ids(indices), out)

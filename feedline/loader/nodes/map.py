@@ -11,7 +11,7 @@ import numpy as np
 
 from feedline.errors import UserFunctionError
 from feedline.loader.nodes.node import Batch, Node, Stage
-from feedline.loader.nodes.samples import as_error
+from feedline.loader.nodes.samples import Stacker, as_error
 from feedline.loader.nodes.worker_pools import make_workers
 from feedline.loader.nodes.worker_task import Chunk, Pending
 
@@ -37,12 +37,22 @@ class Map(Stage):
         0 runs ``fn`` in the calling thread; otherwise ``num_workers`` threads or processes
         (:mod:`feedline.loader.nodes.worker_pools`), started on first use and kept until
         :meth:`close`. Each batch is split into ``num_workers`` chunks (per-sample mode), and
-        about two batches' chunks are in flight; results come back in order.
+        about two batches' chunks are in flight; results come back in order. Threads stack
+        their chunk's samples straight into the batch's arrays (no copy to join them).
     seed:
         The seed of the per-sample generators (the loader's seed).
     workers:
         A pool to use instead of starting one (the Loader shares one across epochs); it is
         not closed by :meth:`close`.
+    timeout:
+        Seconds one call of ``fn`` (one sample; one batch with ``batched=True``) may run in
+        a worker before :class:`~feedline.errors.UserFunctionError` names its sample; a
+        stuck process is killed, a stuck thread abandoned (see
+        :mod:`feedline.loader.nodes.worker_pools`). ``None``: no limit. Needs workers.
+
+    A batch whose every sample the transform skipped comes out with no rows (its markers in
+    ``Batch.skipped``), so that positions stay exact; the Loader counts it and does not yield
+    it.
 
     Results are stacked per batch: arrays and numbers become one array per key (the same
     shape for every sample), anything else a list.
@@ -66,11 +76,14 @@ class Map(Stage):
         worker_type: str = "thread",
         seed: int = 0,
         workers: Any = None,
+        timeout: float | None = None,
     ) -> None:
         super().__init__(source)
         self.fn, self.batched, self.seed = fn, bool(batched), int(seed)
         self._own = workers is None
-        self.workers = make_workers(fn, num_workers, worker_type) if workers is None else workers
+        if workers is None:
+            workers = make_workers(fn, num_workers, worker_type, timeout)
+        self.workers = workers
         n = self.workers.num_workers
         self._window = 2 * n if n else 1  # chunks in flight
         self._pending: deque[tuple[Batch, list[tuple[int, Pending]]]] = deque()
@@ -101,11 +114,13 @@ class Map(Stage):
             return []
         parts = 1 if self.batched else max(1, min(self.workers.num_workers, n))
         bounds = np.linspace(0, n, parts + 1).astype(int)
+        stacker = None if self.batched else Stacker(n)  # the chunks fill the batch's arrays
         tasks = []
         for a, b in itertools.pairwise(bounds.tolist()):
             part = {k: v[a:b] for k, v in columns.items()}
+            into = None if stacker is None else (stacker, int(a))
             task = self.workers.submit(part, indices[a:b], batched=self.batched, seed=self.seed,
-                                       epoch=item.epoch)  # fmt: skip
+                                       epoch=item.epoch, into=into)  # fmt: skip
             tasks.append((int(a), task))
         return tasks
 
@@ -189,6 +204,10 @@ def _join(chunks: list[Chunk]) -> dict[str, Any]:
         if len(parts) == 1 and not first.shared:
             out[key] = parts[0]
             continue
+        whole = _filled(parts)
+        if whole is not None:  # the chunks filled one array in place (a Stacker)
+            out[key] = whole
+            continue
         shapes = {p.shape[1:] for p in parts}
         dtypes = {p.dtype for p in parts}
         if len(shapes) > 1 or len(dtypes) > 1:
@@ -201,3 +220,16 @@ def _join(chunks: list[Chunk]) -> dict[str, Any]:
         np.concatenate(parts, out=joined)
         out[key] = joined
     return out
+
+
+def _filled(parts: list[np.ndarray]) -> np.ndarray | None:
+    """The array ``parts`` are consecutive row ranges of, when together they are all of it."""
+    base = parts[0].base
+    if not isinstance(base, np.ndarray) or sum(len(p) for p in parts) != len(base):
+        return None
+    step, at = base.strides[0], base.__array_interface__["data"][0]
+    for part in parts:
+        if part.base is not base or part.__array_interface__["data"][0] != at:
+            return None
+        at += len(part) * step
+    return base

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import pickle
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import numpy as np
 
 from feedline.errors import ConfigurationError, FeedlineError, UserFunctionError
 from feedline.loader.nodes import shm
+from feedline.loader.nodes.progress import Progress, stuck_message
 from feedline.loader.nodes.samples import add_note, takes_index
 from feedline.loader.nodes.worker_task import (
     INDICES,
@@ -26,12 +28,14 @@ from feedline.loader.nodes.worker_task import (
     split_columns,
 )
 
-__all__ = ["PER_WORKER", "STOP_S", "ProcessWorkers"]
+__all__ = ["PER_WORKER", "POLL_S", "STOP_S", "ProcessWorkers"]
 
 #: tasks queued at one worker process (one running, one waiting)
 PER_WORKER = 2
 #: seconds a worker process gets to stop before it is terminated
 STOP_S = 2.0
+#: longest wait between two looks at the workers' progress while a timeout is set
+POLL_S = 0.1
 
 
 def _context() -> Any:
@@ -50,6 +54,9 @@ class _Task(Pending):
     task_id: int
     worker: int
     in_name: str | None
+    indices: np.ndarray
+    batched: bool = False
+    epoch: int = 0
     reply: tuple[Any, ...] | None = None
     abandoned: bool = False
 
@@ -70,7 +77,9 @@ class _Processes:
     closes: it must not refer to the pool itself)."""
 
     fn_name: str
+    timeout: float | None = None
     procs: list[Any] = field(default_factory=list)
+    progress: list[Progress] = field(default_factory=list)
     conns: list[Connection] = field(default_factory=list)
     inputs: list[shm.Segments] = field(default_factory=list)
     outputs: shm.Attached = field(default_factory=shm.Attached)
@@ -80,9 +89,16 @@ class _Processes:
     next_id: int = 0
 
     def pump(self) -> None:
-        """Wait for at least one reply (or a worker's death) and file what came."""
+        """Wait for at least one reply (or a worker's death) and file what came; with a
+        timeout, a worker whose call has run past it is killed (see :meth:`reap`)."""
         sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
-        ready = wait([*self.conns, *sentinels])
+        if self.timeout is None:
+            ready = wait([*self.conns, *sentinels])
+        else:
+            ready = wait([*self.conns, *sentinels], timeout=min(POLL_S, self.timeout / 4))
+            if not ready:
+                self.reap()
+                return
         for obj in ready:
             if obj in sentinels:
                 self._died(sentinels[obj])
@@ -94,6 +110,34 @@ class _Processes:
                         self._file(i, obj.recv())
                 except (EOFError, OSError):
                     self._died(i)
+        if self.timeout is not None:  # another worker's replies must not hide a stuck one
+            self.reap()
+
+    def reap(self) -> None:
+        """Kill a worker whose call has run past the timeout, stop the others, and raise
+        :class:`~feedline.errors.UserFunctionError` naming its sample (the pool restarts on
+        its next use)."""
+        assert self.timeout is not None
+        now = time.monotonic()
+        for i, progress in enumerate(self.progress):
+            running = progress.running()
+            task = self.tasks.get(running[0]) if running is not None else None
+            if running is None or task is None or now - running[2] <= self.timeout:
+                continue
+            proc = self.procs[i]
+            proc.kill()
+            proc.join(STOP_S)
+            message = stuck_message(
+                self.fn_name, self.timeout, now - running[2], task.indices, running[1],
+                task.batched, task.epoch, f"worker process {i} (pid {proc.pid})",
+            )  # fmt: skip
+            self.close()
+            raise UserFunctionError(
+                message + " The process was killed; the workers restart on the next iteration. "
+                "Fix: find why the transform hangs on it (call it on that sample alone, e.g. "
+                "with num_workers=0), make it give up by itself, or raise timeout= if it is "
+                "only slow."
+            )
 
     def _died(self, i: int) -> None:
         proc = self.procs[i]
@@ -200,7 +244,8 @@ class _Processes:
         for task in self.tasks.values():
             task.reply = ("error", task.task_id, None, "RuntimeError",
                           "the worker processes were stopped", "")  # fmt: skip
-        for held in (self.procs, self.conns, self.inputs, self.load, self.output_names, self.tasks):
+        for held in (self.procs, self.conns, self.inputs, self.load, self.output_names, self.tasks,
+                     self.progress):  # fmt: skip
             held.clear()
 
 
@@ -228,12 +273,14 @@ def _remote_error(reply: tuple[Any, ...], fn_name: str) -> BaseException:
 
 
 class ProcessWorkers:
-    """``num_workers`` processes running ``fn`` (see the module docstring)."""
+    """``num_workers`` processes running ``fn`` (see the module docstring; ``timeout``: see
+    :mod:`feedline.loader.nodes.worker_pools`)."""
 
     kind = "process"
 
-    def __init__(self, fn: Callable[..., Any], num_workers: int) -> None:
-        self.num_workers = int(num_workers)
+    def __init__(self, fn: Callable[..., Any], num_workers: int,
+                 timeout: float | None = None) -> None:  # fmt: skip
+        self.num_workers, self.timeout = int(num_workers), timeout
         self.fn_name = getattr(fn, "__qualname__", None) or type(fn).__name__
         try:
             self._fn_bytes = pickle.dumps(fn)
@@ -261,15 +308,17 @@ class ProcessWorkers:
         if self._state is not None and self._state.procs:
             return self._state
         context = _context()
-        state = _Processes(self.fn_name)
+        state = _Processes(self.fn_name, self.timeout)
         for i in range(self.num_workers):
             parent, child = context.Pipe(duplex=True)
+            slots = context.RawArray("d", 3)  # the worker's Progress, in shared memory
             proc = context.Process(target=process_main, args=(child, self._fn_bytes,
-                                                              self._with_index),
+                                                              self._with_index, slots),
                                    name=f"feedline-worker-{i}", daemon=True)  # fmt: skip
             proc.start()
             child.close()
             state.procs.append(proc)
+            state.progress.append(Progress(slots))
             state.conns.append(parent)
             state.inputs.append(shm.Segments())
             state.load.append(0)
@@ -280,7 +329,9 @@ class ProcessWorkers:
         return state
 
     def submit(self, columns: Mapping[str, Any], indices: np.ndarray, *, batched: bool,
-               seed: int, epoch: int) -> Pending:  # fmt: skip
+               seed: int, epoch: int, into: Any = None) -> Pending:  # fmt: skip
+        """Send a chunk to the least busy worker (``into``, a batch's Stacker, is for the
+        workers that share this process's memory: ignored)."""
         state = self._start()
         while min(state.load) >= PER_WORKER:
             state.pump()
@@ -294,7 +345,7 @@ class ProcessWorkers:
         shm.write(segment, arrays, layout)
         forget = state.inputs[i].take_retired()
         task_id, state.next_id = state.next_id, state.next_id + 1
-        task = _Task(state, task_id, i, segment.name)
+        task = _Task(state, task_id, i, segment.name, np.asarray(indices), batched, epoch)
         state.tasks[task_id] = task
         state.load[i] += 1
         conn = state.conns[i]

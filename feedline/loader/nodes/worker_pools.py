@@ -4,8 +4,11 @@ Both take chunks of a batch (:meth:`submit`) and hand back :class:`~feedline.loa
 worker.Chunk` results through a :class:`Pending` (its :meth:`~Pending.result` blocks); the
 caller asks for results in submission order, so the output order never depends on timing.
 
-- :class:`ThreadWorkers`: a ``ThreadPoolExecutor`` (GIL-releasing work: Pillow decode,
+- :class:`ThreadWorkers`: ``num_workers`` daemon threads (GIL-releasing work: Pillow decode,
   NumPy, tokenizers). An exception reaches the caller as the same object, traceback intact.
+  Each chunk's samples are stacked straight into the batch's arrays (a
+  :class:`~feedline.loader.nodes.samples.Stacker`), so joining a batch's chunks copies
+  nothing.
 - :class:`~feedline.loader.nodes.process_pool.ProcessWorkers`: ``num_workers`` processes
   (``forkserver``, or ``spawn`` where there is none), each with a pipe that carries only
   small messages: the inputs (row indices, numeric columns, and the pickle of object
@@ -16,31 +19,51 @@ caller asks for results in submission order, so the output order never depends o
   with its traceback text; a worker that dies (killed, crashed) raises
   :class:`~feedline.errors.UserFunctionError` and the pool starts afresh on next use. The
   processes end on ``close()``, when the pool is garbage collected, or at interpreter exit.
+
+``timeout`` (seconds, ``None``: no limit) bounds one call of the transform: one sample, or one
+batch with ``batched=True``. Every worker reports the call it is running
+(:class:`~feedline.loader.nodes.progress.Progress`); while the loader waits for a result it
+checks them, and a call running longer raises :class:`~feedline.errors.UserFunctionError`
+naming the sample's row index (the batch's, batched) and epoch. A stuck worker process is
+killed and the pool restarts on the next iteration. A thread cannot be stopped: it is
+abandoned (a daemon thread, so it never holds up the interpreter's exit), a new thread takes
+its place, and the stuck call keeps its CPU and memory until it returns, when its result is
+dropped and the thread ends.
 """
 
 from __future__ import annotations
 
+import math
+import queue
+import threading
+import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from feedline.errors import ConfigurationError
+from feedline.errors import ConfigurationError, UserFunctionError
 from feedline.loader.checks import checked_int
 from feedline.loader.nodes.process_pool import ProcessWorkers
-from feedline.loader.nodes.samples import takes_index
+from feedline.loader.nodes.progress import Progress, stuck_message
+from feedline.loader.nodes.samples import Stacker, takes_index
 from feedline.loader.nodes.worker_task import Chunk, Pending, run_chunk
 
 __all__ = [
     "WORKER_TYPES",
     "InlineWorkers",
     "ThreadWorkers",
+    "check_timeout",
     "check_workers",
     "make_workers",
 ]
 
 WORKER_TYPES = ("thread", "process")
+#: longest wait between two looks at the workers' progress while a timeout is set
+POLL_S = 0.1
 
 
 class _Done(Pending):
@@ -54,17 +77,6 @@ class _Done(Pending):
         return self._chunk
 
 
-class _Future(Pending):
-    def __init__(self, future: Future) -> None:
-        self._future = future
-
-    def result(self) -> Chunk:
-        return self._future.result()
-
-    def abandon(self) -> None:
-        self._future.cancel()
-
-
 class InlineWorkers:
     """No workers: each chunk runs in the calling thread."""
 
@@ -72,12 +84,15 @@ class InlineWorkers:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn, self.with_index = fn, takes_index(fn)
+        #: seconds one call may run (see the module docstring); inline: no limit
+        self.timeout: float | None = None
 
     def submit(self, columns: Mapping[str, Any], indices: np.ndarray, *, batched: bool,
-               seed: int, epoch: int) -> Pending:  # fmt: skip
+               seed: int, epoch: int,
+               into: tuple[Stacker, int] | None = None) -> Pending:  # fmt: skip
         try:
             return _Done(run_chunk(self.fn, columns, indices, batched=batched, seed=seed,
-                                   epoch=epoch, with_index=self.with_index))  # fmt: skip
+                                   epoch=epoch, with_index=self.with_index, into=into))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - raised from result(), in order
             return _Done(error=exc)
 
@@ -93,47 +108,231 @@ class InlineWorkers:
         """Stop the workers (a later :meth:`submit` starts new ones)."""
 
 
+@dataclass(eq=False)
+class _Job:
+    """One chunk for a thread: its arguments and its future."""
+
+    task: int
+    columns: Mapping[str, Any]
+    indices: np.ndarray
+    batched: bool
+    seed: int
+    epoch: int
+    into: tuple[Stacker, int] | None
+    future: Future = field(default_factory=Future)
+
+
+@dataclass(eq=False)
+class _Thread:
+    """A worker thread, what it runs and whether the pool gave up on it."""
+
+    number: int
+    progress: Progress = field(default_factory=Progress)
+    job: _Job | None = None
+    abandoned: bool = False
+    thread: threading.Thread | None = None
+
+
+class _ThreadTask(Pending):
+    def __init__(self, pool: ThreadWorkers, job: _Job) -> None:
+        self.pool, self.job = pool, job
+
+    def result(self) -> Chunk:
+        future, pool = self.job.future, self.pool
+        if pool.timeout is None:
+            return future.result()
+        wait = min(POLL_S, pool.timeout / 4)
+        while True:
+            try:
+                return future.result(timeout=wait)
+            except FutureTimeout:
+                pool.reap()
+
+    def abandon(self) -> None:
+        self.job.future.cancel()  # a chunk not started yet never runs
+
+
 class ThreadWorkers(InlineWorkers):
-    """``num_workers`` threads, started on first use and kept until :meth:`close`."""
+    """``num_workers`` daemon threads, started on first use and kept until :meth:`close`
+    (see the module docstring for ``timeout``)."""
 
     kind = "thread"
 
-    def __init__(self, fn: Callable[..., Any], num_workers: int) -> None:
+    def __init__(self, fn: Callable[..., Any], num_workers: int,
+                 timeout: float | None = None) -> None:  # fmt: skip
         super().__init__(fn)
-        self.num_workers = int(num_workers)
-        self._executor: ThreadPoolExecutor | None = None
+        self.num_workers, self.timeout = int(num_workers), timeout
+        self.fn_name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[_Thread] = []
+        self._lock = threading.Lock()
+        self._started = 0
+        self._next_task = 0
+        #: threads given up on (stuck past the timeout), kept to be told apart in tests
+        self.abandoned: list[threading.Thread] = []
+
+    def _spawn(self) -> _Thread:
+        worker = _Thread(self._started)
+        self._started += 1
+        name = f"feedline-map-{worker.number}"
+        worker.thread = threading.Thread(target=self._loop, args=(worker, self._queue),
+                                         daemon=True, name=name)  # fmt: skip
+        worker.thread.start()
+        return worker
+
+    def start(self) -> None:
+        with self._lock:
+            while len(self._threads) < self.num_workers:
+                self._threads.append(self._spawn())
 
     def submit(self, columns: Mapping[str, Any], indices: np.ndarray, *, batched: bool,
-               seed: int, epoch: int) -> Pending:  # fmt: skip
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.num_workers, "feedline-map")
-        future = self._executor.submit(
-            run_chunk, self.fn, columns, indices, batched=batched, seed=seed, epoch=epoch,
-            with_index=self.with_index,
-        )  # fmt: skip
-        return _Future(future)
+               seed: int, epoch: int,
+               into: tuple[Stacker, int] | None = None) -> Pending:  # fmt: skip
+        self.start()
+        job = _Job(self._next_task, columns, indices, batched, seed, epoch, into)
+        self._next_task += 1
+        self._queue.put(job)
+        return _ThreadTask(self, job)
+
+    def _loop(self, worker: _Thread, jobs: queue.SimpleQueue[_Job | None]) -> None:
+        while True:
+            job = jobs.get()
+            if job is None or not job.future.set_running_or_notify_cancel():
+                if job is None:
+                    return
+                continue
+            worker.job = job
+            outcome: Chunk | BaseException
+            try:
+                outcome = run_chunk(
+                    self.fn, job.columns, job.indices, batched=job.batched, seed=job.seed,
+                    epoch=job.epoch, with_index=self.with_index, progress=worker.progress,
+                    task=job.task, into=job.into,
+                )  # fmt: skip
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller by the future
+                outcome = exc
+            with self._lock:
+                worker.job = None
+                if worker.abandoned:  # the pool gave up on this call: drop it, end the thread
+                    return
+                try:
+                    if isinstance(outcome, BaseException):
+                        job.future.set_exception(outcome)
+                    else:
+                        job.future.set_result(outcome)
+                except InvalidStateError:  # pragma: no cover - set once, under the lock
+                    pass
+            del outcome, job
+
+    def reap(self) -> None:
+        """Give up on every thread whose call has run past the timeout: its chunk fails
+        with a :class:`~feedline.errors.UserFunctionError`, a new thread takes its place."""
+        if self.timeout is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for k, worker in enumerate(self._threads):
+                running, job = worker.progress.running(), worker.job
+                if running is None or job is None or running[0] != job.task:
+                    continue
+                seconds = now - running[2]
+                if seconds <= self.timeout:
+                    continue
+                worker.abandoned = True
+                assert worker.thread is not None
+                self.abandoned.append(worker.thread)
+                self._threads[k] = self._spawn()
+                error = UserFunctionError(
+                    stuck_message(self.fn_name, self.timeout, seconds, job.indices, running[1],
+                                  job.batched, job.epoch, f"worker thread {worker.number}")
+                    + " The thread cannot be stopped: it is abandoned (it keeps running, as a "
+                    "daemon thread, until the call returns; its result is dropped) and a new "
+                    "thread replaces it. Fix: find why the transform hangs on it (call it on "
+                    "that sample alone, e.g. with num_workers=0), make it give up by itself, "
+                    "or raise timeout= if it is only slow."
+                )  # fmt: skip
+                if not job.future.done():
+                    job.future.set_exception(error)
 
     def close(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the threads: chunks not started are cancelled, running ones finish (a
+        thread still running after the timeout is abandoned)."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+            jobs, self._queue = self._queue, queue.SimpleQueue()  # new threads, new queue
+        while True:  # the chunks still queued never start
+            try:
+                job = jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.future.cancel()
+        for _ in threads:
+            jobs.put(None)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        for worker in threads:
+            assert worker.thread is not None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            worker.thread.join(left)
+            if worker.thread.is_alive():
+                worker.abandoned = True
+                self.abandoned.append(worker.thread)
 
 
-def make_workers(fn: Callable[..., Any], num_workers: int, worker_type: str) -> Any:
+def make_workers(
+    fn: Callable[..., Any], num_workers: int, worker_type: str, timeout: float | None = None
+) -> Any:
     """The pool for ``Map``: inline (0 workers), threads or processes.
+
+    ``timeout``: seconds one call of ``fn`` may run (see the module docstring); it needs
+    workers (:func:`check_timeout`).
 
     Examples
     --------
     >>> make_workers(lambda s, rng: s, 0, "thread").kind
     'inline'
+    >>> make_workers(lambda s, rng: s, 2, "thread", timeout=30).timeout
+    30.0
     """
     num_workers = check_workers(num_workers, worker_type)
+    timeout = check_timeout(timeout, num_workers)
     if num_workers == 0:
         return InlineWorkers(fn)
     if worker_type == "thread":
-        return ThreadWorkers(fn, num_workers)
+        return ThreadWorkers(fn, num_workers, timeout)
 
-    return ProcessWorkers(fn, num_workers)
+    return ProcessWorkers(fn, num_workers, timeout)
+
+
+def check_timeout(timeout: Any, num_workers: int) -> float | None:
+    """``timeout`` as a float > 0 (or ``None``: no limit), given ``num_workers`` >= 1;
+    else :class:`~feedline.errors.ConfigurationError` saying what to pass.
+
+    Examples
+    --------
+    >>> check_timeout(2, 1), check_timeout(None, 0)
+    (2.0, None)
+    >>> check_timeout(5, 0)
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: timeout=5 needs worker threads or processes: ...
+    """
+    if timeout is None:
+        return None
+    ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+    if not ok or not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigurationError(
+            f"timeout={timeout!r} must be a number of seconds > 0 (or None: no limit). Fix: "
+            "e.g. timeout=60, the longest one call of the transform (one sample; one batch "
+            "with batched=True) may run."
+        )
+    if num_workers == 0:
+        raise ConfigurationError(
+            f"timeout={timeout!r} needs worker threads or processes: with num_workers=0 the "
+            "transform runs in the loader's own thread, which nothing can stop or abandon. "
+            "Fix: pass num_workers=1 (or more) with the timeout, or no timeout."
+        )
+    return float(timeout)
 
 
 def check_workers(num_workers: int, worker_type: str) -> int:

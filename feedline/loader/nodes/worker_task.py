@@ -6,6 +6,16 @@ object columns such as encoded image bytes, and the layout of numeric input colu
 in shared memory), runs :func:`run_chunk`, writes the stacked arrays into a shared-memory
 segment of its own (reused once the loader has copied them out) and replies with their
 layout; only lists (strings, ragged values) and skip markers are pickled back.
+
+A worker says where it stands in a :class:`~feedline.loader.nodes.progress.Progress`: the
+task and the position in its chunk of the transform call running, and since when. The loader
+reads it to enforce ``timeout=`` (a call running longer names its sample; see
+:mod:`feedline.loader.nodes.worker_pools`); a worker process keeps it in three float64 slots
+of shared memory.
+
+Per-sample results are stacked into the batch's own arrays when the worker shares the loader's
+memory (threads, inline): a :class:`~feedline.loader.nodes.samples.Stacker` per batch, so the
+chunks of a batch need no second copy to be joined (see :class:`~feedline.loader.nodes.Map`).
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ from __future__ import annotations
 import pickle
 import signal
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -21,9 +31,16 @@ from typing import Any
 import numpy as np
 
 from feedline.loader.nodes import shm
-from feedline.loader.nodes.samples import apply_batch, apply_samples, collate_samples
+from feedline.loader.nodes.progress import Progress
+from feedline.loader.nodes.samples import Stacker, apply_batch, apply_samples, collate_samples
 
-__all__ = ["Chunk", "Pending", "process_main", "run_chunk", "split_columns"]
+__all__ = [
+    "Chunk",
+    "Pending",
+    "process_main",
+    "run_chunk",
+    "split_columns",
+]
 
 #: input/output keys in a segment: the row indices, and the pickle of the non-array values
 INDICES, OBJECTS = "__indices__", "__objects__"
@@ -72,17 +89,33 @@ def run_chunk(
     seed: int,
     epoch: int,
     with_index: bool,
+    progress: Progress | None = None,
+    task: int = 0,
+    into: tuple[Stacker, int] | None = None,
 ) -> Chunk:
-    """Apply ``fn`` to the chunk's samples (or the chunk, ``batched``) and stack them."""
+    """Apply ``fn`` to the chunk's samples (or the chunk, ``batched``) and stack them.
+
+    ``progress`` (if given) follows each call (task ``task``); ``into`` is the batch's
+    :class:`~feedline.loader.nodes.samples.Stacker` and the chunk's first row in the batch:
+    the samples' arrays are stacked straight into the batch's arrays where they fit.
+    """
     skipped: list[int]
     markers: list[Any]
-    if batched:
-        data = apply_batch(fn, columns, indices, seed=seed, epoch=epoch)
-        skipped, markers = [], []
-    else:
-        kept, skipped, markers = apply_samples(fn, columns, indices, seed=seed, epoch=epoch,
-                                               with_index=with_index)  # fmt: skip
-        data = collate_samples(kept)
+    if progress is not None:
+        progress.start_task(task)
+    try:
+        if batched:
+            data = apply_batch(fn, columns, indices, seed=seed, epoch=epoch, progress=progress)
+            skipped, markers = [], []
+        else:
+            kept, skipped, markers = apply_samples(
+                fn, columns, indices, seed=seed, epoch=epoch, with_index=with_index,
+                progress=progress,
+            )  # fmt: skip
+            data = collate_samples(kept, into=into)
+    finally:
+        if progress is not None:
+            progress.end()
     arrays, lists = split_columns(data)
     return Chunk(len(indices) - len(skipped), arrays, lists, skipped, markers)
 
@@ -98,7 +131,8 @@ def _error_reply(task_id: int, exc: BaseException) -> tuple[Any, ...]:
 
 
 def _run(fn: Callable[..., Any], with_index: bool, inputs: shm.Attached, outputs: shm.Segments,
-         message: tuple[Any, ...]) -> tuple[Any, ...]:  # fmt: skip
+         message: tuple[Any, ...],
+         progress: Progress | None = None) -> tuple[Any, ...]:  # fmt: skip
     """One task: read the inputs, run the chunk, write the outputs; the reply message."""
     _, task_id, batched, seed, epoch, in_name, in_layout = message
     columns = shm.read(inputs.get(in_name), in_layout)
@@ -107,7 +141,7 @@ def _run(fn: Callable[..., Any], with_index: bool, inputs: shm.Attached, outputs
     if raw is not None:
         columns |= pickle.loads(raw.data)
     chunk = run_chunk(fn, columns, indices, batched=batched, seed=seed, epoch=epoch,
-                      with_index=with_index)  # fmt: skip
+                      with_index=with_index, progress=progress, task=task_id)  # fmt: skip
     del columns, indices, raw
     arrays = dict(chunk.arrays)
     if chunk.lists or chunk.markers:
@@ -121,9 +155,17 @@ def _run(fn: Callable[..., Any], with_index: bool, inputs: shm.Attached, outputs
     return ("ok", task_id, chunk.rows, name, layout, chunk.skipped, outputs.take_retired())
 
 
-def process_main(conn: Connection, fn_bytes: bytes, with_index: bool) -> None:
-    """The loop of a worker process (see the module docstring); ends on "stop" or EOF."""
+def process_main(
+    conn: Connection, fn_bytes: bytes, with_index: bool,
+    slots: MutableSequence[float] | None = None,
+) -> None:  # fmt: skip
+    """The loop of a worker process (see the module docstring); ends on "stop" or EOF.
+
+    ``slots`` (shared memory) receive the worker's
+    :class:`~feedline.loader.nodes.progress.Progress`.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader process's to handle
+    progress = Progress(slots) if slots is not None else None
     outputs, inputs = shm.Segments(), shm.Attached()
     try:
         try:
@@ -145,7 +187,7 @@ def process_main(conn: Connection, fn_bytes: bytes, with_index: bool) -> None:
                 inputs.forget(message[2])
                 continue
             try:
-                conn.send(_run(fn, with_index, inputs, outputs, message))
+                conn.send(_run(fn, with_index, inputs, outputs, message, progress))
             except BaseException as exc:  # noqa: BLE001 - handed to the loader process
                 conn.send(_error_reply(message[1], exc))
     finally:
