@@ -163,7 +163,10 @@ def read_petastorm(
     columns of a fixed shape become ``arrow.fixed_shape_tensor`` columns the loader turns into
     tensors; a ``None`` dimension gives nested lists; ``ScalarCodec`` columns take the field's
     dtype. ``on_error="skip"`` drops rows holding an undecodable value (counted in the
-    execution report); ``"raise"`` names the file, row group, row and column. Local paths and
+    execution report); ``"raise"`` names the file, row group, row and column. Parquet page
+    checksums are verified and each row group's rows checked against the footer; a damaged file
+    raises :class:`~feedline.errors.DataError`. A Unischema whose shapes are not positive sizes
+    (or ``None``) holding at most 2**31 - 1 elements is refused like any other. Local paths and
     fsspec URLs; one read task per file. See :mod:`feedline.io.petastorm.reader`.
 
     Examples
