@@ -163,7 +163,10 @@ def read_petastorm(
     columns of a fixed shape become ``arrow.fixed_shape_tensor`` columns the loader turns into
     tensors; a ``None`` dimension gives nested lists; ``ScalarCodec`` columns take the field's
     dtype. ``on_error="skip"`` drops rows holding an undecodable value (counted in the
-    execution report); ``"raise"`` names the file, row group, row and column. Local paths and
+    execution report); ``"raise"`` names the file, row group, row and column. Parquet page
+    checksums are verified and each row group's rows checked against the footer; a damaged file
+    raises :class:`~feedline.errors.DataError`. A Unischema whose shapes are not positive sizes
+    (or ``None``) holding at most 2**31 - 1 elements is refused like any other. Local paths and
     fsspec URLs; one read task per file. See :mod:`feedline.io.petastorm.reader`.
 
     Examples
@@ -292,11 +295,13 @@ def read_webdataset(
     on_error: Literal["raise", "skip"] = "raise",
     infer_samples: int = 1000,
     storage_options: dict[str, Any] | None = None,
+    max_member_bytes: int = 1 << 30,
 ) -> Dataset:
     """Read WebDataset tar shards: one row per sample, one column per field.
 
     ``urls`` are shard paths or fsspec URLs, brace patterns (``train-{000000..000099}.tar``,
-    expanded with the ``braceexpand`` package as WebDataset does), globs or folders of
+    expanded with the ``braceexpand`` package as WebDataset does, after counting the names: over
+    a million is refused), globs or folders of
     ``.tar`` / ``.tar.gz`` / ``.tgz`` files; one read task per shard. Members sharing a key
     (``000123.jpg``, ``000123.cls``) form a sample; rows hold ``__key__``, ``__url__`` and a
     column per field. Images stay encoded (``binary``) for the loader's
@@ -305,8 +310,11 @@ def read_webdataset(
     ``fields=`` picks the fields and types (``["jpg", "cls"]`` or ``{"json": pa.struct(...)}``
     to parse JSON); by default they are found in the first ``infer_samples`` samples. A sample
     without a field has a null there. ``on_error="skip"`` drops samples whose members do not
-    convert, and the rest of a damaged shard, counting them in the execution report;
-    ``"raise"`` names the shard, member and byte offset. See :mod:`feedline.io.webdataset.reader`.
+    convert, and only the samples a damaged stretch of a shard touches (reading resumes at the
+    next intact tar header; a ``.tar.gz`` whose gzip CRC fails is skipped whole), counting them
+    in the execution report; ``"raise"`` names the shard, member and byte offset. A member
+    claiming more than ``max_member_bytes`` (default 1 GiB) is refused from its header, before
+    it is read. See :mod:`feedline.io.webdataset.reader`.
 
     Training: ``ds.loader(columns=["jpg", "cls"], transform=fl.ImageTransform("jpg"),
     num_workers=2)`` decodes and augments the images at load time (name the columns: the
@@ -330,6 +338,7 @@ def read_webdataset(
         on_error=on_error,
         infer_samples=infer_samples,
         storage_options=storage_options,
+        max_member_bytes=max_member_bytes,
     )
     ds = Dataset.from_source(source)
     return ds.select(columns) if columns is not None else ds

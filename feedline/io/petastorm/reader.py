@@ -52,6 +52,8 @@ BATCH_ROWS = 4096
 #: row groups of the first file searched for a non-null value to detect a codec from
 SNIFF_ROW_GROUPS = 16
 _METADATA_FILES = ("_common_metadata", "_metadata")
+#: what pyarrow raises on a damaged file (a column name that is not UTF-8: UnicodeDecodeError)
+_READ_ERRORS = (OSError, pa.ArrowException, UnicodeDecodeError)
 
 
 class PetastormSource(Source):
@@ -84,7 +86,7 @@ class PetastormSource(Source):
         self._files = expand_paths(path, (), storage_options, what="Parquet file")
         self._on_error = on_error
         self._unischema, self.schema_origin = self._read_unischema()
-        self._stored = _footer(self._files[0]).schema.to_arrow_schema()
+        self._stored = _stored_schema(self._files[0])
         self._plans = self._make_plans()
 
     # ------------------------------------------------------------------ schema
@@ -139,12 +141,16 @@ class PetastormSource(Source):
         return plans
 
     def _first_value(self, name: str) -> bytes | None:
-        with self._files[0].fs.open(self._files[0].path, "rb") as handle:
-            parquet = pq.ParquetFile(handle)
-            for group in range(min(parquet.num_row_groups, SNIFF_ROW_GROUPS)):
-                values = parquet.read_row_group(group, columns=[name]).column(0).drop_null()
-                if len(values):
-                    return values[0].as_py()
+        loc = self._files[0]
+        try:
+            with loc.fs.open(loc.path, "rb") as handle:
+                parquet = pq.ParquetFile(handle, page_checksum_verification=True)
+                for group in range(min(parquet.num_row_groups, SNIFF_ROW_GROUPS)):
+                    values = parquet.read_row_group(group, columns=[name]).column(0).drop_null()
+                    if len(values):
+                        return values[0].as_py()
+        except _READ_ERRORS as exc:
+            raise _unreadable(loc, exc) from exc
         return None
 
     @property
@@ -199,11 +205,27 @@ def _is_binary(kind: pa.DataType) -> bool:
     return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
 
 
+def _unreadable(loc: Location, exc: BaseException) -> DataError:
+    return DataError(
+        f"Cannot read the Parquet file {loc.url!r}: {exc}. It is corrupt, truncated or not "
+        "Parquet. Fix: re-create it or remove it from the dataset folder."
+    )
+
+
+def _stored_schema(loc: Location) -> pa.Schema:
+    """The Arrow schema of the file at ``loc`` (its footer may be damaged)."""
+    meta = _footer(loc)
+    try:
+        return meta.schema.to_arrow_schema()
+    except _READ_ERRORS as exc:
+        raise _unreadable(loc, exc) from exc
+
+
 def _footer(loc: Location) -> pq.FileMetaData:
     try:
         with loc.fs.open(loc.path, "rb") as handle:
-            return pq.ParquetFile(handle).metadata
-    except (OSError, pa.ArrowException) as exc:
+            return pq.ParquetFile(handle, page_checksum_verification=True).metadata
+    except _READ_ERRORS as exc:
         raise DataError(
             f"Cannot read the Parquet footer of {loc.url!r}: {exc}. The file is corrupt, "
             "truncated or not Parquet. Fix: re-create it or remove it from the dataset folder."
@@ -223,8 +245,9 @@ def _file_reader(
     def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
         try:
             with loc.fs.open(loc.path, "rb") as handle:
-                parquet = pq.ParquetFile(handle)
+                parquet = pq.ParquetFile(handle, page_checksum_verification=True)
                 _check_drift(loc, parquet, stored, origin)
+                declared = _declared_rows(loc, parquet.metadata)
                 groups = parquet.num_row_groups
                 report.add(files_read=1, row_groups_total=groups, row_groups_read=groups)
                 first_row = 0
@@ -240,14 +263,35 @@ def _file_reader(
                         if predicate is not None:
                             decoded = decoded.filter(predicate)
                         yield decoded.select(wanted)
-                    first_row += parquet.metadata.row_group(group).num_rows
-        except (OSError, pa.ArrowException) as exc:
-            raise DataError(
-                f"Cannot read the Parquet file {loc.url!r}: {exc}. It is corrupt, truncated "
-                "or not Parquet. Fix: re-create it or remove it from the dataset folder."
-            ) from exc
+                    if offset != declared[group]:
+                        raise _damaged(
+                            loc,
+                            f"row group {group} gave {offset} rows, its footer "
+                            f"declares {declared[group]}",
+                        )
+                    first_row += declared[group]
+        except _READ_ERRORS as exc:
+            raise _unreadable(loc, exc) from exc
 
     return read
+
+
+def _damaged(loc: Location, what: str) -> DataError:
+    return DataError(
+        f"The Parquet file {loc.url!r} is damaged: {what}. Fix: re-create it or remove it from "
+        "the dataset folder."
+    )
+
+
+def _declared_rows(loc: Location, meta: pq.FileMetaData) -> list[int]:
+    """Rows per row group, as the footer declares them (they must add up to its total:
+    the footer has no checksum, and a damaged count would silently drop rows)."""
+    declared = [meta.row_group(group).num_rows for group in range(meta.num_row_groups)]
+    if sum(declared) != meta.num_rows or min(declared, default=0) < 0:
+        raise _damaged(
+            loc, f"its row groups hold {sum(declared)} rows but its footer declares {meta.num_rows}"
+        )
+    return declared
 
 
 def _check_drift(loc: Location, parquet: pq.ParquetFile, stored: pa.Schema, origin: str) -> None:

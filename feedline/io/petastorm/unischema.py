@@ -9,9 +9,15 @@ pickle names must be on an allow-list (Petastorm's ``Unischema``, ``UnischemaFie
 codecs, NumPy scalar types, Spark SQL types, ``OrderedDict``, ``copyreg._reconstructor``,
 ``decimal.Decimal``), and every opcode must be one a plain Unischema pickle uses (protocols
 0 to 5); anything else raises :class:`~feedline.errors.FormatError` before any value is
-used. What is read: per field its name, NumPy dtype, shape (``None`` for a variable
-dimension), codec class name and codec arguments (``image_codec`` ``"png"``/``"jpeg"``,
-``quality``, the Spark type's class name), and ``nullable``.
+used. The walk is bounded: at most :data:`MAX_OPCODES` opcodes and :data:`MAX_WORK` values
+copied (a pickle can reuse one memoised list many times: a "memo bomb" of a few KiB describes
+a structure of 2**400 elements, which is never expanded; messages show values through a
+bounded ``reprlib``), and dict keys must be plain scalars (hashing a shared nested tuple is
+exponential work). A shape must be positive ints or ``None``, its fixed dimensions holding at
+most 2**31 - 1 elements (what an Arrow column value can). What is read: per field its name,
+NumPy dtype, shape (``None`` for a variable dimension), codec class name and codec arguments
+(``image_codec`` ``"png"``/``"jpeg"``, ``quality``, the Spark type's class name), and
+``nullable``.
 
 Examples
 --------
@@ -24,8 +30,10 @@ feedline.errors.FormatError: The Petastorm schema pickle holds a dict, not a Uni
 
 from __future__ import annotations
 
+import math
 import pickletools
 import re
+import reprlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +47,17 @@ __all__ = ["UNISCHEMA_KEY", "PetastormField", "Unischema", "parse_unischema"]
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 #: the largest schema pickle read (a Unischema of thousands of fields is ~1 MB)
 MAX_PICKLE_BYTES = 16 << 20
+#: the most opcodes walked (a Unischema pickle takes about 20 per field)
+MAX_OPCODES = 1_000_000
+#: the most values the walk may copy in all (items appended, set, or reused from the memo)
+MAX_WORK = 4_000_000
+#: the most elements a field's fixed dimensions may hold (an Arrow fixed-size list's bound)
+MAX_FIELD_ELEMENTS = 2**31 - 1
 _MAX_DEPTH = 64
+_MAX_DIMS = 32
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxtuple, _SHOW.maxdict = 3, 4, 4, 4
+_SHOW.maxstring, _SHOW.maxlong, _SHOW.maxother = 40, 40, 40
 
 CODECS = ("NdarrayCodec", "CompressedNdarrayCodec", "CompressedImageCodec", "ScalarCodec")
 _NUMPY_TYPES = {
@@ -150,6 +168,11 @@ class _Mark:
     pass
 
 
+def _show(value: Any) -> str:
+    """A bounded text of a value from the pickle (never its full ``str``: it may be a bomb)."""
+    return _SHOW.repr(value)
+
+
 def _refuse(reason: str) -> FormatError:
     return FormatError(
         f"The Petastorm schema pickle was refused: {reason}. It was not unpickled. Fix: if the "
@@ -165,22 +188,22 @@ def _check_global(module: str, name: str) -> _Global:
         return _Global(module, name)
     if module == _SPARK_TYPES and re.fullmatch(r"[A-Z][A-Za-z]*Type", name):
         return _Global(module, name)
-    raise _refuse(f"it names {module}.{name}, which a Unischema never holds")
+    raise _refuse(f"it names {module[:100]}.{name[:100]}, which a Unischema never holds")
 
 
 def _walk(data: bytes) -> Any:
     """The value the pickle describes, with objects as inert :class:`_Obj` records."""
+    machine = _Machine()
     try:
         with warnings.catch_warnings():  # protocol 0 strings with odd escapes: refused below
             warnings.simplefilter("ignore", DeprecationWarning)
-            ops = list(pickletools.genops(data))
+            for count, (op, arg, _) in enumerate(pickletools.genops(data)):
+                if count >= MAX_OPCODES:
+                    raise _refuse(f"it holds more than {MAX_OPCODES:,} opcodes")
+                if not machine.step(op.name, arg):
+                    break
     except (ValueError, EOFError, UnicodeDecodeError) as exc:
-        raise _refuse(f"it is not a valid pickle ({exc})") from None
-    machine = _Machine()
-    try:
-        for op, arg, _ in ops:
-            if not machine.step(op.name, arg):
-                break
+        raise _refuse(f"it is not a valid pickle ({_show(str(exc))})") from None
     except (TypeError, RecursionError, IndexError) as exc:
         raise _refuse(f"its opcodes do not describe plain values ({type(exc).__name__})") from None
     if len(machine.stack) != 1:
@@ -195,6 +218,13 @@ class _Machine:
         self.stack: list[Any] = []
         self.marks: list[int] = []
         self.memo: dict[int, Any] = {}
+        self.work = 0
+
+    def spend(self, items: int) -> None:
+        """Count ``items`` values copied; refuse past :data:`MAX_WORK`."""
+        self.work += items
+        if self.work > MAX_WORK:
+            raise _refuse(f"it describes more than {MAX_WORK:,} values, far more than a Unischema")
 
     def pop(self) -> Any:
         if not self.stack:
@@ -267,6 +297,7 @@ class _Machine:
             target = self.stack[-1] if self.stack else None
             if not isinstance(target, list):
                 raise _refuse("it appends to something that is not a list")
+            self.spend(len(appended))
             target.extend(appended)
         elif name == "EMPTY_DICT":
             self.stack.append({})
@@ -281,8 +312,9 @@ class _Machine:
             target = {} if name == "DICT" else (self.stack[-1] if self.stack else None)
             if not isinstance(target, dict):
                 raise _refuse("it sets items on something that is not a dict")
+            self.spend(len(pairs))
             for key, value in zip(pairs[::2], pairs[1::2], strict=True):
-                if not isinstance(key, str | int | bytes | tuple | type(None)):
+                if not isinstance(key, str | int | bytes | type(None)):  # never hash a tuple
                     raise _refuse("a dict key is not a plain value")
                 target[key] = value
             if name == "DICT":
@@ -303,17 +335,18 @@ class _Machine:
             self.stack.append(self.memo[int(arg)])
         elif name in ("REDUCE", "NEWOBJ"):
             args, cls = self.pop(), self.pop()
-            self.stack.append(_call(cls, args))
+            self.stack.append(_call(cls, args, self))
         elif name == "NEWOBJ_EX":
             kwargs, args, cls = self.pop(), self.pop(), self.pop()
             if kwargs:
                 raise _refuse("it builds an object with keyword arguments")
-            self.stack.append(_call(cls, args))
+            self.stack.append(_call(cls, args, self))
         elif name == "BUILD":
             state, target = self.pop(), (self.stack[-1] if self.stack else None)
             if not isinstance(target, _Obj):
                 raise _refuse("it sets the state of something that is not an object")
             if isinstance(target.state, dict) and isinstance(state, dict):
+                self.spend(len(state))
                 target.state.update(state)
             else:
                 target.state = state
@@ -324,7 +357,7 @@ class _Machine:
         return True
 
 
-def _call(cls: Any, args: Any) -> Any:
+def _call(cls: Any, args: Any, machine: _Machine) -> Any:
     """What ``cls(*args)`` would build, as inert data (never called)."""
     if not isinstance(cls, _Global) or not isinstance(args, tuple):
         raise _refuse("it calls something that is not an allowed class")
@@ -339,10 +372,13 @@ def _call(cls: Any, args: Any) -> Any:
         return _Obj(target, ())
     if key == ("collections", "OrderedDict"):
         pairs = args[0] if args else []
+        machine.spend(len(pairs) if isinstance(pairs, list) else 0)
         if not isinstance(pairs, list) or not all(
             isinstance(p, list | tuple) and len(p) == 2 for p in pairs
         ):
             raise _refuse("an OrderedDict gets unexpected arguments")
+        if not all(isinstance(p[0], str | int | bytes | type(None)) for p in pairs):
+            raise _refuse("an OrderedDict key is not a plain value")
         return {k: v for k, v in pairs}
     if cls.module in ("builtins", "__builtin__") and cls.name == "object":
         return _Obj(cls, ())
@@ -363,20 +399,21 @@ def _dtype(value: Any, where: str) -> np.dtype | None:
         code = value.args[0] if value.args else None
         if isinstance(code, str) and _DTYPE_CODE.match(code):
             return np.dtype(code)
-    raise _refuse(f"{where} has the numpy_dtype {value!r}, which is not a plain value type")
+    raise _refuse(f"{where} has the numpy_dtype {_show(value)}, which is not a plain value type")
 
 
 def _codec(value: Any, where: str) -> tuple[str | None, dict[str, Any]]:
     if value is None:
         return None, {}
     if not isinstance(value, _Obj) or value.cls.module != "petastorm.codecs":
-        raise _refuse(f"{where} has the codec {value!r}, not one of Petastorm's")
+        raise _refuse(f"{where} has the codec {_show(value)}, not one of Petastorm's")
     state = value.state if isinstance(value.state, dict) else {}
     args: dict[str, Any] = {}
     if value.cls.name == "CompressedImageCodec":
-        codec = str(state.get("_image_codec", ".png")).lstrip(".").lower()
+        named = state.get("_image_codec", ".png")
+        codec = named.lstrip(".").lower() if isinstance(named, str) else ""
         if codec not in ("png", "jpeg", "jpg"):
-            raise _refuse(f"{where} names the image codec {codec[:20]!r} (png or jpeg expected)")
+            raise _refuse(f"{where} names the image codec {_show(named)} (png or jpeg expected)")
         quality = state.get("_quality", 80)
         args = {
             "image_codec": "jpeg" if codec == "jpg" else codec,
@@ -389,17 +426,24 @@ def _codec(value: Any, where: str) -> tuple[str | None, dict[str, Any]]:
 
 
 def _shape(value: Any, where: str) -> tuple[int | None, ...]:
+    """The field's shape: at most 32 dimensions, each a positive int or ``None`` (variable),
+    the fixed ones holding at most :data:`MAX_FIELD_ELEMENTS` elements together."""
     if isinstance(value, list):
         value = tuple(value)
-    if (
-        not isinstance(value, tuple)
-        or len(value) > 32
-        or not all(
-            d is None or (isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40)
-            for d in value
+    if not isinstance(value, tuple) or len(value) > _MAX_DIMS:
+        raise _refuse(f"{where} has the shape {_show(value)}, not a tuple of up to 32 sizes")
+    for dim in value:
+        if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
+            raise _refuse(
+                f"{where} has the shape {_show(value)}: a dimension must be a positive int or "
+                "None (a variable size)"
+            )
+    elements = math.prod(d for d in value if d is not None)
+    if elements > MAX_FIELD_ELEMENTS:
+        raise _refuse(
+            f"{where} has the shape {_show(value)}: {elements:,} elements per value, more than "
+            f"the {MAX_FIELD_ELEMENTS:,} a column value may hold"
         )
-    ):
-        raise _refuse(f"{where} has the shape {str(value)[:60]}, not a tuple of sizes")
     return value
 
 
@@ -414,7 +458,7 @@ def _field(value: Any) -> PetastormField:
     codec, codec_args = _codec(args[3] if len(args) > 3 else None, where)
     nullable = args[4] if len(args) > 4 else False
     if not isinstance(nullable, bool | int | type(None)):
-        raise _refuse(f"{where} has nullable={str(nullable)[:40]}")
+        raise _refuse(f"{where} has nullable={_show(nullable)}")
     return PetastormField(
         name, _dtype(args[1], where), _shape(args[2], where), codec, codec_args, bool(nullable)
     )

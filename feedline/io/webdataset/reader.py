@@ -20,7 +20,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.errors import ConfigurationError, DataError, MissingDependencyError, SchemaError
+from feedline.errors import ConfigurationError, DataError, SchemaError
 from feedline.io.source import (
     ExecutionReport,
     ReadTask,
@@ -30,53 +30,29 @@ from feedline.io.source import (
     fingerprint_of,
 )
 from feedline.io.storage.paths import Location, expand_paths
+from feedline.io.webdataset.braces import expand_urls
 from feedline.io.webdataset.fields import converter, resolve_fields
 from feedline.io.webdataset.tar import (
+    MAX_MEMBER_BYTES,
+    Damage,
     Member,
     Sample,
-    TarDamage,
+    check_gzip,
     iter_members,
     iter_samples,
     split_name,
 )
 
-__all__ = ["SHARD_SUFFIXES", "WebDatasetSource", "expand_urls"]
+__all__ = ["SHARD_SUFFIXES", "WebDatasetSource"]
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 META_COLUMNS = ("__key__", "__url__")
 _BATCH_ROWS = 1024
 _BATCH_BYTES = 32 << 20
 _FIX_DAMAGE = (
-    "Fix: re-write or re-copy the shard, or pass on_error='skip' to keep the samples before "
-    "the damage and count the rest of the shard as skipped."
+    "Fix: re-write or re-copy the shard, or pass on_error='skip' to drop only the samples "
+    "the damage touches (reading resumes after it; the dropped samples are counted)."
 )
-
-
-def expand_urls(urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
-    """Brace-expand each URL as WebDataset does (``shard-{000..009}.tar`` → 10 URLs).
-
-    Examples
-    --------
-    >>> expand_urls("data/train-{0..2}.tar")
-    ['data/train-0.tar', 'data/train-1.tar', 'data/train-2.tar']
-    >>> expand_urls(["a.tar", "b.tar"])
-    ['a.tar', 'b.tar']
-    """
-    items = [urls] if isinstance(urls, str | os.PathLike) else list(urls)
-    out: list[str] = []
-    for item in items:
-        text = os.fspath(item)
-        if "{" not in text:
-            out.append(text)
-            continue
-        try:
-            import braceexpand
-        except ImportError as exc:
-            raise MissingDependencyError(
-                "braceexpand", "webdataset", f"Expanding the shard pattern {text!r}"
-            ) from exc
-        out.extend(braceexpand.braceexpand(text))
-    return out
 
 
 class WebDatasetSource(Source):
@@ -93,9 +69,16 @@ class WebDatasetSource(Source):
     on_error:
         ``"raise"``: a damaged shard or a member that does not convert raises
         :class:`~feedline.errors.DataError` naming shard, member and byte offset; ``"skip"``:
-        the sample (or the rest of a damaged shard) is dropped and counted in the report.
+        only the samples the damage touches are dropped, each counted in the report (reading
+        resumes at the next intact tar header); a ``.tar.gz`` whose gzip stream does not
+        check (CRC) is skipped whole, since gzip cannot say where its damage starts (so under
+        ``"skip"`` a ``.tar.gz`` is read twice: once to check its CRC).
     infer_samples:
         How many samples are read (names only) to find the fields when ``fields`` is ``None``.
+    max_member_bytes:
+        The most bytes one member may hold (default 1 GiB): a member claiming more is refused
+        from its header, before anything is read (a ``DataError`` naming the shard, member and
+        claimed size, or a counted skip under ``on_error="skip"``).
     """
 
     kind = "webdataset"
@@ -108,11 +91,22 @@ class WebDatasetSource(Source):
         on_error: Literal["raise", "skip"] = "raise",
         infer_samples: int = 1000,
         storage_options: dict[str, Any] | None = None,
+        max_member_bytes: int = MAX_MEMBER_BYTES,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ConfigurationError(
                 f"on_error={on_error!r} is not valid. Fix: use 'raise' or 'skip'."
             )
+        if (
+            not isinstance(max_member_bytes, int)
+            or isinstance(max_member_bytes, bool)
+            or max_member_bytes < 1
+        ):
+            raise ConfigurationError(
+                f"max_member_bytes={max_member_bytes!r} is not a positive number of bytes. "
+                "Fix: pass an int such as 1 << 30 (1 GiB)."
+            )
+        self._max_member_bytes = max_member_bytes
         self._files: list[Location] = expand_paths(
             expand_urls(urls), SHARD_SUFFIXES, storage_options, what="tar shard"
         )
@@ -131,17 +125,19 @@ class WebDatasetSource(Source):
         found: dict[str, None] = {}
         seen = 0
         for loc in self._files:
-            try:
-                with loc.fs.open(loc.path, "rb") as raw:
-                    names = iter_members(raw, lambda _: False, skip_by_seeking=True)
-                    for sample in iter_samples(names, _ignore):
-                        found.update(dict.fromkeys(sample.fields))
-                        seen += 1
-                        if seen >= limit:
-                            return list(found)
-            except TarDamage as damage:
-                if self._on_error == "raise":
-                    raise _damage_error(loc, damage) from None
+            with loc.fs.open(loc.path, "rb") as raw:
+                names = _checked(loc, iter_members(raw, lambda _: False), self._on_error)
+                for item in iter_samples(names, _ignore):
+                    damage = item if isinstance(item, Damage) else item.lost
+                    if damage is not None:
+                        if self._on_error == "raise":
+                            raise _damage_error(loc, damage)
+                        continue
+                    assert isinstance(item, Sample)
+                    found.update(dict.fromkeys(item.fields))
+                    seen += 1
+                    if seen >= limit:
+                        return list(found)
         if not found:
             raise DataError(
                 f"No WebDataset samples (members named key.field) were found in "
@@ -158,7 +154,8 @@ class WebDatasetSource(Source):
 
     def fingerprint(self) -> str:
         return fingerprint_of(
-            self.kind, self._on_error, [(k, str(v)) for k, v in self._fields.items()],
+            self.kind, self._on_error, self._max_member_bytes,
+            [(k, str(v)) for k, v in self._fields.items()],
             *[(f.url, f.fs.size(f.path)) for f in self._files],
         )  # fmt: skip
 
@@ -188,6 +185,7 @@ class _ShardReader:
         self.fields = dict(source._fields)
         self.listed = source._given  # listed fields: others are ignored
         self.on_error = source._on_error
+        self.max_member_bytes = source._max_member_bytes
         self.columns = list(columns) if columns is not None else None
         needed = set(self.schema.names if columns is None else columns)
         if predicate is not None:
@@ -199,24 +197,31 @@ class _ShardReader:
         ignored: list[Member] = []
         try:
             with loc.fs.open(loc.path, "rb") as raw:
-                members = iter_members(raw, lambda name: _field(name) in self.read_fields)
-                for sample in iter_samples(members, ignored.append):
-                    values = self._values(sample, report)
+                if self.on_error == "skip" and (bad := check_gzip(raw)) is not None:
+                    report.record_skip(
+                        f"{loc.url}: the gzip stream",
+                        f"{bad}; gzip cannot say where the damage starts, so no sample of the "
+                        "shard was kept",
+                    )
+                    report.add(files_read=1)
+                    return
+                members = iter_members(
+                    raw,
+                    lambda name: _field(name) in self.read_fields,
+                    max_member_bytes=self.max_member_bytes,
+                )
+                for item in iter_samples(_checked(loc, members, self.on_error), ignored.append):
+                    if isinstance(item, Damage) or item.lost is not None:
+                        self._lost(item, report)
+                        continue
+                    values = self._values(item, report)
                     if values is None:
                         continue
-                    size += sum(len(m.data or b"") for m in sample.fields.values())
-                    rows.append(sample.key, values)
+                    size += sum(len(m.data or b"") for m in item.fields.values())
+                    rows.append(item.key, values)
                     if len(rows) >= _BATCH_ROWS or size >= _BATCH_BYTES:
                         yield self._finish(rows.flush(), report, size)
                         size = 0
-        except TarDamage as damage:
-            if self.on_error == "raise":
-                raise _damage_error(loc, damage) from None
-            report.record_skip(
-                _where(loc, damage.member, damage.offset),
-                f"{damage.reason}; the rest of the shard (and its last, unfinished sample) "
-                "was skipped",
-            )
         except OSError as exc:
             raise DataError(
                 f"Cannot read the WebDataset shard {loc.url!r}: {exc}. Fix: check that it "
@@ -227,6 +232,22 @@ class _ShardReader:
         if ignored:
             report.count("webdataset_members_without_field", len(ignored))
         report.add(files_read=1)
+
+    def _lost(self, item: Sample | Damage, report: ExecutionReport) -> None:
+        """A sample the damage may have cut (or a damage that cut none): raise or count it."""
+        damage = item if isinstance(item, Damage) else item.lost
+        assert damage is not None
+        if self.on_error == "raise":
+            raise _damage_error(self.loc, damage)
+        after = (
+            f"reading resumed at byte {damage.resumed}"
+            if damage.resumed is not None
+            else "nothing after it could be read"
+        )
+        dropped = f"the sample {item.key!r} was dropped; " if isinstance(item, Sample) else ""
+        report.record_skip(
+            _where(self.loc, damage.member, damage.offset), f"{damage.reason}; {dropped}{after}"
+        )
 
     def _values(self, sample: Sample, report: ExecutionReport) -> dict[str, Any] | None:
         """The converted field values of ``sample`` (``None``: skipped, and counted)."""
@@ -304,6 +325,16 @@ class _Rows:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
+def _checked(
+    loc: Location, events: Iterator[Member | Damage], on_error: str
+) -> Iterator[Member | Damage]:
+    """``events``, raising at the first damage under ``on_error="raise"`` (before reading on)."""
+    for event in events:
+        if on_error == "raise" and isinstance(event, Damage):
+            raise _damage_error(loc, event)
+        yield event
+
+
 def _field(name: str) -> str | None:
     parts = split_name(name)
     return parts[1] if parts is not None else None
@@ -318,9 +349,10 @@ def _where(loc: Location, member: str | None, offset: int) -> str:
     return f"{loc.url}: {at}"
 
 
-def _damage_error(loc: Location, damage: TarDamage) -> DataError:
+def _damage_error(loc: Location, damage: Damage) -> DataError:
     member = f", member {damage.member!r}" if damage.member else ""
+    what = "refused" if damage.fix else "damaged"
     return DataError(
-        f"The WebDataset shard {loc.url!r} is damaged at byte {damage.offset}{member}: "
-        f"{damage.reason}. {_FIX_DAMAGE}"
+        f"The WebDataset shard {loc.url!r} is {what} at byte {damage.offset}{member}: "
+        f"{damage.reason}. {damage.fix or _FIX_DAMAGE}"
     )
