@@ -292,7 +292,8 @@ class Loader:
         """Order and gather over this loader's data, at its position: a pipeline's start.
 
         Wrap it in nodes of your own (:mod:`feedline.loader.nodes`); its state and
-        ``reset(state)`` are exact (``{"epoch": e, "batch": k}``), and ``reset`` to another
+        ``reset(state)`` are exact (``{"epoch": e, "batches": k}``, the names of
+        :meth:`state_dict`), and ``reset`` to another
         epoch follows this loader's order for that epoch.
 
         Examples
