@@ -97,10 +97,13 @@ class LoaderOptions:
         batches that together cover the epoch. ``None`` (default): ``torch.distributed``'s
         rank and world size when it is initialized, else 0 and 1.
     drop_last:
-        ``True`` drops the remainder (< ``world_size * batch_size`` samples); ``False`` keeps
-        every sample: each rank's last batch is short (the last step's samples fill the
-        ranks' last batches in rank order, so a later rank's may be shorter or empty) and
-        every rank still yields ``len(loader)`` batches. ``None`` (default): ``True`` when
+        ``True`` drops the remainder (< ``world_size * batch_size`` samples; when that is the
+        whole epoch, a warning says so); ``False`` keeps every sample: each rank's last batch
+        is short (the last step's samples fill the ranks' last batches in rank order, so a
+        later rank's may be shorter) and every rank still yields ``len(loader)`` batches
+        (equal steps for DDP's all-reduce). No batch is ever empty: a rank with no sample left
+        for its last batch gets one repeated sample (the epoch's first it would pad with; see
+        ``pad_last`` to mark repeats). ``None`` (default): ``True`` when
         shuffling (training: a different remainder each epoch), ``False`` with
         ``shuffle=False`` (evaluation: every sample, once). Evaluate with ``shuffle=False``.
     columns:
