@@ -586,6 +586,12 @@ class Loader:
     def stats(self) -> dict[str, Any]:
         """How the data is held: cache mode, cached bytes, window and streaming counters.
 
+        ``shuffle_mode`` is ``"exact"`` (a global permutation of the cached data),
+        ``"two-level"`` (row groups permuted, rows shuffled in pools of ``shuffle_window`` row
+        groups: what ``cache="auto"`` falls back to when the columns are over
+        ``memory_budget``, with an INFO line on the ``feedline`` logger) or ``"none"``
+        (``shuffle=False``); ``shuffle_reason`` says why, and what to pass for the exact one.
+
         With a ``transform``: ``num_workers``, ``worker_type``, ``skipped`` (samples it dropped
         from the batches delivered so far) and ``skipped_examples`` (the first 20, each naming
         its epoch, sample and reason).
@@ -599,10 +605,17 @@ class Loader:
         --------
         >>> import feedline as fl
         >>> s = fl.range(10).loader(batch_size=2).stats()
-        >>> s["cache"], s["cache_bytes"], s["num_samples"]
-        ('memory', 80, 10)
+        >>> s["cache"], s["cache_bytes"], s["num_samples"], s["shuffle_mode"]
+        ('memory', 80, 10, 'exact')
         """
-        out = self._prepare().describe()
+        backend = self._prepare()
+        out = backend.describe()
+        mode = "exact" if backend.window is None else "two-level"
+        mode = mode if self.shuffle else "none"
+        window = "" if backend.window is None or not self.shuffle else (
+            f"; pools of {backend.window} row groups (shuffle_window)"
+        )  # fmt: skip
+        out |= {"shuffle_mode": mode, "shuffle_reason": backend.reason + window}
         if self.transform is not None:
             out |= {"num_workers": self._workers.num_workers, "worker_type": self._workers.kind,
                     "skipped": self._skips.total,

@@ -110,6 +110,9 @@ class Backend:
         Row-group sizes the order functions work on (``[num_windows]`` for windows).
     window:
         Row groups per shuffle pool; ``None`` for the exact permutation.
+    reason:
+        Why the data is held this way (``cache=`` asked for it, or what ``"auto"`` decided
+        from the estimate and the budget): ``Loader.stats()["shuffle_reason"]``.
     """
 
     mode: str
@@ -121,6 +124,7 @@ class Backend:
     shards: ShardCache | None = None
     #: the batch keys, blocks and columns (``None`` for windows)
     packing: Packing | None = None
+    reason: str = ""
 
     @property
     def num_samples(self) -> int:
@@ -250,7 +254,8 @@ def open_backend(
             source, windows, layout=layout, widen_unsigned=widen_unsigned, dtype=dtype,
             copier=window_copier,
         )  # fmt: skip
-        return Backend("memory", sampler, [sampler.num_rows], window, shards=shards)
+        return Backend("memory", sampler, [sampler.num_rows], window, shards=shards,
+                       reason="windows= are built in memory")  # fmt: skip
     lists = {"shapes": shapes, "ragged": ragged, "pad_value": pad_value}
     packing = _packing(source, columns, strings, widen_unsigned, stack, dtype, lists)
     specs = packing.specs
@@ -264,13 +269,28 @@ def open_backend(
             "Fix: write it (ds.write(path)) and load fl.open(path), or pass cache='memory' / "
             "a larger memory_budget."
         )
+    over = f"about {_readable(estimate)} of columns over memory_budget={_readable(budget)}"
     if stream:
         assert layout is not None  # a computed dataset was refused above
         sizes = layout.row_group_sizes
         if window is None:
             group_bytes = max(1, packing.row_bytes * max(sizes, default=1))
             window = max(1, min(len(sizes), budget // (STREAM_POOLS * group_bytes)))
-        return Backend("none", layout, sizes, window, specs, shards=shards, packing=packing)
+        if cache == "none":
+            reason = "cache='none' streams row groups"
+        else:
+            reason = (
+                f"cache='auto' streams row groups: {over} (estimated from the schema and "
+                f"{rows} rows). For the exact shuffle pass cache='node' (one memory-mapped file "
+                "per machine, paged from disk beyond RAM) or a larger memory_budget"
+            )
+            logger.info(
+                "Loader: %s; the shuffle is two-level (row groups permuted, rows shuffled in "
+                "pools of %d row groups), not the exact permutation a cache gives.",
+                reason, window,
+            )  # fmt: skip
+        return Backend("none", layout, sizes, window, specs, shards=shards, packing=packing,
+                       reason=reason)  # fmt: skip
     if shards is not None:  # downloads overlap decoding: each shard loads once it arrives
         assert layout is not None  # a shard cache serves a layout's files
         shards.schedule(range(len(layout.files)))
@@ -288,7 +308,12 @@ def open_backend(
                 node.open_seconds,
             )  # fmt: skip
             sizes = layout.row_group_sizes
-            return Backend("memory", node, sizes, window, specs, shards=shards, packing=packing)
+            reason = f"cache={cache!r}: a node cache file" + (
+                f" (about {_readable(estimate)} of columns, {world_size} ranks)"
+                if cache == "auto" else ""
+            )  # fmt: skip
+            return Backend("memory", node, sizes, window, specs, shards=shards, packing=packing,
+                           reason=reason)  # fmt: skip
     limit = budget if cache == "auto" and rows is None else None
     started = time.perf_counter()
     loaded = load_cache(source, packing, layout=layout, budget=limit)
@@ -297,7 +322,27 @@ def open_backend(
         loaded.num_rows, loaded.nbytes, time.perf_counter() - started,
     )  # fmt: skip
     sizes = layout.row_group_sizes if layout is not None else [loaded.num_rows]
-    return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing)
+    if cache == "auto":
+        fits = f"about {_readable(estimate)} of columns" if rows is not None else "the columns"
+        reason = f"cache='auto' holds {fits} in memory, within memory_budget={_readable(budget)}"
+    else:
+        reason = f"cache={cache!r}"
+    return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing,
+                   reason=reason)  # fmt: skip
+
+
+def _readable(size: int) -> str:
+    """A byte count for people.
+
+    Examples
+    --------
+    >>> _readable(3_000_000_000), _readable(1_500_000), _readable(80)
+    ('3.0 GB', '1.5 MB', '80 bytes')
+    """
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
 
 
 def _use_node(
