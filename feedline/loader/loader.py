@@ -172,6 +172,7 @@ class Loader:
                 dtype=self.dtype, **self.lists, world_size=self.world_size,
                 node_dir=self.cache_dir,
                 window_copier=window_copier(self.format, self.prefetch),
+                batch_size=self.batch_size,
             )  # fmt: skip
             self._warn_if_empty(self._backend.num_samples)
         return self._backend

@@ -291,7 +291,7 @@ def test_computed_datasets_are_cached_through_iter_batches() -> None:
     with pytest.raises(ConfigurationError, match=r"ds\.write"):
         len(ds.loader(cache="none"))
     with pytest.raises(ConfigurationError, match="memory budget"):
-        len(ds.loader(memory_budget=1000))
+        len(ds.loader(batch_size=10, memory_budget=1000))  # a batch fits, the cache not
 
 
 def test_arrow_tables_and_paths_load(write, tmp_path) -> None:

@@ -102,7 +102,7 @@ def test_falling_back_to_the_two_level_shuffle_is_logged_and_reported(write, cap
     assert not [r for r in caplog.records if "two-level" in r.getMessage()]
     assert exact["shuffle_mode"] == "exact" and "within memory_budget" in exact["shuffle_reason"]
     assert chosen["shuffle_mode"] == "two-level" and "cache='none'" in chosen["shuffle_reason"]
-    assert ds.loader(shuffle=False, memory_budget=1000).stats()["shuffle_mode"] == "none"
+    assert ds.loader(shuffle=False, memory_budget=43_999).stats()["shuffle_mode"] == "none"
 
 
 def test_a_checkpoint_of_an_exact_shuffle_does_not_resume_in_streaming(write) -> None:

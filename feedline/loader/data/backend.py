@@ -32,8 +32,9 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError
+from feedline.host import memory_room
 from feedline.loader.data.column_dtypes import with_dtypes
-from feedline.loader.data.columns import ColumnSpec, column_specs, infer_shapes
+from feedline.loader.data.columns import ColumnSpec, check_batch_bytes, column_specs, infer_shapes
 from feedline.loader.data.memory_cache import (
     CacheSession,
     FileLayout,
@@ -202,6 +203,7 @@ def open_backend(
     world_size: int = 1,
     node_dir: str | os.PathLike[str] | None = None,
     window_copier: str = "numpy",
+    batch_size: int = 1,
 ) -> Backend:
     """Decide how to serve ``data`` (any input of :func:`as_source`) and load it when it is
     cached.
@@ -220,6 +222,11 @@ def open_backend(
     ``pad_value`` too (list columns, see :func:`~feedline.loader.data.columns.column_specs`).
     ``window_copier`` is what copies ``windows=`` batches (see
     :class:`~feedline.loader.data.windows.WindowSampler`: ``"torch"`` for torch batches).
+
+    Before anything is allocated, the columns' sizes are checked against ``budget``: a batch
+    of ``batch_size`` samples (:func:`~feedline.loader.data.columns.check_batch_bytes`) and,
+    when streaming, one row group (a pool holds at least one); ``cache="memory"`` must fit
+    this host's memory. Each is a :class:`ConfigurationError` naming the sizes.
 
     Examples
     --------
@@ -259,8 +266,16 @@ def open_backend(
     lists = {"shapes": shapes, "ragged": ragged, "pad_value": pad_value}
     packing = _packing(source, columns, strings, widen_unsigned, stack, dtype, lists)
     specs = packing.specs
+    check_batch_bytes(specs, batch_size, budget)
     rows = layout.num_rows if layout is not None else known_rows(source)
     estimate = packing.row_bytes * (rows or 0)
+    if cache == "memory" and estimate > memory_room():
+        raise ConfigurationError(
+            f"Loader: cache='memory' would hold about {_readable(estimate)} of columns ({rows} "
+            f"rows of {_readable(packing.row_bytes)}), more than this host's memory "
+            f"({_readable(memory_room())}). Fix: check shapes= and columns=, or use "
+            "cache='node' (a file, paged from disk) or cache='auto' (streams over the budget)."
+        )
     stream = cache == "none" or (cache == "auto" and rows is not None and estimate > budget)
     if (stream or cache == "node") and layout is None:
         raise ConfigurationError(
@@ -273,6 +288,7 @@ def open_backend(
     if stream:
         assert layout is not None  # a computed dataset was refused above
         sizes = layout.row_group_sizes
+        _check_group_bytes(packing.row_bytes, sizes, budget)
         if window is None:
             group_bytes = max(1, packing.row_bytes * max(sizes, default=1))
             window = max(1, min(len(sizes), budget // (STREAM_POOLS * group_bytes)))
@@ -329,6 +345,19 @@ def open_backend(
         reason = f"cache={cache!r}"
     return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing,
                    reason=reason)  # fmt: skip
+
+
+def _check_group_bytes(row_bytes: int, sizes: Sequence[int], budget: int) -> None:
+    """Streaming holds whole row groups: refuse one whose arrays alone are over ``budget``."""
+    rows = max(sizes, default=0)
+    if rows * row_bytes > budget:
+        raise ConfigurationError(
+            f"Loader: streaming holds whole row groups, and the largest ({rows} rows of "
+            f"{_readable(row_bytes)} as loader arrays) takes {_readable(rows * row_bytes)}, over "
+            f"memory_budget={_readable(budget)}. Fix: check shapes= (list rows are padded to "
+            "them), rewrite the dataset with smaller row groups (write(..., row_group_rows=)), "
+            "or pass a larger memory_budget."
+        )
 
 
 def _readable(size: int) -> str:
