@@ -356,15 +356,15 @@ def infer_shapes(
     {'v': (3,)}
     """
 
-    shapes = {}
-    for name, shape in dict(given or {}).items():
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, wanted in dict(given or {}).items():
         try:
-            dims = tuple(operator.index(d) for d in shape)
+            dims = tuple(operator.index(d) for d in wanted)
         except TypeError:
             dims = ()
-        if not dims or min(dims) < 1 or any(isinstance(d, bool) for d in shape):
+        if not dims or min(dims) < 1 or any(isinstance(d, bool) for d in wanted):
             raise ConfigurationError(
-                f"Loader: shapes[{name!r}]={shape!r} is not a shape: it must be a tuple of "
+                f"Loader: shapes[{name!r}]={wanted!r} is not a shape: it must be a tuple of "
                 "positive ints (one per tensor dimension). Fix: pass e.g. shapes={"
                 f"{name!r}: (3, 64, 64)}}."
             )
