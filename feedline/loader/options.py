@@ -138,7 +138,11 @@ class LoaderOptions:
         Row groups per pool of the two-level shuffle. Default: exact permutation when cached,
         as many groups as fit a third of ``memory_budget`` when streaming.
     memory_budget:
-        Bytes (or ``"2GB"``) the loader may hold.
+        Bytes (or ``"2GB"``) the loader may hold. ``cache="auto"`` caches the columns when
+        their estimate fits it, else streams with the two-level shuffle (an INFO log line and
+        ``stats()["shuffle_mode"]`` say so; ``cache="node"`` or a larger budget keep the exact
+        shuffle). A batch, and a streamed row group, must fit it (checked before anything is
+        allocated: a ConfigurationError names the column and the sizes).
     windows:
         A :class:`~feedline.loader.data.windows.Windows` to yield time-series windows instead
         of rows.
@@ -203,8 +207,8 @@ class LoaderOptions:
     shapes, ragged, pad_value:
         List columns (``list`` / ``large_list`` / ``fixed_size_list`` of numbers, nested or
         not, as Spark's ``ArrayType`` and pyarrow write arrays) load as tensors:
-        ``shapes={"image": (3, 64, 64)}`` gives a column's per-sample shape, else it is
-        that of the first row. Every row is checked as it loads; a row of another length
+        ``shapes={"image": (3, 64, 64)}`` gives a column's per-sample shape (positive ints),
+        else it is that of the first row. Every row is checked as it loads; a row of another length
         or a null row raises :class:`~feedline.errors.DataError` naming it, unless
         ``ragged`` (one policy or ``{column: policy}``) is ``"pad"`` (short and null rows
         filled with ``pad_value``), ``"truncate"`` (long rows cut) or ``"pad_or_truncate"``
