@@ -5,10 +5,11 @@ A loader state is refused on other data than it was taken on
 samples. A written feedline dataset is named by its manifest (the fingerprint of its shards'
 checksums); data without a manifest is named here, cheaply:
 
-- a plain Parquet folder: ``"parquet:"`` and the sha256 of its files' footer digests, in
-  order. A footer holds every column chunk's sizes, offsets and (as pyarrow and Spark write
-  them) min/max statistics, so another file of as many rows has another footer; one small
-  read per file.
+- a plain Parquet folder: ``"parquet:"`` and the sha256 of every file's name, size and
+  row groups and of the footers of up to :data:`FOOTER_FILES` files spread over the folder.
+  A footer holds every column chunk's sizes, offsets and (as pyarrow and Spark write them)
+  min/max statistics, so another file of as many rows has another footer; one small read
+  per footer, so a folder of many remote files costs a bounded number of reads.
 - computed and in-memory data (a :class:`~feedline.store.shard_source.BatchStream`, always
   cached by the loader): ``"content:"`` and the sha256 of the values the loader serves: every
   row when they take at most :data:`CONTENT_BYTES`, else rows spread evenly over the data up
@@ -39,7 +40,10 @@ from feedline.loader.data.backend import Backend
 from feedline.store.footers import footer_of
 from feedline.store.shard_source import BatchStream, ShardSource
 
-__all__ = ["CONTENT_BYTES", "data_fingerprint", "sample_rows"]
+__all__ = ["CONTENT_BYTES", "FOOTER_FILES", "data_fingerprint", "sample_rows"]
+
+#: footers read at most for a ``parquet:`` fingerprint
+FOOTER_FILES = 16
 
 #: bytes of loader values hashed at most for a ``content:`` fingerprint
 CONTENT_BYTES = 16 << 20
@@ -69,7 +73,12 @@ def data_fingerprint(source: ShardSource | BatchStream, backend: Backend) -> str
 
 def _parquet_digest(source: ShardSource) -> str:
     digest = hashlib.sha256()
-    for loc in source.files:
+    for loc, shard in zip(source.files, source.shards, strict=False):
+        name = loc.url.rstrip("/").rsplit("/", 1)[-1]
+        digest.update(f"{name}|{shard.bytes}|{tuple(shard.row_groups)}\n".encode())
+    picked = sample_rows(len(source.files), 1, budget=FOOTER_FILES)
+    for index in picked.tolist():
+        loc = source.files[index]
         try:
             footer = footer_of(loc)
         except FileNotFoundError as exc:
