@@ -46,7 +46,8 @@ def read_footer(location: Location) -> pq.FileMetaData:
     try:
         with location.fs.open(location.path, "rb") as handle:
             return pq.ParquetFile(handle).metadata
-    except (OSError, pa.ArrowException) as exc:
+    except (OSError, pa.ArrowException, ValueError) as exc:  # ValueError: a damaged name
+        # is not UTF-8 (UnicodeDecodeError)
         raise DataError(
             f"Cannot read the Parquet footer of {location.url!r}: {exc}. The file is corrupt, "
             "truncated or not Parquet. Fix: re-create it or exclude it from the input."
@@ -93,7 +94,14 @@ class ParquetSource(Source):
 
     def schema(self) -> pa.Schema:
         if self._schema is None:
-            stored = read_footer(self._files[0]).schema.to_arrow_schema()
+            first = self._files[0]
+            try:
+                stored = read_footer(first).schema.to_arrow_schema()
+            except (pa.ArrowException, ValueError) as exc:
+                raise DataError(
+                    f"Cannot read the schema in the Parquet footer of {first.url!r}: {exc}. The "
+                    "file is corrupt. Fix: re-create it or exclude it from the input."
+                ) from exc
             self._schema = logical_schema(stored)  # tensors stored as binary: typed back
         return self._schema
 

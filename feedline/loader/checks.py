@@ -27,7 +27,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["checked_int"]
+__all__ = ["MAX_COUNT", "checked_int"]
+
+#: the largest epoch, batch, sample or row count the loader takes (``2**62 - 1``): far more
+#: than any training run reaches, and room for int64 arithmetic on positions (a count times
+#: a small factor) without overflow
+MAX_COUNT = (1 << 62) - 1
 
 
 def checked_int(

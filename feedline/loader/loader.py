@@ -23,8 +23,10 @@ the pipeline (:mod:`feedline.loader.pipeline`), the framework views
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -36,6 +38,7 @@ from feedline.loader.adapters.tf import batch_shapes, import_tensorflow, tf_data
 from feedline.loader.adapters.torch import import_torch
 from feedline.loader.adapters.torch_dataset import torch_dataloader, torch_dataset
 from feedline.loader.data.backend import Backend, LoaderInput, as_source, open_backend
+from feedline.loader.data.fingerprint import data_fingerprint
 from feedline.loader.data.shard_cache import default_cache_dir
 from feedline.loader.data.windows import window_copier
 from feedline.loader.nodes.gather import Gather
@@ -44,7 +47,13 @@ from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.node import Node
 from feedline.loader.nodes.skips import Skips
 from feedline.loader.nodes.worker_pools import make_workers
-from feedline.loader.options import check_epoch, loader_options, options_signature, ranks
+from feedline.loader.options import (
+    OPTION_NAMES,
+    check_epoch,
+    loader_options,
+    options_signature,
+    ranks,
+)
 from feedline.loader.order.ahead import OrderAhead
 from feedline.loader.order.resume import epoch_plan, restore
 from feedline.loader.order.sample_order import EpochPlan
@@ -60,6 +69,8 @@ if TYPE_CHECKING:
     from feedline.store.shard_source import BatchStream, ShardSource
 
 __all__ = ["Loader"]
+
+logger = logging.getLogger(__name__)
 
 
 class Loader:
@@ -100,13 +111,14 @@ class Loader:
     @options_signature
     def __init__(self, dataset: LoaderInput, *args: Any, **options: Any) -> None:
         self.options = o = loader_options(args, options)  # every option checked, once
+        # the options a checkpoint's must not override (see load_state_dict)
+        self._given = {*options, *OPTION_NAMES[: len(args)]}
         if isinstance(dataset, str | os.PathLike):  # opened now: a wrong path fails here
             dataset = as_source(dataset)
         self.dataset = dataset
         # what this loader does with them, resolved against this process
         self.rank, self.world_size = ranks(o)
         self.batch_size, self.prefetch, self.shuffle = o.batch_size, o.prefetch, o.shuffle
-        self._seed_given = o.seed is not None
         self.seed = 0 if o.seed is None else o.seed
         self.drop_last = self.shuffle if o.drop_last is None else o.drop_last
         self.columns, self.cache, self.format = o.columns, o.cache, o.format
@@ -162,7 +174,22 @@ class Loader:
                 window_copier=window_copier(self.format, self.prefetch),
                 batch_size=self.batch_size,
             )  # fmt: skip
+            self._warn_if_empty(self._backend.num_samples)
         return self._backend
+
+    def _warn_if_empty(self, samples: int) -> None:
+        """Say so when ``drop_last`` drops every sample of an epoch (0 batches, each epoch)."""
+        step = self.world_size * self.batch_size
+        if self.drop_last and 0 < samples < step:
+            ranks = f" x world_size={self.world_size}" if self.world_size > 1 else ""
+            message = (
+                f"Loader: batch_size={self.batch_size}{ranks} is more than the {samples} "
+                "samples of an epoch, and drop_last=True drops the remainder: every epoch yields "
+                "0 batches. Fix: pass a smaller batch_size, or drop_last=False to keep a short "
+                "last batch."
+            )
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=4)
 
     def _shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Per batch key: the shape of one sample and its dtype."""
@@ -204,7 +231,11 @@ class Loader:
 
         Right after :meth:`load_state_dict`, setting the restored epoch keeps the restored
         position, so ``for epoch in range(state["epoch"], E): loader.set_epoch(epoch)``
-        resumes exactly.
+        resumes exactly. A state taken after the last batch of epoch ``e`` records epoch
+        ``e`` as complete (``{"epoch": e, "batches": len(loader)}``): the restored loader's
+        next iteration (``set_epoch(e)`` or not) yields nothing, and ``set_epoch(e + 1)``
+        starts the next epoch, so a loop that resumes at ``state["epoch"]`` or at
+        ``state["epoch"] + 1`` never replays a batch.
 
         Examples
         --------
@@ -255,9 +286,10 @@ class Loader:
                              epoch=epoch, window=backend.window)  # fmt: skip
 
     def _position(self) -> EpochPlan:
-        """The current epoch's plan, moving on to the next epoch when this one is complete."""
+        """The current epoch's plan, moving on to the next epoch when this one is complete
+        (unless it was just restored: a restored complete epoch yields nothing once)."""
         plan = self._plan()
-        if plan.num_batches and self._consumed >= plan.num_batches:
+        if plan.num_batches and self._consumed >= plan.num_batches and not self._restored:
             self._epoch, self._consumed, self._segments = self._epoch + 1, 0, ()
             plan = self._plan()
         return plan
@@ -270,6 +302,8 @@ class Loader:
         The position only moves forward: an iteration abandoned part-way (``break``) is
         continued by the next one, and iterating a complete epoch starts the next epoch (as
         ``set_epoch(epoch + 1)`` would), so a forgotten ``set_epoch`` never repeats an order.
+        Right after :meth:`load_state_dict` the iteration continues the restored epoch: after
+        a state taken at the end of an epoch it yields nothing (see :meth:`set_epoch`).
         """
         return self._iterate(self.format)
 
@@ -280,6 +314,7 @@ class Loader:
         if self._workers is not None:
             self._workers.start()  # processes start while the cache loads
         plan = self._position()
+        self._restored = False  # the restored position is used: set_epoch starts over again
         self._token = token = object()
         node = self._pipeline(fmt)
         gen = self._consume(node, plan, self._consumed, self._epoch, token, asked)
@@ -296,7 +331,8 @@ class Loader:
         """Order and gather over this loader's data, at its position: a pipeline's start.
 
         Wrap it in nodes of your own (:mod:`feedline.loader.nodes`); its state and
-        ``reset(state)`` are exact (``{"epoch": e, "batch": k}``), and ``reset`` to another
+        ``reset(state)`` are exact (``{"epoch": e, "batches": k}``, the names of
+        :meth:`state_dict`), and ``reset`` to another
         epoch follows this loader's order for that epoch.
 
         Examples
@@ -361,6 +397,11 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """The loader's position: tiny and JSON-safe (batches yielded to the caller so far).
 
+        ``"epoch"`` and ``"batches"``: ``batches`` of epoch ``epoch`` were yielded (after the
+        last batch of an epoch, ``batches`` is ``len(loader)``: the epoch is complete, see
+        :meth:`set_epoch`); ``"fingerprint"`` names the data (see
+        :mod:`feedline.loader.data.fingerprint`); the rest is the order and the layout.
+
         Examples
         --------
         >>> import feedline as fl
@@ -377,24 +418,34 @@ class Loader:
         ).as_dict()  # fmt: skip
 
     @functools.cached_property
-    def _fingerprint(self) -> str | None:
-        """The dataset's fingerprint (its manifest's shard checksums); ``None`` if unwritten."""
-        return self._source().fingerprint
+    def _fingerprint(self) -> str:
+        """The data's fingerprint: its manifest's (shard checksums), else one of the data
+        (:func:`~feedline.loader.data.fingerprint.data_fingerprint`)."""
+        return data_fingerprint(self._source(), self._prepare())
 
-    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+    def load_state_dict(
+        self,
+        state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        check_dataset: bool = True,
+    ) -> None:
         """Resume from ``state_dict()``: the next iteration yields exactly the unseen batches.
 
-        Seed, shuffle and window come from the state (the order must be the checkpoint's); a
-        seed given explicitly to this loader must be the state's (else ConfigurationError).
+        Seed, shuffle and window come from the state (the order must be the checkpoint's);
+        a ``seed``, ``shuffle`` or ``shuffle_window`` given explicitly to this loader must be
+        the state's (else ConfigurationError: leave them unset to adopt the state's).
         With a different ``world_size``, ``batch_size`` or ``drop_last`` the samples no old
         rank yielded are split over the new ranks (elastic resume). One state stands for all
         old ranks having yielded as many batches (lock-step training); pass every old rank's
         state otherwise.
 
         Every field is validated first (types, ranges, keys, version), then the state must
-        have been taken on this dataset (the manifest's fingerprint and the sample count) at
-        a position its epoch holds; anything else raises :class:`ConfigurationError` naming
-        the field and leaves the loader as it was (see :mod:`feedline.loader.order.state`).
+        have been taken on this dataset (its fingerprint and the sample count) at a position
+        its epoch holds; anything else raises :class:`ConfigurationError` naming the field and
+        leaves the loader as it was (see :mod:`feedline.loader.order.state`). A state without
+        a fingerprint (version 1, or taken by an earlier feedline on in-memory data) is
+        refused; ``check_dataset=False`` accepts it, or one of another fingerprint, when you
+        know it was taken on this very data (the sample count is still checked).
 
         Examples
         --------
@@ -412,10 +463,14 @@ class Loader:
         states = parse_states(state)  # before loading any data
         backend = self._prepare()
         backend.check_states(states)
+        given = self._given
         at = restore(
             states, num_samples=backend.num_samples, streaming=backend.mode == "none",
             world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
-            fingerprint=self._fingerprint, seed=self.seed if self._seed_given else None,
+            fingerprint=self._fingerprint, check_dataset=check_dataset,
+            seed=self.options.seed if "seed" in given else None,
+            shuffle=self.options.shuffle if "shuffle" in given else None,
+            window=self._requested_window,
         )  # fmt: skip
         self._close_active()
         self.seed, self.shuffle, backend.window = at.seed, at.shuffle, at.window
@@ -538,6 +593,12 @@ class Loader:
     def stats(self) -> dict[str, Any]:
         """How the data is held: cache mode, cached bytes, window and streaming counters.
 
+        ``shuffle_mode`` is ``"exact"`` (a global permutation of the cached data),
+        ``"two-level"`` (row groups permuted, rows shuffled in pools of ``shuffle_window`` row
+        groups: what ``cache="auto"`` falls back to when the columns are over
+        ``memory_budget``, with an INFO line on the ``feedline`` logger) or ``"none"``
+        (``shuffle=False``); ``shuffle_reason`` says why, and what to pass for the exact one.
+
         With a ``transform``: ``num_workers``, ``worker_type``, ``skipped`` (samples it dropped
         from the batches delivered so far) and ``skipped_examples`` (the first 20, each naming
         its epoch, sample and reason).
@@ -551,10 +612,17 @@ class Loader:
         --------
         >>> import feedline as fl
         >>> s = fl.range(10).loader(batch_size=2).stats()
-        >>> s["cache"], s["cache_bytes"], s["num_samples"]
-        ('memory', 80, 10)
+        >>> s["cache"], s["cache_bytes"], s["num_samples"], s["shuffle_mode"]
+        ('memory', 80, 10, 'exact')
         """
-        out = self._prepare().describe()
+        backend = self._prepare()
+        out = backend.describe()
+        mode = "exact" if backend.window is None else "two-level"
+        mode = mode if self.shuffle else "none"
+        window = "" if backend.window is None or not self.shuffle else (
+            f"; pools of {backend.window} row groups (shuffle_window)"
+        )  # fmt: skip
+        out |= {"shuffle_mode": mode, "shuffle_reason": backend.reason + window}
         if self.transform is not None:
             out |= {"num_workers": self._workers.num_workers, "worker_type": self._workers.kind,
                     "skipped": self._skips.total,

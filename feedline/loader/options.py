@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, fields
@@ -53,9 +54,10 @@ from feedline.arrow.sizes import parse_bytes
 from feedline.errors import ConfigurationError
 from feedline.loader.adapters.formats import FORMATS
 from feedline.loader.adapters.torch import distributed_defaults
-from feedline.loader.checks import checked_int
+from feedline.loader.checks import MAX_COUNT, checked_int
 from feedline.loader.data.windows import Windows
 from feedline.loader.nodes.worker_pools import check_timeout, check_workers
+from feedline.loader.order.state import MAX_WORLD_SIZE
 
 __all__ = [
     "CACHES",
@@ -95,10 +97,13 @@ class LoaderOptions:
         batches that together cover the epoch. ``None`` (default): ``torch.distributed``'s
         rank and world size when it is initialized, else 0 and 1.
     drop_last:
-        ``True`` drops the remainder (< ``world_size * batch_size`` samples); ``False`` keeps
-        every sample: each rank's last batch is short (the last step's samples fill the
-        ranks' last batches in rank order, so a later rank's may be shorter or empty) and
-        every rank still yields ``len(loader)`` batches. ``None`` (default): ``True`` when
+        ``True`` drops the remainder (< ``world_size * batch_size`` samples; when that is the
+        whole epoch, a warning says so); ``False`` keeps every sample: each rank's last batch
+        is short (the last step's samples fill the ranks' last batches in rank order, so a
+        later rank's may be shorter) and every rank still yields ``len(loader)`` batches
+        (equal steps for DDP's all-reduce). No batch is ever empty: a rank with no sample left
+        for its last batch gets one repeated sample (the epoch's first it would pad with; see
+        ``pad_last`` to mark repeats). ``None`` (default): ``True`` when
         shuffling (training: a different remainder each epoch), ``False`` with
         ``shuffle=False`` (evaluation: every sample, once). Evaluate with ``shuffle=False``.
     columns:
@@ -133,7 +138,11 @@ class LoaderOptions:
         Row groups per pool of the two-level shuffle. Default: exact permutation when cached,
         as many groups as fit a third of ``memory_budget`` when streaming.
     memory_budget:
-        Bytes (or ``"2GB"``) the loader may hold.
+        Bytes (or ``"2GB"``) the loader may hold. ``cache="auto"`` caches the columns when
+        their estimate fits it, else streams with the two-level shuffle (an INFO log line and
+        ``stats()["shuffle_mode"]`` say so; ``cache="node"`` or a larger budget keep the exact
+        shuffle). A batch, and a streamed row group, must fit it (checked before anything is
+        allocated: a ConfigurationError names the column and the sizes).
     windows:
         A :class:`~feedline.loader.data.windows.Windows` to yield time-series windows instead
         of rows.
@@ -207,8 +216,8 @@ class LoaderOptions:
     shapes, ragged, pad_value:
         List columns (``list`` / ``large_list`` / ``fixed_size_list`` of numbers, nested or
         not, as Spark's ``ArrayType`` and pyarrow write arrays) load as tensors:
-        ``shapes={"image": (3, 64, 64)}`` gives a column's per-sample shape, else it is
-        that of the first row. Every row is checked as it loads; a row of another length
+        ``shapes={"image": (3, 64, 64)}`` gives a column's per-sample shape (positive ints),
+        else it is that of the first row. Every row is checked as it loads; a row of another length
         or a null row raises :class:`~feedline.errors.DataError` naming it, unless
         ``ragged`` (one policy or ``{column: policy}``) is ``"pad"`` (short and null rows
         filled with ``pad_value``), ``"truncate"`` (long rows cut) or ``"pad_or_truncate"``
@@ -261,11 +270,11 @@ class LoaderOptions:
         keep = object.__setattr__  # frozen: the checked, normalized values replace the given
         keep(self, "batch_size", _count("batch_size", self.batch_size, 1))
         if self.seed is not None:
-            keep(self, "seed", _count("seed", self.seed, 0))
+            keep(self, "seed", _count("seed", self.seed, 0, None))
         if self.world_size is not None:
-            keep(self, "world_size", _count("world_size", self.world_size, 1))
+            keep(self, "world_size", _count("world_size", self.world_size, 1, MAX_WORLD_SIZE))
         if self.rank is not None:
-            keep(self, "rank", _count("rank", self.rank, 0))
+            keep(self, "rank", _count("rank", self.rank, 0, MAX_WORLD_SIZE - 1))
         keep(self, "prefetch", _count("prefetch", self.prefetch, 0))
         if self.rank is not None and self.world_size is not None:
             _check_rank(self.rank, self.world_size)
@@ -319,15 +328,24 @@ _PARAMETERS = tuple(inspect.signature(LoaderOptions).parameters.values())
 _POSITIONAL = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in _PARAMETERS)
 
 
-def _count(name: str, value: Any, low: int) -> int:
-    """A count option as an int >= ``low`` (:func:`~feedline.loader.checks.checked_int`)."""
+def _count(name: str, value: Any, low: int, high: int | None = MAX_COUNT) -> int:
+    """A count option as an int in ``[low, high]`` (:func:`~feedline.loader.checks.checked_int`;
+    ``high`` defaults to :data:`~feedline.loader.checks.MAX_COUNT`, ``None``: no bound)."""
 
     def fail(expected: str) -> ConfigurationError:
+        try:
+            big = high is not None and not isinstance(value, bool) and operator.index(value) > high
+        except TypeError:  # not an integer at all
+            big = False
+        wanted, fix = (
+            (f"an int <= {high}", f"{name}={high} or less") if big
+            else (f"an int >= {low}", f"{name}={low} or more")
+        )  # fmt: skip
         return ConfigurationError(
-            f"Loader: {name} must be {expected}, got {value!r}. Fix: pass {name}={low} or more."
+            f"Loader: {name} must be {wanted}, got {value!r}. Fix: pass {fix}."
         )
 
-    return checked_int(value, low, fail=fail)
+    return checked_int(value, low, high, fail=fail)
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -339,12 +357,17 @@ def _check_rank(rank: int, world_size: int) -> None:
 
 
 def check_epoch(epoch: Any) -> int:
-    """An epoch number (``Loader.set_epoch``) as an int >= 0, else ConfigurationError.
+    """An epoch number (``Loader.set_epoch``) as an int in ``[0, 2**62)``, else
+    ConfigurationError.
 
     Examples
     --------
     >>> check_epoch(3)
     3
+    >>> check_epoch(10**20)
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: Loader: epoch must be an int <= 4611686018427387903, ...
     """
     return _count("epoch", epoch, 0)
 

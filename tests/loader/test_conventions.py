@@ -52,21 +52,34 @@ def test_evaluation_keeps_every_sample_once_with_a_short_last_batch(write) -> No
     assert metrics["samples"] == 103 and evaluation.timeline()[-1]["samples"] == 3
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_short_last_batches_keep_ranks_equal_and_disjoint(write, world: int) -> None:
-    ds, n, bs = write(50), 50, 8
+@pytest.mark.parametrize("world", range(2, 9))
+@pytest.mark.parametrize("n", [50, 61])
+def test_short_last_batches_keep_ranks_equal_and_are_never_empty(write, world: int, n: int) -> None:
+    """Issue 24.3: with ``drop_last=False`` a rank past the last step's samples got an empty
+    last batch (a NaN loss). Every rank yields ``len(loader)`` batches (DDP's all-reduce needs
+    equal steps), none empty: such a rank's last batch is one repeated sample."""
+    ds, bs = write(n, row_group_rows=10), 8
     loaders = [ds.loader(batch_size=bs, rank=r, world_size=world, seed=2, drop_last=False,
                          format="numpy") for r in range(world)]  # fmt: skip
     shares = [ids(loader) for loader in loaders]
     assert len({len(s) for s in shares}) == 1 == len({len(loader) for loader in loaders})
+    assert all(1 <= len(b) <= bs for s in shares for b in s)  # never an empty batch
+    assert all(len(b) == bs for s in shares for b in s[:-1])  # only the last is short
+    left = n - (len(shares[0]) - 1) * world * bs  # samples for the last step
+    real = [min(bs, max(0, left - r * bs)) for r in range(world)]  # in rank order
+    assert [len(s[-1]) for s in shares] == [max(1, k) for k in real]
     everything = [i for s in shares for i in flat(s)]
-    assert sorted(everything) == list(range(n))  # each sample once, no padding repeats
-    last = [len(s[-1]) for s in shares]  # the last step fills ranks in rank order
-    assert last == sorted(last, reverse=True) and all(x <= bs for x in last)
+    repeats = sum(k == 0 for k in real)  # one repeat per rank with nothing left
+    assert len(everything) == n + repeats and sorted(set(everything)) == list(range(n))
+    for rank, k in enumerate(real):
+        if k == 0:  # the repeat is a sample of the epoch, yielded once more
+            assert everything.count(shares[rank][-1][0]) == 2
     plan = split_for_rank(np.arange(10), rank=1, world_size=2, batch_size=4, drop_last=False,
                           pad_last=False)  # fmt: skip
+    # position 12 of 10 samples: the padding's first repeat, sample 12 % 10
     assert plan.num_batches == 2 and [plan.batch(k).tolist() for k in (0, 1)] == [[4, 5, 6, 7],
-                                                                                  []]  # fmt: skip
+                                                                                  [2]]  # fmt: skip
+    assert plan.padded.tolist() == [False] * 4 + [True]
 
 
 def test_seed_defaults_to_the_checkpoints_and_an_explicit_other_seed_is_refused(write) -> None:

@@ -64,6 +64,28 @@ def test_iterating_a_complete_epoch_starts_the_next(write) -> None:
     assert loader.epoch == 1 and not np.array_equal(first, second)
 
 
+@pytest.mark.parametrize(("batch_size", "world"), [(64, 1), (16, 4)])
+def test_a_batch_larger_than_the_epoch_with_drop_last_warns(
+    write, caplog: pytest.LogCaptureFixture, batch_size: int, world: int
+) -> None:
+    """Issue 23.22: ``batch_size`` over the rows with ``drop_last=True`` silently gave 0
+    batches; it still does (as ``drop_last`` says), but a warning and a log line say why."""
+    ds = write(50)
+    with caplog.at_level("WARNING", logger="feedline"), pytest.warns(UserWarning) as caught:
+        loader = ds.loader(batch_size=batch_size, world_size=world, rank=0, format="numpy")
+        assert len(loader) == 0 and list(loader) == []
+    said = [str(w.message) for w in caught if "drop_last" in str(w.message)]
+    assert len(said) == 1  # once per loader
+    assert f"batch_size={batch_size}" in said[0] and "50 samples" in said[0]
+    assert "0 batches" in said[0] and "Fix: pass a smaller batch_size" in said[0]
+    assert any("drop_last=True drops" in r.getMessage() for r in caplog.records)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of these warn
+        assert len(ds.loader(batch_size=batch_size, drop_last=False, world_size=world, rank=0)) == 1
+        assert len(ds.loader(batch_size=50 // world, world_size=world, rank=0)) == 1
+        assert len(fl.from_arrow(pa.table({"id": pa.array([], pa.int64())})).loader()) == 0
+
+
 def test_shuffle_false_keeps_the_stored_order(write) -> None:
     loader = write(300).loader(batch_size=100, shuffle=False, format="numpy")
     np.testing.assert_array_equal(ids(loader), np.arange(300))
@@ -269,7 +291,7 @@ def test_computed_datasets_are_cached_through_iter_batches() -> None:
     with pytest.raises(ConfigurationError, match=r"ds\.write"):
         len(ds.loader(cache="none"))
     with pytest.raises(ConfigurationError, match="memory budget"):
-        len(ds.loader(memory_budget=1000))
+        len(ds.loader(batch_size=10, memory_budget=1000))  # a batch fits, the cache not
 
 
 def test_arrow_tables_and_paths_load(write, tmp_path) -> None:

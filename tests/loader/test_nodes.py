@@ -46,19 +46,41 @@ def test_nodes_report_the_delivered_position_and_reset_to_it() -> None:
     node = nodes.Prefetch(nodes.Format(loader.source_node(), "numpy"), depth=2)
     head = ids_of(node, 3)
     state = json.loads(json.dumps(node.state_dict()))
-    assert state == {"epoch": 0, "batch": 3}  # the caller's position, not the thread's
+    assert state == {"epoch": 0, "batches": 3}  # the caller's position, not the thread's
     node.reset(state)
     assert head + ids_of(node) == whole
-    node.load_state_dict({"epoch": 0, "batch": 5})
+    node.load_state_dict({"epoch": 0, "batches": 5})
     assert ids_of(node) == whole[5:]
     node.reset()  # the current epoch again, from its start
     assert ids_of(node) == whole
-    node.reset({"epoch": 1, "batch": 0})  # another epoch: the loader's order for it
+    node.reset({"epoch": 1, "batches": 0})  # another epoch: the loader's order for it
     loader.set_epoch(1)
     assert ids_of(node) == [b["id"].tolist() for b in loader]
     node.close()
     with pytest.raises(ConfigurationError, match="get_state"):
-        node.reset({"epoch": -1, "batch": 0})
+        node.reset({"epoch": -1, "batches": 0})
+
+
+def test_node_states_and_loader_states_name_the_position_alike() -> None:
+    """Issue 24.17: one name, ``"batches"``, in the loader's and the nodes' states."""
+    loader = dataset(40).loader(batch_size=8, seed=1, format="numpy", prefetch=0)
+    iterator = iter(loader)
+    head = [next(iterator)["id"].tolist() for _ in range(2)]
+    iterator.close()
+    state = loader.state_dict()
+    node = loader.source_node()
+    assert (
+        node.get_state()
+        == {"epoch": 0, "batches": 2}
+        == {k: state[k] for k in ("epoch", "batches")}
+    )
+    rest = ids_of(node)
+    node.reset(state)  # a loader state is a node state too (its other keys are ignored)
+    assert ids_of(node) == rest
+    node.reset({"epoch": 0, "batch": 1})  # an earlier feedline's node state still reads
+    assert ids_of(node) == [head[1], *rest]
+    with pytest.raises(ConfigurationError, match="'batches'"):
+        node.reset({"epoch": 0, "batch": 1, "batches": 2})  # two positions: which one?
 
 
 def test_a_custom_pipeline_resumes_exactly_through_map_and_prefetch() -> None:

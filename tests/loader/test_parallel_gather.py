@@ -114,7 +114,7 @@ def test_resume_through_split_gathers_is_exact(windows_loader: fl.Loader) -> Non
         with gather(windows_loader, 2, group=3) as node:
             head = [next(node).data["inputs"].copy() for _ in range(stop)]
             state = node.get_state()
-        assert state == {"epoch": 0, "batch": stop}
+        assert state == {"epoch": 0, "batches": stop}
         with gather(windows_loader, 2, group=3, epoch=5) as node:
             node.reset(state)
             tail = [b.data["inputs"] for b in node]

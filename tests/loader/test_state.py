@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -77,7 +78,17 @@ def test_the_state_is_tiny_json_safe_and_names_the_dataset(saved) -> None:
     state = states["plain"][0]
     assert json.loads(json.dumps(state)) == state and len(json.dumps(state)) < 500
     assert state["fingerprint"] == fl.tracking.dataset_digest(ds.manifest)
-    assert fl.range(10).loader(batch_size=2).state_dict()["fingerprint"] is None
+    # data never written is named by its values (issue 23.21: it used to be None)
+    memory = fl.range(10).loader(batch_size=2).state_dict()["fingerprint"]
+    assert memory.startswith("content:")
+    assert memory == fl.range(10).loader(batch_size=5).state_dict()["fingerprint"]
+    assert (
+        memory
+        != fl.range(10)
+        .map_batches(lambda b: {"id": pa.compute.add(b["id"], 1)})
+        .loader(batch_size=2)
+        .state_dict()["fingerprint"]
+    )
 
 
 @pytest.mark.parametrize("name", ["plain", "elastic"])
@@ -136,14 +147,94 @@ def test_a_state_of_another_dataset_of_the_same_size_is_refused(saved, tmp_path)
     _loader(fl.open(ds.plan.source.target.url), kwargs).load_state_dict(state)
 
 
-def test_a_version_1_state_without_a_fingerprint_still_resumes(saved) -> None:
+def test_a_state_without_a_fingerprint_resumes_only_when_asked_to(saved) -> None:
+    """Issue 23.21: a version-1 state (or a null fingerprint) names no dataset: refused,
+    unless ``check_dataset=False`` says it was taken on this data (then it resumes exactly)."""
     ds, states = saved
     state, kwargs, _ = states["plain"]
     old = {k: v for k, v in state.items() if k != "fingerprint"} | {"version": 1}
-    a, b = _loader(ds, kwargs), _loader(ds, kwargs)
-    a.load_state_dict(old)
-    b.load_state_dict(state)
-    assert _ids(a) == _ids(b)
+    for unnamed in (old, {**state, "fingerprint": None}):
+        with pytest.raises(ConfigurationError, match=r"'fingerprint' is missing.*check_dataset"):
+            _loader(ds, kwargs).load_state_dict(unnamed)
+        a, b = _loader(ds, kwargs), _loader(ds, kwargs)
+        a.load_state_dict(unnamed, check_dataset=False)
+        b.load_state_dict(state)
+        assert _ids(a) == _ids(b)
+
+
+def test_a_state_of_unwritten_data_is_refused_on_other_data_of_the_same_size(
+    saved, tmp_path: Path
+) -> None:
+    """Issue 23.21: in-memory data, a computed plan and a plain Parquet folder each have a
+    fingerprint now; an earlier state with ``None`` is refused on a written dataset."""
+    ds = saved[0]
+    kwargs = {"batch_size": 8, "seed": 3}
+    memory = fl.from_arrow(_table(N))
+    first = _loader(memory, kwargs)
+    _take(first, 2)
+    state = first.state_dict()
+    again = _loader(fl.from_arrow(_table(N)), kwargs)  # the same values: the same data
+    again.load_state_dict(state)
+    assert again.state_dict() == state
+    for other in (fl.from_arrow(_table(N, scale=2.0)), ds):  # the same size, other data
+        with pytest.raises(ConfigurationError, match="'fingerprint' differs"):
+            _loader(other, kwargs).load_state_dict(state)
+    with pytest.raises(ConfigurationError, match="'fingerprint' is missing"):
+        _loader(ds, kwargs).load_state_dict({**state, "fingerprint": None})  # as it used to be
+    folders = []
+    for i, scale in enumerate((1.0, 2.0)):
+        folder = tmp_path / f"parquet{i}"
+        folder.mkdir()
+        pq.write_table(_table(N, scale), folder / "part-0.parquet", row_group_size=50)
+        folders.append(fl.read_parquet(folder))
+    plain = _loader(folders[0], kwargs)
+    _take(plain, 1)
+    state = plain.state_dict()
+    assert state["fingerprint"].startswith("parquet:")
+    _loader(folders[0], kwargs).load_state_dict(state)
+    with pytest.raises(ConfigurationError, match="'fingerprint' differs"):
+        _loader(folders[1], kwargs).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ({"seed": 4}, "seed"),
+        ({"shuffle": False}, "shuffle"),
+        ({"shuffle_window": 2}, "shuffle_window"),
+    ],
+)
+def test_explicit_order_options_that_conflict_with_the_state_are_refused_alike(
+    saved, given: dict[str, Any], field: str
+) -> None:
+    """Issue 23.21: an explicit ``shuffle=`` was silently overridden by the state's while an
+    explicit other ``seed=`` was refused; now each is refused, and unset ones are adopted."""
+    ds, states = saved
+    state, kwargs, _ = states["plain"]
+    layout = {k: v for k, v in kwargs.items() if k != "seed"}
+    with pytest.raises(ConfigurationError, match=f"'{field}' differs.*Fix: build the loader"):
+        _loader(ds, {**layout, **given}).load_state_dict(state)
+    same = {"seed": state["seed"], "shuffle": state["shuffle"]}
+    explicit, adopted = _loader(ds, {**layout, **same}), _loader(ds, layout)
+    explicit.load_state_dict(state)
+    adopted.load_state_dict(state)
+    assert _ids(explicit) == _ids(adopted)
+
+
+def test_epoch_and_batch_counts_are_bounded(saved) -> None:
+    """Issue 23.21: ``epoch=10**20`` was accepted (in a state and by set_epoch)."""
+    ds, states = saved
+    state, kwargs, _ = states["plain"]
+    loader = _loader(ds, kwargs)
+    for field in ("epoch", "batches", "num_samples"):
+        with pytest.raises(ConfigurationError, match=f"'{field}' is 100000000000000000000"):
+            loader.load_state_dict({**state, field: 10**20})
+    loader.load_state_dict({**state, "epoch": 2**62 - 1})  # the largest epoch
+    assert loader.epoch == 2**62 - 1
+    with pytest.raises(ConfigurationError, match="epoch must be an int <= "):
+        loader.set_epoch(2**62)
+    with pytest.raises(ConfigurationError, match="batch_size must be an int <= "):
+        _loader(ds, {"batch_size": 10**20})
 
 
 def test_a_refused_state_leaves_the_loader_where_it_was(saved) -> None:
@@ -168,6 +259,69 @@ def test_a_huge_padded_layout_is_recorded_by_its_real_samples(saved) -> None:
     loader.load_state_dict(state)
     assert loader.state_dict()["history"][0]["consumed"] == [N, 0, 0, 0]
     assert _ids(loader) == []  # every sample was yielded (rank 0's one batch held them all)
+
+
+def _train(loader: Loader, start: int, stop: int, *, stop_after: int | None = None) -> Any:
+    """The typical loop: ``for epoch in range(start, stop): set_epoch(epoch); for b in loader``.
+
+    Returns ``(batches seen as (epoch, ids), the state saved at the end of each epoch or
+    after ``stop_after`` batches of the first epoch)``.
+    """
+    seen, state = [], None
+    for epoch in range(start, stop):
+        loader.set_epoch(epoch)
+        for k, batch in enumerate(loader):
+            seen.append((epoch, batch["id"].tolist()))
+            if stop_after is not None and k + 1 == stop_after:
+                return seen, loader.state_dict()
+        state = loader.state_dict()
+    return seen, state
+
+
+@pytest.mark.parametrize("resume_at", ["saved", "next"])
+@pytest.mark.parametrize("where", ["memory", "written"])
+def test_a_state_taken_at_the_end_of_an_epoch_never_replays_it(
+    saved, where: str, resume_at: str
+) -> None:
+    """Issue 23.20: a checkpoint at the end of epoch 1, loaded, then ``set_epoch(1)`` replayed
+    an epoch. The state records epoch 1 complete; a loop resuming at ``state["epoch"]`` gets
+    nothing for it, one resuming at ``state["epoch"] + 1`` starts epoch 2: never a replay."""
+    ds = saved[0] if where == "written" else fl.from_arrow(_table(N))
+    kwargs = {"batch_size": 16, "seed": 5}
+    whole, _ = _train(_loader(ds, kwargs), 0, 4)
+    head, state = _train(_loader(ds, kwargs), 0, 2)  # ... saved after epoch 1, then killed
+    assert (state["epoch"], state["batches"]) == (1, len(_loader(ds, kwargs)))
+    resumed = _loader(ds, kwargs)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    start = state["epoch"] + (resume_at == "next")
+    tail, _ = _train(resumed, start, 4)
+    assert head + tail == whole  # every epoch's batches once, in order, labelled rightly
+    assert resumed.state_dict()["epoch"] == 3
+
+
+def test_a_mid_epoch_state_resumes_the_typical_loop_exactly(saved) -> None:
+    ds = saved[0]
+    kwargs = {"batch_size": 16, "seed": 5}
+    whole, _ = _train(_loader(ds, kwargs), 0, 3)
+    head, _ = _train(_loader(ds, kwargs), 0, 1)
+    more, state = _train(_loader(ds, kwargs), 1, 2, stop_after=4)
+    resumed = _loader(ds, kwargs)
+    resumed.load_state_dict(state)
+    tail, _ = _train(resumed, state["epoch"], 3)
+    assert head + more + tail == whole
+
+
+def test_a_restored_complete_epoch_moves_on_after_its_empty_iteration(saved) -> None:
+    """Without set_epoch: one empty iteration (the restored epoch is done), then epoch 2."""
+    ds = saved[0]
+    kwargs = {"batch_size": 16, "seed": 5}
+    _, state = _train(_loader(ds, kwargs), 0, 2)
+    resumed = _loader(ds, kwargs)
+    resumed.load_state_dict(state)
+    assert list(resumed) == [] and resumed.epoch == 1
+    epoch2 = _loader(ds, kwargs)
+    epoch2.set_epoch(2)
+    assert _ids(resumed) == _ids(epoch2) and resumed.epoch == 2
 
 
 # --------------------------------------------------------------------------- corruptions

@@ -79,6 +79,32 @@ def test_auto_streams_when_the_estimate_exceeds_the_budget(write) -> None:
     assert len(np.unique(ids(small))) == 1000
 
 
+def test_falling_back_to_the_two_level_shuffle_is_logged_and_reported(write, caplog) -> None:
+    """Issue 24.4: over ``memory_budget``, ``cache="auto"`` switched from the exact shuffle
+    to the two-level stream silently; now an INFO line and ``stats()`` say so, and how to
+    keep the exact shuffle."""
+    ds = write(1000)  # 44 bytes a row
+    with caplog.at_level("INFO", logger="feedline"):
+        small = ds.loader(memory_budget=43_999, batch_size=10)
+        stats = small.stats()
+    records = [r for r in caplog.records if "two-level" in r.getMessage()]
+    assert len(records) == 1 and records[0].name.startswith("feedline.")
+    assert records[0].levelname == "INFO"
+    said = [r.getMessage() for r in records]
+    for text in (said[0], stats["shuffle_reason"]):
+        assert "memory_budget=44.0 kB" in text and "cache='node'" in text
+        assert "larger memory_budget" in text and "44.0 kB of columns" in text
+    assert stats["shuffle_mode"] == "two-level" and stats["cache"] == "none"
+    caplog.clear()
+    with caplog.at_level("INFO", logger="feedline"):
+        exact = ds.loader(memory_budget=44_000).stats()
+        chosen = ds.loader(cache="none").stats()  # asked for: nothing to warn about
+    assert not [r for r in caplog.records if "two-level" in r.getMessage()]
+    assert exact["shuffle_mode"] == "exact" and "within memory_budget" in exact["shuffle_reason"]
+    assert chosen["shuffle_mode"] == "two-level" and "cache='none'" in chosen["shuffle_reason"]
+    assert ds.loader(shuffle=False, memory_budget=43_999).stats()["shuffle_mode"] == "none"
+
+
 def test_a_checkpoint_of_an_exact_shuffle_does_not_resume_in_streaming(write) -> None:
     ds = write(200)
     state = ds.loader(batch_size=10).state_dict()

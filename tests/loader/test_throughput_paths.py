@@ -109,7 +109,7 @@ def test_gather_makes_tensors_per_group_and_groups_keep_positions_and_resume() -
     order = nodes.Order(loader._plan, epoch=0, batch=0)
     gather = nodes.Gather(order, loader._prepare(), shuffle=True, seed=1, group=4, fmt="torch")
     group = gather.next_group()
-    assert [b.number for b in group] == [0, 1, 2, 3] and gather.get_state()["batch"] == 4
+    assert [b.number for b in group] == [0, 1, 2, 3] and gather.get_state()["batches"] == 4
     assert all(isinstance(b.data["id"], torch.Tensor) for b in group)
     assert [b.data["id"].tolist() for b in group] == expected[:4]
     for k in range(len(expected) + 1):  # resume at every batch through a grouped prefetch
@@ -118,7 +118,7 @@ def test_gather_makes_tensors_per_group_and_groups_keep_positions_and_resume() -
                               depth=1, group=4)  # fmt: skip
         node.reset({"epoch": 0, "batch": k})
         assert [b.data["id"].tolist() for b in node] == expected[k:]
-        assert node.get_state() == {"epoch": 0, "batch": len(expected)}
+        assert node.get_state() == {"epoch": 0, "batches": len(expected)}
         node.close()
     with pytest.raises(ConfigurationError, match="fmt"):
         nodes.Gather(order, loader._prepare(), shuffle=True, seed=1, fmt="tf")
@@ -217,6 +217,6 @@ def test_order_take_gives_the_batches_and_their_indices_as_one_view() -> None:
     assert [b.indices.tolist() for b in batches] == whole[1:]
     assert indices.tolist() == [i for b in whole[1:] for i in b]
     assert np.shares_memory(indices, node.plan.indices)
-    assert node.get_state() == {"epoch": 0, "batch": 4}
+    assert node.get_state() == {"epoch": 0, "batches": 4}
     with pytest.raises(StopIteration):
         node.take(2)

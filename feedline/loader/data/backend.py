@@ -32,8 +32,9 @@ import numpy as np
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError
+from feedline.host import memory_room
 from feedline.loader.data.column_dtypes import with_dtypes
-from feedline.loader.data.columns import ColumnSpec, column_specs, infer_shapes
+from feedline.loader.data.columns import ColumnSpec, check_batch_bytes, column_specs, infer_shapes
 from feedline.loader.data.memory_cache import (
     CacheSession,
     FileLayout,
@@ -110,6 +111,9 @@ class Backend:
         Row-group sizes the order functions work on (``[num_windows]`` for windows).
     window:
         Row groups per shuffle pool; ``None`` for the exact permutation.
+    reason:
+        Why the data is held this way (``cache=`` asked for it, or what ``"auto"`` decided
+        from the estimate and the budget): ``Loader.stats()["shuffle_reason"]``.
     """
 
     mode: str
@@ -121,6 +125,7 @@ class Backend:
     shards: ShardCache | None = None
     #: the batch keys, blocks and columns (``None`` for windows)
     packing: Packing | None = None
+    reason: str = ""
 
     @property
     def num_samples(self) -> int:
@@ -232,6 +237,11 @@ def open_backend(
     :class:`~feedline.loader.data.windows.WindowSampler`: ``"torch"`` for torch batches);
     ``batch_size`` and ``world_size`` cut contiguous windows into runs.
 
+    Before anything is allocated, the columns' sizes are checked against ``budget``: a batch
+    of ``batch_size`` samples (:func:`~feedline.loader.data.columns.check_batch_bytes`) and,
+    when streaming, one row group (a pool holds at least one); ``cache="memory"`` must fit
+    this host's memory. Each is a :class:`ConfigurationError` naming the sizes.
+
     Examples
     --------
     >>> import feedline as fl
@@ -265,12 +275,21 @@ def open_backend(
             source, windows, layout=layout, widen_unsigned=widen_unsigned, dtype=dtype,
             copier=window_copier, batch_size=batch_size, world_size=world_size,
         )  # fmt: skip
-        return Backend("memory", sampler, [sampler.num_samples], window, shards=shards)
+        return Backend("memory", sampler, [sampler.num_samples], window, shards=shards,
+                       reason="windows= are built in memory")  # fmt: skip
     lists = {"shapes": shapes, "ragged": ragged, "pad_value": pad_value}
     packing = _packing(source, columns, strings, widen_unsigned, stack, dtype, lists)
     specs = packing.specs
+    check_batch_bytes(specs, batch_size, budget)
     rows = layout.num_rows if layout is not None else known_rows(source)
     estimate = packing.row_bytes * (rows or 0)
+    if cache == "memory" and estimate > memory_room():
+        raise ConfigurationError(
+            f"Loader: cache='memory' would hold about {_readable(estimate)} of columns ({rows} "
+            f"rows of {_readable(packing.row_bytes)}), more than this host's memory "
+            f"({_readable(memory_room())}). Fix: check shapes= and columns=, or use "
+            "cache='node' (a file, paged from disk) or cache='auto' (streams over the budget)."
+        )
     stream = cache == "none" or (cache == "auto" and rows is not None and estimate > budget)
     if (stream or cache == "node") and layout is None:
         raise ConfigurationError(
@@ -279,13 +298,29 @@ def open_backend(
             "Fix: write it (ds.write(path)) and load fl.open(path), or pass cache='memory' / "
             "a larger memory_budget."
         )
+    over = f"about {_readable(estimate)} of columns over memory_budget={_readable(budget)}"
     if stream:
         assert layout is not None  # a computed dataset was refused above
         sizes = layout.row_group_sizes
+        _check_group_bytes(packing.row_bytes, sizes, budget)
         if window is None:
             group_bytes = max(1, packing.row_bytes * max(sizes, default=1))
             window = max(1, min(len(sizes), budget // (STREAM_POOLS * group_bytes)))
-        return Backend("none", layout, sizes, window, specs, shards=shards, packing=packing)
+        if cache == "none":
+            reason = "cache='none' streams row groups"
+        else:
+            reason = (
+                f"cache='auto' streams row groups: {over} (estimated from the schema and "
+                f"{rows} rows). For the exact shuffle pass cache='node' (one memory-mapped file "
+                "per machine, paged from disk beyond RAM) or a larger memory_budget"
+            )
+            logger.info(
+                "Loader: %s; the shuffle is two-level (row groups permuted, rows shuffled in "
+                "pools of %d row groups), not the exact permutation a cache gives.",
+                reason, window,
+            )  # fmt: skip
+        return Backend("none", layout, sizes, window, specs, shards=shards, packing=packing,
+                       reason=reason)  # fmt: skip
     if shards is not None:  # downloads overlap decoding: each shard loads once it arrives
         assert layout is not None  # a shard cache serves a layout's files
         shards.schedule(range(len(layout.files)))
@@ -303,7 +338,12 @@ def open_backend(
                 node.open_seconds,
             )  # fmt: skip
             sizes = layout.row_group_sizes
-            return Backend("memory", node, sizes, window, specs, shards=shards, packing=packing)
+            reason = f"cache={cache!r}: a node cache file" + (
+                f" (about {_readable(estimate)} of columns, {world_size} ranks)"
+                if cache == "auto" else ""
+            )  # fmt: skip
+            return Backend("memory", node, sizes, window, specs, shards=shards, packing=packing,
+                           reason=reason)  # fmt: skip
     limit = budget if cache == "auto" and rows is None else None
     started = time.perf_counter()
     loaded = load_cache(source, packing, layout=layout, budget=limit)
@@ -312,7 +352,40 @@ def open_backend(
         loaded.num_rows, loaded.nbytes, time.perf_counter() - started,
     )  # fmt: skip
     sizes = layout.row_group_sizes if layout is not None else [loaded.num_rows]
-    return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing)
+    if cache == "auto":
+        fits = f"about {_readable(estimate)} of columns" if rows is not None else "the columns"
+        reason = f"cache='auto' holds {fits} in memory, within memory_budget={_readable(budget)}"
+    else:
+        reason = f"cache={cache!r}"
+    return Backend("memory", loaded, sizes, window, specs, shards=shards, packing=packing,
+                   reason=reason)  # fmt: skip
+
+
+def _check_group_bytes(row_bytes: int, sizes: Sequence[int], budget: int) -> None:
+    """Streaming holds whole row groups: refuse one whose arrays alone are over ``budget``."""
+    rows = max(sizes, default=0)
+    if rows * row_bytes > budget:
+        raise ConfigurationError(
+            f"Loader: streaming holds whole row groups, and the largest ({rows} rows of "
+            f"{_readable(row_bytes)} as loader arrays) takes {_readable(rows * row_bytes)}, over "
+            f"memory_budget={_readable(budget)}. Fix: check shapes= (list rows are padded to "
+            "them), rewrite the dataset with smaller row groups (write(..., row_group_rows=)), "
+            "or pass a larger memory_budget."
+        )
+
+
+def _readable(size: int) -> str:
+    """A byte count for people.
+
+    Examples
+    --------
+    >>> _readable(3_000_000_000), _readable(1_500_000), _readable(80)
+    ('3.0 GB', '1.5 MB', '80 bytes')
+    """
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
 
 
 def _use_node(

@@ -32,6 +32,8 @@ The ``dtype=`` conversion of these specs is :func:`~feedline.loader.data.column_
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +52,11 @@ from feedline.arrow.list_tensors import (
 )
 from feedline.arrow.sizes import parse_bytes
 from feedline.errors import ConfigurationError, DataError, SchemaError
+from feedline.loader.checks import MAX_COUNT
 
 __all__ = [
     "ColumnSpec",
+    "check_batch_bytes",
     "chunk_to_numpy",
     "column_specs",
     "estimate_bytes",
@@ -89,7 +93,7 @@ class ColumnSpec:
         """Bytes one row takes in the loader's array (an estimate for strings)."""
         if self.kind == "string":
             return STRING_ROW_BYTES
-        return int(self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)))
+        return self.dtype.itemsize * math.prod(self.shape)  # Python ints: no overflow
 
 
 def _numeric_dtype(name: str, arrow_type: pa.DataType, widen_unsigned: bool) -> np.dtype:
@@ -240,12 +244,61 @@ def _check_shapes(
         try:
             out[name] = tuple(int(d) for d in shape)
             level_sizes(schema.field(i).type, out[name])
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise ConfigurationError(
                 f"Loader: shapes[{name!r}]={shape!r} does not fit the column's type "
                 f"{schema.field(i).type}: {exc}. Fix: pass a tuple of ints such as (3, 64, 64)."
             ) from None
+        _check_elements(name, out[name])
     return out
+
+
+def _check_elements(name: str, shape: tuple[int, ...]) -> None:
+    """Refuse a per-sample shape of more than :data:`~feedline.loader.checks.MAX_COUNT`
+    elements (no array of it could exist; NumPy's shape arithmetic would overflow)."""
+    if math.prod(shape) > MAX_COUNT:
+        raise ConfigurationError(
+            f"Loader: the column {name!r} has shape {shape}: {math.prod(shape):.3g} elements a "
+            f"sample, more than any array can hold. Fix: pass the shape its rows have in "
+            "shapes=."
+        )
+
+
+def check_batch_bytes(specs: Sequence[ColumnSpec], batch_size: int, budget: int) -> None:
+    """Refuse columns whose batch of ``batch_size`` samples takes more than ``budget`` bytes.
+
+    Checked before anything is allocated: a list column's tensors take their full shape
+    whatever the rows hold (``ragged="pad"`` fills them), so a wrong ``shapes=`` (or a
+    file's fixed-size type claiming a huge one) would otherwise ask for that much memory.
+
+    Raises
+    ------
+    ConfigurationError
+        Naming the largest column, its per-sample shape and size, and the batch's size.
+
+    Examples
+    --------
+    >>> spec = ColumnSpec("x", "tensor", np.dtype("float64"), (2**31,))
+    >>> check_batch_bytes([spec], 2, 2 * 10**9)
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: Loader: a batch of 2 samples takes 34.4 GB, over ...
+    """
+    sample = sum(spec.row_bytes for spec in specs)
+    if not specs or batch_size * sample <= budget:
+        return
+    big = max(specs, key=lambda spec: spec.row_bytes)
+    raise ConfigurationError(
+        f"Loader: a batch of {batch_size} samples takes {_gb(batch_size * sample)}, over "
+        f"memory_budget={_gb(budget)}; the largest column, {big.name!r}, holds {big.dtype} "
+        f"tensors of shape {big.shape} ({_gb(big.row_bytes)} a sample, whatever its rows hold: "
+        "ragged rows are padded to it). Fix: check shapes= for that column (the shape its "
+        "rows have), or pass a smaller batch_size or a larger memory_budget."
+    )
+
+
+def _gb(size: int) -> str:
+    return f"{size / 10**9:.3g} GB" if size >= 10**7 else f"{size:,} bytes"
 
 
 def _list_spec(name: str, kind: pa.DataType, shape: tuple[int, ...] | None, ragged: str,
@@ -303,7 +356,19 @@ def infer_shapes(
     {'v': (3,)}
     """
 
-    shapes = {k: tuple(int(d) for d in v) for k, v in dict(given or {}).items()}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, wanted in dict(given or {}).items():
+        try:
+            dims = tuple(operator.index(d) for d in wanted)
+        except TypeError:
+            dims = ()
+        if not dims or min(dims) < 1 or any(isinstance(d, bool) for d in wanted):
+            raise ConfigurationError(
+                f"Loader: shapes[{name!r}]={wanted!r} is not a shape: it must be a tuple of "
+                "positive ints (one per tensor dimension). Fix: pass e.g. shapes={"
+                f"{name!r}: (3, 64, 64)}}."
+            )
+        shapes[name] = dims
     todo = [n for n in names if n not in shapes and schema.get_field_index(n) >= 0
             and needs_shape(schema.field(n).type)]  # fmt: skip
     for name in todo:

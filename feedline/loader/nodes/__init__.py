@@ -17,7 +17,7 @@ and gather over the loader's data, at its position)::
     node = nodes.ToDevice(node, "cuda")
     for batch in node:                 # Batch records: batch.data is the dict of tensors
         step(batch.data)
-    state = node.state_dict()          # {"epoch": 0, "batch": k}: node.reset(state) resumes
+    state = node.state_dict()          # {"epoch": 0, "batches": k}: node.reset(state) resumes
 
 Examples
 --------

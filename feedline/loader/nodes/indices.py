@@ -30,16 +30,17 @@ class Order(Node):
         half the epoch, a fast cached loader's draw of a million rows often was not done
         when the next epoch began on a busy 2-core machine: the loop waited 40-130 ms.)
 
-    Its state is the next batch's position; ``reset(None)`` starts the current epoch again.
+    Its state is the next batch's position, ``{"epoch": e, "batches": k}`` (``k`` batches of
+    epoch ``e`` delivered); ``reset(None)`` starts the current epoch again.
 
     Examples
     --------
     >>> node = Order.of([5, 5], batch_size=4, shuffle=False, drop_last=False)
     >>> [b.indices.tolist() for b in node]
     [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    >>> node.reset({"epoch": 1, "batch": 0})
+    >>> node.reset({"epoch": 1, "batches": 0})
     >>> len(next(node)), node.get_state()
-    (4, {'epoch': 1, 'batch': 1})
+    (4, {'epoch': 1, 'batches': 1})
     """
 
     def __init__(
@@ -135,4 +136,4 @@ class Order(Node):
         self.epoch, self.batch = epoch, batch
 
     def get_state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
+        return {"epoch": self.epoch, "batches": self.batch}

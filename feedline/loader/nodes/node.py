@@ -7,13 +7,16 @@ them pad the epoch (``padded``) and its payload (``data``: a dict of columns, or
 sample dicts between a :class:`~feedline.loader.nodes.Map` that does not collate and a
 :class:`~feedline.loader.nodes.Collate`). Nodes fill in ``data`` as the record passes.
 
-A node's state is the position of the next batch it will deliver, ``{"epoch": e, "batch":
-k}``: tiny, JSON-safe and exact through every node, because each node counts the records it
+A node's state is the position of the next batch it will deliver, ``{"epoch": e, "batches":
+k}`` (``k`` batches of epoch ``e`` delivered: the key and meaning of ``Loader.state_dict()``'s
+``"epoch"`` and ``"batches"``, so ``reset(loader.state_dict())`` works too): tiny, JSON-safe
+and exact through every node, because each node counts the records it
 has *delivered* (a prefetching node that read ahead still reports the consumer's position)
 and every downstream result is a pure function of the batch's indices. ``reset(state)``
 passes the state down to the source (an :class:`~feedline.loader.nodes.Order`), which starts
 there; ``reset(None)`` starts the source's current epoch from its first batch. ``state_dict``
 / ``load_state_dict`` are aliases, for code written against ``torch.nn.Module``-like objects.
+A state of an earlier feedline, ``{"epoch": e, "batch": k}``, is still accepted by ``reset``.
 
 Examples
 --------
@@ -24,9 +27,9 @@ Examples
 ...                             drop_last=True))
 >>> [b.indices.tolist() for b in node]
 [[0, 1], [2, 3], [4, 5]]
->>> node.reset({"epoch": 0, "batch": 2})
+>>> node.reset({"epoch": 0, "batches": 2})
 >>> next(node).indices.tolist(), node.get_state()
-([4, 5], {'epoch': 0, 'batch': 3})
+([4, 5], {'epoch': 0, 'batches': 3})
 """
 
 from __future__ import annotations
@@ -74,17 +77,29 @@ class Batch:
 
 
 def parse_position(state: Mapping[str, Any] | None, where: str) -> tuple[int, int] | None:
-    """``(epoch, batch)`` from a node state (``None`` stays ``None``), validated."""
+    """``(epoch, batches)`` from a node state (``None`` stays ``None``), validated.
+
+    The key is ``"batches"`` (as in ``Loader.state_dict()``); the ``"batch"`` of earlier
+    node states is read as the same number. Other keys are ignored, so a loader state works.
+
+    Examples
+    --------
+    >>> parse_position({"epoch": 1, "batches": 3}, "Order"), parse_position(
+    ...     {"epoch": 1, "batch": 3}, "Order")
+    ((1, 3), (1, 3))
+    """
     if state is None:
         return None
-    ok = isinstance(state, Mapping) and {"epoch", "batch"} <= set(state)
-    epoch, batch = (state.get("epoch"), state.get("batch")) if ok else (None, None)
-    if not (ok and _is_count(epoch) and _is_count(batch)):
+    ok = isinstance(state, Mapping) and "epoch" in state
+    ok = ok and ("batches" in state) != ("batch" in state)  # one of the two names
+    epoch = state.get("epoch") if ok else None
+    batches = state.get("batches", state.get("batch")) if ok else None
+    if not (ok and _is_count(epoch) and _is_count(batches)):
         raise ConfigurationError(
-            f"{where}.reset() got {state!r}; a node state is {{'epoch': e, 'batch': k}} with "
+            f"{where}.reset() got {state!r}; a node state is {{'epoch': e, 'batches': k}} with "
             "non-negative ints. Fix: pass what the node's get_state() returned, or None."
         )
-    return int(epoch), int(batch)
+    return int(epoch), int(batches)
 
 
 def _is_count(value: object) -> TypeGuard[int | np.integer[Any]]:
@@ -118,7 +133,8 @@ class Node(Iterator[Batch]):
         raise NotImplementedError
 
     def get_state(self) -> dict[str, int]:
-        """The position of the next batch this node delivers: ``{"epoch": e, "batch": k}``."""
+        """The position of the next batch this node delivers: ``{"epoch": e, "batches": k}``
+        (``k`` batches of epoch ``e`` delivered so far)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, int]:
@@ -163,8 +179,9 @@ class Stage(Node):
         self._position = self._source_position()
 
     def _source_position(self) -> tuple[int, int]:
-        state = self.source.get_state()
-        return int(state["epoch"]), int(state["batch"])
+        position = parse_position(self.source.get_state(), type(self.source).__name__)
+        assert position is not None  # a node's state is never None
+        return position
 
     def produce(self) -> Batch:
         raise NotImplementedError
@@ -194,7 +211,7 @@ class Stage(Node):
         self._position = self._source_position()
 
     def get_state(self) -> dict[str, int]:
-        return {"epoch": self._position[0], "batch": self._position[1]}
+        return {"epoch": self._position[0], "batches": self._position[1]}
 
     def close(self) -> None:
         self.clear()

@@ -26,7 +26,7 @@ class Prefetch(Stage):
     >>> import feedline as fl
     >>> node = Prefetch(fl.range(10).loader(batch_size=4, shuffle=False).source_node(), depth=2)
     >>> [len(b) for b in node], node.get_state()
-    ([4, 4, 2], {'epoch': 0, 'batch': 3})
+    ([4, 4, 2], {'epoch': 0, 'batches': 3})
     """
 
     def __init__(self, source: Node, depth: int = 2, *, group: int = 1) -> None:

@@ -131,6 +131,9 @@ def restore(
     drop_last: bool,
     fingerprint: str | None = None,
     seed: int | None = None,
+    shuffle: bool | None = None,
+    window: int | None = None,
+    check_dataset: bool = True,
 ) -> Position:
     """The position a loader with this layout resumes at from ``states`` (see merge_states).
 
@@ -139,37 +142,49 @@ def restore(
     progress on every rank, the loader continues at the same batch; otherwise the old layout
     becomes a finished segment and the new world starts the rest of the epoch at its batch 0
     (elastic resume). The order (seed, shuffle, window) is always the checkpoint's; a
-    ``seed`` the loader was given explicitly must be the checkpoint's (another seed is another
-    order, so its positions would name other samples).
+    ``seed``, ``shuffle`` or ``window`` (``shuffle_window``) the loader was given explicitly
+    must be the checkpoint's (another one is another order, so its positions would name other
+    samples): ``None`` means not given. ``check_dataset=False`` accepts a state without a
+    fingerprint or of another one (see :func:`~feedline.loader.order.state.check_position`).
 
     Examples
     --------
     >>> state = {"version": 2, "seed": 0, "epoch": 2, "batches": 3, "rank": 0,
     ...          "world_size": 2, "batch_size": 4, "drop_last": True, "shuffle": True,
-    ...          "shuffle_window": None, "num_samples": 100, "history": [], "fingerprint": None}
+    ...          "shuffle_window": None, "num_samples": 100, "history": [], "fingerprint": "fp"}
     >>> restore(state, num_samples=100, streaming=False, world_size=2, batch_size=4,
-    ...         drop_last=True).batches
+    ...         drop_last=True, fingerprint="fp").batches
     3
     >>> len(restore(state, num_samples=100, streaming=False, world_size=3, batch_size=4,
-    ...             drop_last=True).segments)
+    ...             drop_last=True, fingerprint="fp").segments)
     1
     >>> restore(state, num_samples=100, streaming=False, world_size=2, batch_size=4,
-    ...         drop_last=True, seed=1)
+    ...         drop_last=True, fingerprint="fp", seed=1)
     Traceback (most recent call last):
     ...
     feedline.errors.ConfigurationError: Loader state field 'seed' differs: ... seed=0 but ...
+    >>> restore(state, num_samples=100, streaming=False, world_size=2, batch_size=4,
+    ...         drop_last=True, fingerprint="fp", shuffle=False)
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: Loader state field 'shuffle' differs: ... shuffle=True ...
     """
     items = parse_states(states)
     for state in items:
-        check_position(state, num_samples=num_samples, fingerprint=fingerprint)
+        check_position(state, num_samples=num_samples, fingerprint=fingerprint,
+                       check_dataset=check_dataset)  # fmt: skip
     ref, counts = merge_states(items)
-    if seed is not None and seed != ref.seed:
-        raise ConfigurationError(
-            f"Loader state field 'seed' differs: the checkpoint was taken with seed={ref.seed} "
-            f"but this loader was given seed={seed}, whose shuffle order names other samples at "
-            f"the same positions. Fix: build the loader with seed={ref.seed} (or leave seed "
-            "unset to adopt the checkpoint's), or start the epoch over without the state."
-        )
+    given = {"seed": seed, "shuffle": shuffle, "shuffle_window": window}
+    saved = {"seed": ref.seed, "shuffle": ref.shuffle, "shuffle_window": ref.shuffle_window}
+    for name, value in given.items():
+        if value is not None and value != saved[name]:
+            raise ConfigurationError(
+                f"Loader state field {name!r} differs: the checkpoint was taken with "
+                f"{name}={saved[name]!r} but this loader was given {name}={value!r}, whose "
+                "order names other samples at the same positions. Fix: build the loader with "
+                f"{name}={saved[name]!r} (or leave {name} unset to adopt the checkpoint's), or "
+                "start the epoch over without the state."
+            )
     if streaming and ref.shuffle_window is None and ref.shuffle:
         raise ConfigurationError(
             "The loader state was taken with an exact in-memory shuffle, but this loader "

@@ -44,8 +44,8 @@ class EpochPlan:
     ``indices`` (int64 global row indices, in yield order) and ``padded`` (bool, True where the
     sample repeats another to pad the epoch) are ``num_batches * batch_size`` long, or shorter
     when the last batch is short (``drop_last=False, pad_last=False``: only that batch, the
-    rank's last, holds fewer than ``batch_size`` samples, possibly none); ``num_batches`` is the
-    same on every rank.
+    rank's last, holds fewer than ``batch_size`` samples, never none: a rank with no sample
+    left for it gets one repeat); ``num_batches`` is the same on every rank.
     """
 
     indices: np.ndarray
@@ -245,9 +245,12 @@ def _split(
         padded = np.zeros(indices.size, dtype=bool)
     else:
         padded = (np.arange(total).reshape(steps)[:, r, :] >= arr.size).reshape(-1)
-        if not pad_last:  # the repeats all sit at the end of the rank's last batch: cut them
+        if not pad_last:  # the repeats all sit at the end of the rank's last batch: cut them,
+            # but one, when the batch holds nothing else (an empty batch breaks a training
+            # step: the mean of a loss over no sample is NaN; DDP needs every rank's step)
             real = int(indices.size - np.count_nonzero(padded))
-            indices, padded = indices[:real], padded[:real]
+            keep = max(real, (num_batches - 1) * int(batch_size) + 1)
+            indices, padded = indices[:keep], padded[:keep]
     return EpochPlan(indices, padded, num_batches, int(batch_size))
 
 
@@ -268,8 +271,9 @@ def split_for_rank(
     from its start, cyclically, and marks the repeats in ``EpochPlan.padded``; with
     ``pad_last=False`` the repeats are left out instead, so each rank's last batch is short:
     the last step's samples fill the ranks' last batches in rank order (rank 0's first), and
-    a rank past them gets an empty last batch. The positions of the real samples are the same
-    either way, so resuming and elastic re-sharding treat both alike.
+    a rank past them gets a last batch of one repeat (marked in ``padded``), never an empty
+    one, so every rank still takes ``num_batches`` training steps. The positions of the real
+    samples are the same either way, so resuming and elastic re-sharding treat both alike.
 
     Raises
     ------
@@ -284,8 +288,8 @@ def split_for_rank(
     (3, [2, 3, 6, 7, 0, 1], [False, False, False, False, True, True])
     >>> short = split_for_rank(list(range(10)), rank=1, world_size=2, batch_size=2,
     ...                        drop_last=False, pad_last=False)
-    >>> short.num_batches, [short.batch(k).tolist() for k in range(3)]
-    (3, [[2, 3], [6, 7], []])
+    >>> short.num_batches, [short.batch(k).tolist() for k in range(3)], short.padded.tolist()
+    (3, [[2, 3], [6, 7], [0]], [False, False, False, False, True])
     """
     return _split("split_for_rank", order, rank, world_size, batch_size, drop_last, pad_last)
 

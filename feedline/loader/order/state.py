@@ -7,9 +7,14 @@ and how many batches an epoch of the state's layout can hold). Every problem is 
 :class:`~feedline.errors.ConfigurationError` naming the field, the two values and the fix,
 so a damaged checkpoint never silently replays or skips samples.
 
-Version history: 1 had no ``fingerprint`` (still read: the dataset check is then skipped);
-2 adds it (the manifest's shard-checksum fingerprint, ``None`` for a dataset that was never
-written).
+Version history: 1 had no ``fingerprint``; 2 adds it (the manifest's shard-checksum
+fingerprint; an earlier feedline wrote ``None`` for data that was never written, which now
+has a fingerprint of its own: see :mod:`feedline.loader.data.fingerprint`). A state without
+one (version 1, or ``None``) names no dataset, so it is refused unless the caller opts in
+(``Loader.load_state_dict(state, check_dataset=False)``); its sample count is still checked.
+
+Counts (``epoch``, ``batches``, ``num_samples``, ``batch_size``, ``shuffle_window``, a
+segment's ``consumed``) are ints in ``[0, MAX_COUNT]`` (``2**62 - 1``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.checks import checked_int
+from feedline.loader.checks import MAX_COUNT, checked_int
 
 __all__ = [
     "MAX_WORLD_SIZE",
@@ -59,7 +64,7 @@ def _fail(field: str, value: Any, expected: str) -> ConfigurationError:
     )
 
 
-def _int(value: Any, field: str, low: int, high: int | None = None) -> int:
+def _int(value: Any, field: str, low: int, high: int | None = MAX_COUNT) -> int:
     return checked_int(value, low, high, fail=lambda expected: _fail(field, value, expected))
 
 
@@ -181,7 +186,7 @@ class State:
         if fingerprint is not None and not isinstance(fingerprint, str):
             raise _fail("fingerprint", fingerprint, "a string or null")
         return cls(
-            seed=_int(doc["seed"], "seed", 0),
+            seed=_int(doc["seed"], "seed", 0, None),  # any seed a loader takes
             epoch=_int(doc["epoch"], "epoch", 0),
             batches=_int(doc["batches"], "batches", 0),
             rank=_int(doc["rank"], "rank", 0, world - 1),
@@ -284,19 +289,28 @@ def remaining_samples(n: int, history: Sequence[Segment]) -> int:
     return n
 
 
-def check_position(state: State, *, num_samples: int, fingerprint: str | None) -> None:
+def check_position(
+    state: State, *, num_samples: int, fingerprint: str | None, check_dataset: bool = True
+) -> None:
     """Refuse ``state`` unless it was taken on this dataset and its position fits the epoch.
 
-    ``fingerprint`` is this dataset's (``None`` when it has no manifest: then, and for a
-    version-1 state, only the sample count is compared).
+    ``fingerprint`` is this dataset's. A state must carry the same one; a state without
+    one (version 1, or ``None``) is refused too, since nothing says which data it was taken
+    on, unless ``check_dataset=False`` (then the fingerprints are not compared; the sample
+    count always is).
 
     Examples
     --------
-    >>> s = State(0, 0, 9, 0, 1, 4, True, True, None, 10, (), None)
-    >>> check_position(s, num_samples=10, fingerprint=None)
+    >>> s = State(0, 0, 9, 0, 1, 4, True, True, None, 10, (), "fp")
+    >>> check_position(s, num_samples=10, fingerprint="fp")
     Traceback (most recent call last):
     ...
     feedline.errors.ConfigurationError: Loader state field 'batches' is 9, but an epoch ...
+    >>> check_position(State(0, 0, 1, 0, 1, 4, True, True, None, 10, (), None), num_samples=10,
+    ...                fingerprint="fp")
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: Loader state field 'fingerprint' is missing: ...
     """
     if state.num_samples != num_samples:
         raise ConfigurationError(
@@ -304,13 +318,24 @@ def check_position(state: State, *, num_samples: int, fingerprint: str | None) -
             f"samples but this dataset has {num_samples}. Fix: resume on the dataset the "
             "checkpoint was taken on, with the same columns/windows."
         )
-    if None not in (state.fingerprint, fingerprint) and state.fingerprint != fingerprint:
+    if check_dataset and state.fingerprint is None:
+        raise ConfigurationError(
+            "Loader state field 'fingerprint' is missing: the state (a version-1 state, or one "
+            "an earlier feedline took on in-memory data) does not say which dataset it was "
+            f"taken on, and this loader reads {fingerprint!r}; on other data of the same size "
+            "its positions would name other samples. Fix: resume with a state taken by this "
+            "feedline, or, if you know the state was taken on this very data, pass "
+            "load_state_dict(state, check_dataset=False)."
+        )
+    if check_dataset and state.fingerprint != fingerprint:
         raise ConfigurationError(
             f"Loader state field 'fingerprint' differs: the state was taken on the dataset "
             f"{state.fingerprint!r} but this loader reads {fingerprint!r} (the fingerprint of "
-            "the manifest's shard checksums), so its positions would name other samples. Fix: "
-            "resume on the dataset the checkpoint was taken on (fl.open of the same written "
-            "path), or start the epoch over without load_state_dict()."
+            "the manifest's shard checksums, or of the data itself when it was never written: "
+            "see feedline.loader.data.fingerprint), so its positions would name other samples. "
+            "Fix: resume on the dataset the checkpoint was taken on (fl.open of the same "
+            "written path), with the columns, stack= and dtype= of the checkpoint's loader, or "
+            "start the epoch over without load_state_dict()."
         )
     n = num_samples
     for i, seg in enumerate(state.history):
