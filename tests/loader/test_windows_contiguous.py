@@ -94,15 +94,21 @@ def test_contiguous_batches_are_runs_of_one_series_disjoint_and_equal_per_rank(
     ranks = rank_batches(ds, windows, layout["world"], layout["epoch"], batch_size=batch,
                          seed=layout["seed"], drop_last=drop_last)  # fmt: skip
     assert len({len(r) for r in ranks}) == 1  # every rank: as many batches
-    seen = [w for r in ranks for b in r for w in b]
+    # drop_last=False: a rank past the last run gets a last batch of one repeated window
+    # (never an empty batch: every rank keeps len(loader) steps for DDP)
+    everything = [w for r in ranks for b in r for w in b]
+    fillers = [r[-1] for r in ranks if not drop_last and len(r[-1]) == 1
+               and everything.count(r[-1][0]) > 1]  # fmt: skip
+    seen = [w for r in ranks for b in r if not any(b is f for f in fillers) for w in b]
     assert len(seen) == len(set(seen))  # no window twice in an epoch
+    assert all(f[0] in seen for f in fillers)  # a filler repeats a window of the epoch
+    assert len(fillers) < layout["world"]  # at least one rank's last batch is real
     assert set(seen) <= all_windows(layout["lengths"], size, horizon, stride)
     for r in ranks:
         for b in r[:-1] if not drop_last else r:
             assert len(b) == batch
-        for b in r:  # one series, consecutive windows, in time order
-            if not b:  # drop_last=False: a rank past the last run gets an empty last batch
-                continue
+        for b in r:  # one series, consecutive windows, in time order; never empty
+            assert b
             assert len({w // STEP for w in b}) == 1
             assert all(y - x == stride for x, y in itertools.pairwise(b))
 
