@@ -17,6 +17,7 @@ import pytest
 from lakehouse_tables import delta_table, iceberg_table, lance_dataset
 
 import feedline as fl
+from feedline.cli.main import main
 from feedline.errors import ConfigurationError, FormatError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 
@@ -96,13 +97,17 @@ def test_delta_filter_and_columns_pushed_down(tmp_path: Path) -> None:
     assert fl.read_delta(path).filter(pc.field("id").is_null()).count() == 0
 
 
-def test_delta_version_in_the_written_lineage(tmp_path: Path) -> None:
+def test_delta_version_in_the_written_lineage(tmp_path: Path, capsys) -> None:
     pytest.importorskip("deltalake")
     path, live = delta_table(tmp_path)
     out = tmp_path / "out"
     fl.read_delta(path, version=2).write(out)
     lineage = json.loads((out / "_feedline.json").read_text())["lineage"]
     assert f"delta: {path} @ version 2" in lineage["source"]
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # rich may wrap the long path
+    assert "@ version 2" in shown
     assert ids(fl.open(out)) == live[2]
     v1 = fl.read_delta(path, version=1).plan.source.fingerprint()
     assert v1 != fl.read_delta(path, version=2).plan.source.fingerprint()
