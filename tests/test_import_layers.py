@@ -40,6 +40,9 @@ READERS = (
     "feedline.io.tfrecord",
     "feedline.io.webdataset",
     "feedline.io.petastorm",
+    "feedline.io.lakehouse.delta",
+    "feedline.io.lakehouse.iceberg",
+    "feedline.io.lakehouse.lance",
 )
 _TOP = ("feedline.dataset", "feedline.cli", "feedline.demo")
 #: the engines themselves; ``feedline.engines.protocol`` (the Engine protocol, its results and
