@@ -46,8 +46,10 @@ def main() -> None:
         n = sum(1 for _ in loader)
         s = time.perf_counter() - t
         m = loader.metrics()[-1]
-        print(f"packed {algorithm:9s}: {m['tokens'] / s:,.0f} tokens/s, padding fraction "
-              f"{m['padding_fraction']:.3f}, {n} batches, {m['documents_split']} split")  # fmt: skip
+        print(
+            f"packed {algorithm:9s}: {m['tokens'] / s:,.0f} tokens/s, padding fraction "
+            f"{m['padding_fraction']:.3f}, {n} batches, {m['documents_split']} split"
+        )
 
 
 if __name__ == "__main__":
