@@ -71,6 +71,7 @@ if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from feedline.loader.adapters.records import record_to_tensors
     from feedline.loader.data.windows import Windows
     from feedline.loader.loader import Loader
+    from feedline.loader.packing.spec import Packing
     from feedline.loader.transforms import ImageTransform
     from feedline.preprocess.chain import Chain, Concat
     from feedline.preprocess.discretize import Bucketizer, QuantileDiscretizer
@@ -108,6 +109,7 @@ _LAZY: dict[str, str] = {
     "MinMaxScaler": "feedline.preprocess.scalers",
     "Normalize": "feedline.preprocess.vision.preprocessors",
     "OneHotEncoder": "feedline.preprocess.encoders",
+    "Packing": "feedline.loader.packing.spec",
     "QuantileDiscretizer": "feedline.preprocess.discretize",
     "RayEngine": "feedline.engines.ray.engine",
     "RetryPolicy": "feedline.io.storage.retry",
@@ -183,6 +185,7 @@ __all__ = [
     "MissingDependencyError",
     "Normalize",
     "OneHotEncoder",
+    "Packing",
     "QuantileDiscretizer",
     "RayEngine",
     "RetryPolicy",

@@ -22,6 +22,7 @@ the pipeline (:mod:`feedline.loader.pipeline`), the framework views
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -58,6 +59,7 @@ from feedline.loader.order.ahead import OrderAhead
 from feedline.loader.order.resume import epoch_plan, restore
 from feedline.loader.order.sample_order import EpochPlan
 from feedline.loader.order.state import Segment, State, epoch_batches, parse_states
+from feedline.loader.packing.packed_loader import PackedLoader, UnknownLength
 from feedline.loader.pipeline import default_pipeline, group_size
 from feedline.loader.timing import Timing
 from feedline.tracking import EpochLogger
@@ -154,6 +156,29 @@ class Loader:
         self._timing = Timing(self.batch_size)
         self._skips = Skips()
         self._tracker = None if o.track is False else EpochLogger(o.track)
+        self._packed = None if o.pack is None else self._packed_loader()
+
+    def _packed_loader(self) -> PackedLoader:
+        """``pack=``: packed batches over a loader of this one's documents, ``buffer_size`` of
+        them per batch (see :mod:`feedline.loader.packing.packed_loader`)."""
+        o, pack = self.options, self.options.pack
+        assert pack is not None
+        ragged = o.ragged if isinstance(o.ragged, Mapping) else {}
+        tokens = {} if o.transform is not None else {
+            "columns": [pack.column], "ragged": {**ragged, pack.column: "list"}}  # fmt: skip
+        names = [f.name for f in dataclasses.fields(o)]
+        base = {name: getattr(o, name) for name in names} | {
+            "batch_size": pack.buffer_size, "drop_last": False, "pad_last": False,
+            "return_padding_mask": False, "format": "numpy", "pin_memory": False,
+            "device": None, "track": False, "pack": None, "stack": None, "seed": self.seed,
+        } | tokens  # fmt: skip
+
+        def make_docs(rank: int, world_size: int) -> Loader:
+            return Loader(self.dataset, **(base | {"rank": rank, "world_size": world_size}))
+
+        return PackedLoader(make_docs(self.rank, self.world_size), make_docs, pack,
+                            batch_size=self.batch_size, drop_last=self.drop_last,
+                            fmt=self.format)  # fmt: skip
 
     def _source(self) -> ShardSource | BatchStream:
         """What this loader reads (see :func:`~feedline.loader.data.backend.as_source`), once."""
@@ -212,7 +237,7 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The current epoch."""
-        return self._epoch
+        return self._epoch if self._packed is None else self._packed.epoch
 
     @property
     def num_samples(self) -> int:
@@ -221,6 +246,11 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the rest of a resumed epoch after an elastic resume)."""
+        if self._packed is not None:
+            raise UnknownLength(
+                "Loader: with pack=, the number of batches depends on the documents' lengths "
+                "and is not known ahead. Fix: iterate the loader (or count steps yourself)."
+            )
         if not self._segments:
             return epoch_batches(self.num_samples, self.world_size, self.batch_size,
                                  self.drop_last)  # fmt: skip
@@ -248,6 +278,9 @@ class Loader:
         (True, 1)
         """
         epoch = check_epoch(epoch)
+        if self._packed is not None:
+            self._packed.set_epoch(epoch)
+            return
         if self._restored and epoch == self._epoch:
             return
         self._close_active()
@@ -305,6 +338,8 @@ class Loader:
         Right after :meth:`load_state_dict` the iteration continues the restored epoch: after
         a state taken at the end of an epoch it yields nothing (see :meth:`set_epoch`).
         """
+        if self._packed is not None:
+            return iter(self._packed)
         return self._iterate(self.format)
 
     def _iterate(self, fmt: str) -> Iterator[dict[str, Any]]:
@@ -410,6 +445,8 @@ class Loader:
         >>> loader.state_dict()["batches"]
         1
         """
+        if self._packed is not None:
+            return self._packed.state_dict()
         return State(
             seed=self.seed, epoch=self._epoch, batches=self._consumed, rank=self.rank,
             world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
@@ -460,6 +497,9 @@ class Loader:
         >>> head + [b["id"].tolist() for b in resumed] == whole
         True
         """
+        if self._packed is not None:
+            self._packed.load_state_dict(state)
+            return
         states = parse_states(state)  # before loading any data
         backend = self._prepare()
         backend.check_states(states)
@@ -588,6 +628,8 @@ class Loader:
         >>> m["batches"], m["samples"], 0 <= m["data_wait_fraction"] <= 1, m["skipped"]
         (2, 8, True, 0)
         """
+        if self._packed is not None:
+            return self._packed.metrics()
         return [m | {"skipped": self._skips.of(m["epoch"])} for m in self._timing.metrics()]
 
     def stats(self) -> dict[str, Any]:
@@ -640,6 +682,8 @@ class Loader:
         self._close_active()
         if self._workers is not None:
             self._workers.close()
+        if self._packed is not None:
+            self._packed.docs.close()
 
     def __enter__(self) -> Loader:
         return self

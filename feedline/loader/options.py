@@ -2,7 +2,7 @@
 
 Design
 ------
-The 31 options are written once, as the fields of :class:`LoaderOptions`: name, type, default,
+The 32 options are written once, as the fields of :class:`LoaderOptions`: name, type, default,
 kind (the first 14 may be passed by position, as before) and meaning (its docstring). They are
 checked once, when it is built (one check per kind of value: counts with
 :func:`~feedline.loader.checks.checked_int`, names from a list with one shared message,
@@ -58,6 +58,7 @@ from feedline.loader.checks import MAX_COUNT, checked_int
 from feedline.loader.data.windows import Windows
 from feedline.loader.nodes.worker_pools import check_timeout, check_workers
 from feedline.loader.order.state import MAX_WORLD_SIZE
+from feedline.loader.packing.spec import Packing
 
 __all__ = [
     "CACHES",
@@ -222,6 +223,15 @@ class LoaderOptions:
         ``ragged`` (one policy or ``{column: policy}``) is ``"pad"`` (short and null rows
         filled with ``pad_value``), ``"truncate"`` (long rows cut) or ``"pad_or_truncate"``
         (both; these need the shape in ``shapes``). See :mod:`feedline.arrow.list_tensors`.
+        ``"list"`` keeps a 1-D list of integers as it is: one array per row, a list of them
+        per batch (token documents, as packing reads them).
+    pack:
+        A :class:`~feedline.loader.packing.spec.Packing` (``fl.Packing(seq_len=2048)``): the
+        loader packs the documents of its token column into rows of exactly ``seq_len``
+        tokens and yields batches of ``batch_size`` rows (``input_ids``, ``labels``,
+        ``position_ids``, boundaries), resumable exactly, also on another ``world_size``
+        (:mod:`feedline.loader.packing`). The number of batches depends on the documents:
+        ``len(loader)`` is not known ahead.
 
     Examples
     --------
@@ -265,6 +275,7 @@ class LoaderOptions:
     ragged: str | Mapping[str, str] = "raise"
     pad_value: float = 0
     timeout: float | None = None
+    pack: Packing | None = None
 
     def __post_init__(self) -> None:
         keep = object.__setattr__  # frozen: the checked, normalized values replace the given
@@ -313,6 +324,11 @@ class LoaderOptions:
             raise ConfigurationError(
                 f"Loader: device={self.device!r} needs format='torch' (got {self.format!r}). "
                 "Fix: use format='torch', or move batches yourself."
+            )
+        if self.pack is not None and not isinstance(self.pack, Packing):
+            raise ConfigurationError(
+                f"Loader: pack={self.pack!r} is not a fl.Packing. Fix: pass "
+                "pack=fl.Packing(seq_len=2048, column='input_ids')."
             )
         for flag in ("shuffle", "pin_memory", "return_padding_mask", "pad_last", "batched"):
             keep(self, flag, bool(getattr(self, flag)))

@@ -203,8 +203,11 @@ def column_specs(
     for name in names:
         t = schema.field(name).type
         if list_levels(t) is not None and not isinstance(t, pa.FixedShapeTensorType):
-            policy = check_ragged(ragged.get(name, "raise") if isinstance(ragged, Mapping)
-                                  else ragged)  # fmt: skip
+            policy = ragged.get(name, "raise") if isinstance(ragged, Mapping) else ragged
+            if policy == "list":  # variable-length rows kept as they are (token lists)
+                specs.append(_ragged_list_spec(name, t))
+                continue
+            policy = check_ragged(policy)
             specs.append(_list_spec(name, t, shapes.get(name), policy, pad_value, widen_unsigned))
         elif _is_text(t):
             if strings != "list":
@@ -301,6 +304,19 @@ def _gb(size: int) -> str:
     return f"{size / 10**9:.3g} GB" if size >= 10**7 else f"{size:,} bytes"
 
 
+def _ragged_list_spec(name: str, kind: pa.DataType) -> ColumnSpec:
+    """``ragged="list"``: a 1-D list column of integers kept as one array per row (an object
+    array per batch: documents of tokens for packing, see :mod:`feedline.loader.packing`)."""
+    levels, leaf = list_levels(kind)  # type: ignore[misc]
+    if len(levels) != 1 or not pa.types.is_integer(leaf):
+        raise SchemaError(
+            f"Column {name!r} ({kind}): ragged='list' keeps rows of integers (token ids) as "
+            "they are and needs a list of integers. Fix: pass ragged='pad' with a shape for "
+            "other list columns."
+        )
+    return ColumnSpec(name, "string", np.dtype(object))
+
+
 def _list_spec(name: str, kind: pa.DataType, shape: tuple[int, ...] | None, ragged: str,
                pad_value: float, widen_unsigned: bool) -> ColumnSpec:  # fmt: skip
     """The tensor spec of list column ``name`` (see :mod:`feedline.arrow.list_tensors`)."""
@@ -371,8 +387,9 @@ def infer_shapes(
         shapes[name] = dims
     todo = [n for n in names if n not in shapes and schema.get_field_index(n) >= 0
             and needs_shape(schema.field(n).type)]  # fmt: skip
+    todo = [n for n in todo if _policy(ragged, n) != "list"]
     for name in todo:
-        policy = ragged.get(name, "raise") if isinstance(ragged, Mapping) else ragged
+        policy = _policy(ragged, name)
         if policy != "raise":
             raise ConfigurationError(
                 f"Loader: ragged={policy!r} for the list column {name!r} needs its shape. Fix: "
@@ -393,6 +410,10 @@ def infer_shapes(
         levels, _ = list_levels(schema.field(name).type)  # type: ignore[misc]
         shapes[name] = found.get(name, (0,) * len(levels))
     return shapes
+
+
+def _policy(ragged: str | Mapping[str, str], name: str) -> str:
+    return ragged.get(name, "raise") if isinstance(ragged, Mapping) else ragged
 
 
 def _is_text(kind: pa.DataType) -> bool:

@@ -90,7 +90,7 @@ class _HFBackend:
     """
 
     def __init__(
-        self, tokenizer: Any, spec: dict[str, Any], max_length: int, truncation: bool
+        self, tokenizer: Any, spec: dict[str, Any], max_length: int | None, truncation: bool
     ) -> None:
         padding, cut = tokenizer.padding or {}, tokenizer.truncation or {}
         self.left = padding.get("direction") == "left"
@@ -103,7 +103,7 @@ class _HFBackend:
         self._cache: dict[str, list[int]] = {}
         self.specials = None
         self.specials = self._specials() if _separable(spec) else None
-        if self.specials is None and truncation:
+        if self.specials is None and truncation and max_length is not None:
             tokenizer.enable_truncation(
                 max_length,
                 strategy=cut.get("strategy", "longest_first"),
@@ -182,6 +182,29 @@ def gather_chunks(
     return flat, np.diff(row_ends, prepend=0)
 
 
+def _variable_lists(
+    flat: np.ndarray, lengths: np.ndarray, prefix: Sequence[int], suffix: Sequence[int]
+) -> tuple[pa.Array, pa.Array]:
+    """``list<int32>`` ids (``prefix + ids + suffix`` per row) and ``list<int8>`` ones."""
+    lengths = lengths.astype(np.int64)
+    extra = len(prefix) + len(suffix)
+    sizes = lengths + extra
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    ids = np.empty(int(offsets[-1]), dtype=np.int32)
+    starts = offsets[:-1]
+    body = np.repeat(starts + len(prefix) - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
+                     lengths)  # fmt: skip
+    ids[body + np.arange(len(flat))] = flat
+    for k, token in enumerate(prefix):
+        ids[starts + k] = token
+    for k, token in enumerate(suffix):
+        ids[starts + len(prefix) + lengths + k] = token
+    cuts = pa.array(offsets.astype(np.int32))
+    return (pa.ListArray.from_arrays(cuts, pa.array(ids)),
+            pa.ListArray.from_arrays(cuts, pa.array(np.ones(len(ids), dtype=np.int8))))  # fmt: skip
+
+
 def _tokenizers() -> Any:
     try:
         import tokenizers
@@ -205,7 +228,9 @@ class Tokenize(Preprocessor):
         (``"clip:"`` is its fast preset; ``ClipTokenizer(path, preset="open_clip")`` gives
         open_clip's ids exactly, with ftfy; the ids column stays ``int32``).
     max_length:
-        Row length (CLIP: 77).
+        Row length (CLIP: 77). ``None``: every text's ids as they are, a variable-length
+        ``list<int32>`` per row without padding or truncation (``pad`` and ``truncation`` do
+        not apply): documents for packing (``ds.loader(pack=fl.Packing(...))``).
     pad:
         Pad to ``max_length``: ids and mask are ``arrow.fixed_shape_tensor`` columns of shape
         ``(max_length,)``; with ``pad=False`` they are ``list`` columns.
@@ -255,7 +280,7 @@ class Tokenize(Preprocessor):
         self,
         column: str,
         tokenizer: Any,
-        max_length: int,
+        max_length: int | None,
         pad: bool = True,
         add_special_tokens: bool = True,
         truncation: bool = True,
@@ -273,10 +298,15 @@ class Tokenize(Preprocessor):
         out = output or column
         mask = mask_output or f"{out}_mask"
         super().__init__(column, (out, mask))
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+        ):
             raise ConfigurationError(
-                f"Tokenize: max_length must be a positive int, got {max_length!r}. Fix: e.g. 77."
+                f"Tokenize: max_length must be a positive int or None, got {max_length!r}. Fix: "
+                "e.g. 77, or None for variable-length ids (packing)."
             )
+        if max_length is None:
+            pad = truncation = False
         if on_null not in ("raise", "empty"):
             raise ConfigurationError(f"on_null={on_null!r}. Fix: use 'raise' or 'empty'.")
         if mask == out:
@@ -321,7 +351,10 @@ class Tokenize(Preprocessor):
         """Build the backend (reads and checks the file); once per process."""
         if self.source is not None and self.source.startswith("clip:"):
             clip = ClipTokenizer(
-                self.source[5:], self.max_length, sha256=self.sha256, **(self.clip_options or {})
+                self.source[5:],
+                self.max_length or 77,
+                sha256=self.sha256,
+                **(self.clip_options or {}),
             )
             self.sha256 = clip.sha256
             return clip
@@ -390,6 +423,10 @@ class Tokenize(Preprocessor):
             raise
         except Exception as exc:  # tokenizers raises plain Exception
             raise DataError(f"Tokenize failed on {where}: {exc}. Fix: check the text.") from exc
+        if self.max_length is None:  # variable length: the ids as they are, no padding
+            id_array, mask_array = _variable_lists(np.asarray(flat), np.asarray(lengths),
+                                                   prefix, suffix)  # fmt: skip
+            return self._assemble(batch, index, id_array, mask_array)
         pad_id = backend.pad_id if self.pad_id is None else self.pad_id
         ids, mask, lengths = frame(
             flat,

@@ -1,0 +1,287 @@
+"""Packed batches over a loader's blocks of documents, with a tiny, exact, elastic checkpoint.
+
+A :class:`PackedLoader` reads its rank's documents from a document loader (the loader's own
+order, ``buffer_size`` documents per block), packs each block by itself
+(:func:`~feedline.loader.packing.bins.plan_rows`) and cuts the stream of rows into batches of
+``batch_size`` rows. Because a block's rows depend only on the block, the checkpoint is
+
+- ``docs``: the document loader's state before the block the next row comes from,
+- ``rows``: the rows of that block already delivered,
+- ``carry``: after an elastic resume, the old ranks' states whose leftover rows this rank
+  delivers first (the states of one checkpoint, themselves tiny), and ``taken`` of them.
+
+Resume on as many ranks replays the block and skips ``rows``. Resume on another number of
+ranks recomputes, from every old rank's state, that rank's rows not yet delivered (the rest
+of its block and of its own carry), deals them out to the new ranks (row ``i`` to rank
+``i % world_size``), and hands the documents no old rank had pulled to the document loader's
+elastic resume. Every token of the epoch is delivered once: before, or after.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from feedline.errors import ConfigurationError
+from feedline.loader.adapters.formats import to_format
+from feedline.loader.packing.bins import Segment, plan_rows
+from feedline.loader.packing.rows import row_arrays
+from feedline.loader.packing.spec import Packing
+
+__all__ = ["PACK_STATE_VERSION", "PackedLoader", "UnknownLength"]
+
+PACK_STATE_VERSION = 1
+_KEYS = ("version", "packing", "epoch", "batches", "rank", "world_size", "docs", "rows",
+         "carry", "taken")  # fmt: skip
+#: a row on its way: its documents and segments, and where it came from (for the state)
+_Row = tuple[list[Any], list[Segment]]
+
+
+class UnknownLength(ConfigurationError, TypeError):
+    """``len()`` of a packing loader: its batches depend on the documents (a ``TypeError``
+    too, so ``list(loader)`` and ``operator.length_hint`` treat it as having no length)."""
+
+
+def _fail(what: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"Packed loader state: {what}. Fix: pass the dicts PackedLoader.state_dict() returned "
+        "(every old rank's, in rank order, when world_size changed), unchanged."
+    )
+
+
+class PackedLoader:
+    """Batches of packed rows (see the module docstring); ``Loader(..., pack=...)`` uses it.
+
+    ``docs`` is this rank's document loader (``batch_size=packing.buffer_size``, numpy
+    format); ``make_docs(rank, world_size)`` builds the same loader for another layout (to
+    recompute an old rank's leftover rows on an elastic resume).
+    """
+
+    def __init__(self, docs: Any, make_docs: Callable[[int, int], Any], packing: Packing, *,
+                 batch_size: int, drop_last: bool, fmt: str) -> None:  # fmt: skip
+        self.docs, self._make_docs, self.packing = docs, make_docs, packing
+        self.batch_size, self.drop_last, self.format = batch_size, drop_last, fmt
+        self.rank, self.world_size = docs.rank, docs.world_size
+        self._epoch, self._batches, self._finished = 0, 0, False
+        self._docs_state: dict[str, Any] | None = None  # None: the epoch's start
+        self._rows = 0
+        self._carry: dict[str, Any] | None = None
+        self._taken = 0
+        self._restored = False
+        self._metrics: dict[int, dict[str, float]] = {}
+
+    # ------------------------------------------------------------------ epochs
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its start (kept right after a resume into that epoch)."""
+        if self._restored and epoch == self._epoch:
+            return
+        self._restored = False
+        self._start(epoch)
+
+    def _start(self, epoch: int) -> None:
+        self._epoch, self._batches, self._finished = epoch, 0, False
+        self._docs_state, self._rows, self._carry, self._taken = None, 0, None, 0
+
+    # ------------------------------------------------------------------ rows
+
+    def _block_rows(self, block: Mapping[str, Any], counts: dict[str, float] | None) -> list[_Row]:
+        """The rows of one block of documents (each row with the block's documents)."""
+        docs = list(block.get(self.packing.column, ()))
+        if docs and not isinstance(docs[0], np.ndarray | list):
+            raise ConfigurationError(
+                f"Packing: column {self.packing.column!r} must hold a list of token ids per "
+                f"document, got {type(docs[0]).__name__}. Fix: store tokens as list<int32> "
+                "(fl.Tokenize(..., max_length=None)) or return them from the transform."
+            )
+        docs = [np.asarray(d) for d in docs]
+        plan = plan_rows([len(d) for d in docs], self.packing)
+        if counts is not None:
+            counts["documents"] += sum(1 for d in docs if len(d))
+            counts["documents_split"] += plan.split
+            counts["documents_dropped"] += plan.dropped
+            counts["tokens_dropped"] += plan.dropped_tokens
+        return [(docs, row) for row in plan.rows]
+
+    def _carried(self, carry: Mapping[str, Any] | None, rank: int, world_size: int) -> list[_Row]:
+        """The rows an elastic resume dealt to ``rank`` of ``world_size`` (recomputed)."""
+        if carry is None:
+            return []
+        left: list[_Row] = []
+        for old in carry["from"]:
+            left += self._carried(old["carry"], old["rank"], old["world_size"])[old["taken"] :]
+            loader = self._make_docs(old["rank"], old["world_size"])
+            self._position(loader, old)
+            block = next(iter(loader), None)
+            if block is not None:
+                left += self._block_rows(block, None)[old["rows"] :]
+        return left[rank::world_size]
+
+    @staticmethod
+    def _position(loader: Any, state: Mapping[str, Any]) -> None:
+        if state["docs"] is None:
+            loader.set_epoch(state["epoch"])
+        else:
+            loader.load_state_dict(state["docs"])
+
+    def _batch(self, rows: list[_Row]) -> dict[str, Any]:
+        docs: list[Any] = []
+        segments: list[list[Segment]] = []
+        for row_docs, row in rows:
+            base = len(docs)
+            used = sorted({d for d, _, _ in row})
+            where = {d: base + k for k, d in enumerate(used)}
+            docs += [row_docs[d] for d in used]
+            segments.append([(where[d], s, e) for d, s, e in row])
+        out = row_arrays(docs, segments, self.packing)
+        return to_format(out, self.format)
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._finished:
+            self._start(self._epoch + 1)
+        self._restored = False
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[dict[str, Any]]:
+        epoch, size = self._epoch, self.batch_size
+        counts = self._metrics.setdefault(epoch, dict.fromkeys(
+            ("batches", "rows", "tokens", "padding", "documents", "documents_split",
+             "documents_dropped", "tokens_dropped", "rows_dropped", "seconds"), 0.0))  # fmt: skip
+        started = time.perf_counter()
+        # the rows to deliver, each with the state that follows its delivery
+        queue: list[tuple[_Row, tuple[Any, int, int]]] = []
+        carried = self._carried(self._carry, self.rank, self.world_size)
+        queue += [(row, (self._docs_state, self._rows, i + 1))
+                  for i, row in enumerate(carried) if i >= self._taken]  # fmt: skip
+        docs = self.docs
+        self._position(docs, {"docs": self._docs_state, "epoch": epoch})
+        blocks = iter(docs)
+        skip = self._rows
+        exhausted = False
+        try:
+            while True:
+                while len(queue) < size and not exhausted:
+                    before = docs.state_dict()
+                    block = next(blocks, None)
+                    if block is None:
+                        exhausted = True
+                        break
+                    rows = self._block_rows(block, counts)
+                    queue += [(row, (before, j + 1, -1)) for j, row in enumerate(rows) if j >= skip]
+                    skip = 0
+                if not queue or (len(queue) < size and self.drop_last):
+                    counts["rows_dropped"] += len(queue)
+                    break
+                take, queue = queue[:size], queue[size:]
+                batch = self._batch([row for row, _ in take])
+                docs_state, delivered, taken = take[-1][1]
+                self._docs_state, self._rows = docs_state, delivered
+                if taken < 0:  # past the carried rows
+                    self._carry, self._taken = None, 0
+                else:
+                    self._taken = taken
+                self._batches += 1
+                real = sum(e - s for row, _ in take for _, s, e in row[1])
+                counts["batches"] += 1
+                counts["rows"] += len(take)
+                counts["tokens"] += real
+                counts["padding"] += len(take) * self.packing.seq_len - real
+                counts["seconds"] += time.perf_counter() - started
+                yield batch
+                started = time.perf_counter()
+            self._finished = True
+        finally:
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position: tiny and JSON-safe (no token is stored)."""
+        if self._finished:
+            epoch, docs, rows, carry, taken = self._epoch + 1, None, 0, None, 0
+        else:
+            epoch, docs, rows = self._epoch, self._docs_state, self._rows
+            carry, taken = self._carry, self._taken
+        return {"version": PACK_STATE_VERSION, "packing": self.packing.as_dict(),
+                "epoch": epoch, "batches": 0 if self._finished else self._batches,
+                "rank": self.rank, "world_size": self.world_size, "docs": docs, "rows": rows,
+                "carry": carry, "taken": taken}  # fmt: skip
+
+    def _parse(self, state: Any) -> list[dict[str, Any]]:
+        states = [state] if isinstance(state, Mapping) else list(state)
+        if not states:
+            raise _fail("got no state")
+        for s in states:
+            if not isinstance(s, Mapping) or set(s) != set(_KEYS):
+                raise _fail(f"expected a dict with keys {list(_KEYS)}, got {str(s)[:120]!r}")
+            if s["version"] != PACK_STATE_VERSION:
+                raise _fail(f"version {s['version']!r} is not {PACK_STATE_VERSION}")
+            if s["packing"] != self.packing.as_dict():
+                raise ConfigurationError(
+                    f"Packed loader state: packed with {s['packing']}, this loader packs with "
+                    f"{self.packing.as_dict()}. Fix: resume with the checkpoint's fl.Packing "
+                    "(another packing would change which rows were delivered)."
+                )
+        if len({s["epoch"] for s in states}) != 1:
+            raise _fail(f"the states are of different epochs {[s['epoch'] for s in states]}")
+        return [dict(s) for s in states]
+
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """Resume from ``state_dict()``: this rank's own state on as many ranks, or every old
+        rank's state (a list in rank order) on another number of ranks."""
+        states = self._parse(state)
+        old_world = states[0]["world_size"]
+        if old_world == self.world_size:
+            mine = [s for s in states if s["rank"] == self.rank]
+            if not mine:
+                raise _fail(f"no state of rank {self.rank} (ranks packed at different paces: "
+                            "each rank resumes from its own state)")  # fmt: skip
+            s = mine[0]
+            self._start(s["epoch"])
+            self._docs_state, self._rows = s["docs"], s["rows"]
+            self._carry, self._taken, self._batches = s["carry"], s["taken"], s["batches"]
+        else:
+            if [s["rank"] for s in states] != list(range(old_world)):
+                raise _fail(f"world_size changed from {old_world} to {self.world_size}: pass all "
+                            f"{old_world} old ranks' states in rank order")  # fmt: skip
+            pulled = []
+            for s in states:  # the documents each old rank pulled, its block included
+                loader = self._make_docs(s["rank"], old_world)
+                self._position(loader, s)
+                blocks = iter(loader)
+                next(blocks, None)
+                pulled.append(loader.state_dict())
+            self._start(states[0]["epoch"])
+            self.docs.load_state_dict(pulled)
+            self._docs_state = self.docs.state_dict()
+            self._carry = {"from": states, "world_size": self.world_size}
+        self._restored = True
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Per epoch: batches, rows, tokens, ``padding_fraction``, documents, split and dropped
+        documents, ``tokens_per_s`` (from the caller's side)."""
+        out = []
+        for epoch, c in sorted(self._metrics.items()):
+            slots = c["rows"] * self.packing.seq_len
+            out.append({
+                "epoch": epoch, "batches": int(c["batches"]), "rows": int(c["rows"]),
+                "tokens": int(c["tokens"]), "padding_fraction": c["padding"] / slots if slots
+                else 0.0, "documents": int(c["documents"]),
+                "documents_split": int(c["documents_split"]),
+                "documents_dropped": int(c["documents_dropped"]),
+                "tokens_dropped": int(c["tokens_dropped"]), "rows_dropped": int(c["rows_dropped"]),
+                "seconds": c["seconds"],
+                "tokens_per_s": c["tokens"] / c["seconds"] if c["seconds"] else 0.0,
+            })  # fmt: skip
+        return out
