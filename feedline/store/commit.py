@@ -352,7 +352,7 @@ def writing(target: Location, base: WriteBase | None = None) -> Iterator[Pending
     ...     shards.write(pa.record_batch({"x": [1, 2]}))
     ...     commit(write, Manifest(shards.schema, shards.close()))
     >>> sorted(n.split("-")[0] for n in _names(target))
-    ['_feedline.json', 'part']
+    ['_feedline.json', '_versions', 'part']
     """
     with out_of_space_as_storage_error(target.url):  # after the abort below cleaned up
         write = begin_write(target, base)
