@@ -89,6 +89,7 @@ if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from feedline.statistics.drift import DriftReport, compare
     from feedline.statistics.result import Stats
     from feedline.store.dataset_files import verify
+    from feedline.store.versions import history, vacuum
 
 #: public name -> the module that defines it (a module itself where the name is one)
 _LAZY: dict[str, str] = {
@@ -134,6 +135,7 @@ _LAZY: dict[str, str] = {
     "from_ray": "feedline.dataset.from_memory",
     "from_spark": "feedline.dataset.from_memory",
     "get_engine": "feedline.engines.protocol",
+    "history": "feedline.store.versions",
     "open": "feedline.dataset.readers",
     "preprocess": "feedline.preprocess",
     "range": "feedline.dataset.readers",
@@ -153,6 +155,7 @@ _LAZY: dict[str, str] = {
     "stats": "feedline.statistics.compute",
     "tfrecord": "feedline.io.tfrecord",
     "tracking": "feedline.tracking",
+    "vacuum": "feedline.store.versions",
     "verify": "feedline.store.dataset_files",
 }
 
@@ -214,6 +217,7 @@ __all__ = [
     "from_ray",
     "from_spark",
     "get_engine",
+    "history",
     "open",
     "preprocess",
     "range",
@@ -233,6 +237,7 @@ __all__ = [
     "stats",
     "tfrecord",
     "tracking",
+    "vacuum",
     "verify",
 ]
 

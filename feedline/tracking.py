@@ -288,8 +288,10 @@ def log_dataset(
     :func:`dataset_digest` (a fingerprint of the manifest's shard checksums); the source (the
     dataset's URL, as an MLflow local/S3/... source); the schema (MLflow column types, ``any``
     where MLflow has none, the Arrow schema in the profile); and a profile with ``num_rows``,
-    ``num_shards``, ``num_bytes``. The manifest's fitted preprocessor state and lineage are
-    logged as ``feedline/<name>/preprocessors.json`` and ``feedline/<name>/lineage.json``.
+    ``num_shards``, ``num_bytes`` and the dataset ``version`` (and its commit time), which
+    ``fl.open(path, version=...)`` opens again while it is retained. The manifest's fitted
+    preprocessor state and lineage are logged as ``feedline/<name>/preprocessors.json`` and
+    ``feedline/<name>/lineage.json``.
 
     Parameters
     ----------
@@ -325,6 +327,8 @@ def log_dataset(
         "format": "feedline",
         "format_version": manifest.format_version,
         "created": manifest.created,
+        "version": manifest.version_id,  # fl.open(path, version=...) reads it again
+        "version_time": str(manifest.version.get("time") or manifest.created),
         "arrow_schema": [f"{f.name}: {f.type}" for f in manifest.schema],
     }
     dataset = _dataset_class()(

@@ -813,6 +813,7 @@ class Dataset:
         self,
         path: str | os.PathLike[str],
         *,
+        mode: str = "overwrite",
         engine: str | Engine | None = None,
         rows_per_shard: int | None = None,
         bytes_per_shard: int | str | None = "256MiB",
@@ -825,6 +826,15 @@ class Dataset:
         progress: bool | None = None,
     ) -> WriteInfo:
         """Materialize the dataset as a feedline dataset (shards + manifest) at ``path``.
+
+        Each write commits a new version of the dataset at ``path``
+        (:func:`feedline.history`). ``mode="overwrite"`` (the default) replaces the data;
+        the older versions stay readable (``fl.open(path, version=N)``) until
+        :func:`feedline.vacuum` drops them. ``mode="append"`` adds these rows to the
+        current version's: the columns and types must be the dataset's (else
+        :class:`~feedline.errors.SchemaError` naming them), and the dataset's fitted
+        preprocessor state is applied to the new rows, never refit (an unfitted
+        preprocessor of this dataset takes it; one fitted to other data is refused).
 
         Many small inputs become few right-sized shards: a shard closes after
         ``rows_per_shard`` rows or about ``bytes_per_shard`` bytes. The manifest is
@@ -847,6 +857,10 @@ class Dataset:
             resolved,
             lambda: self._fitted_plan(resolved),
             path,
+            mode=mode,
+            keep_states=lambda entries: Dataset(
+                outputs.with_states(self._plan, entries, os.fspath(path)), self._fits
+            )._fitted_plan(resolved),
             rows_per_shard=rows_per_shard,
             bytes_per_shard=bytes_per_shard,
             row_group_rows=row_group_rows,

@@ -15,6 +15,7 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,17 +25,22 @@ import pyarrow as pa
 
 from feedline.arrow.sizes import parse_bytes
 from feedline.engines.protocol import Engine, WriteInfo, WriteOptions
+from feedline.errors import ConfigurationError
 from feedline.io.parquet import ParquetSource
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import resolve
 from feedline.io.tfrecord.writer import write_tfrecord as write_records
 from feedline.plan.plan import Plan, Select, Transform
+from feedline.preprocess.preprocessor import from_state
 from feedline.store.commit import note_base
+from feedline.store.dataset_files import read_manifest
 from feedline.store.shard_source import BatchStream, ShardSource
 from feedline.ui.progress import also
 from feedline.ui.progress import bar as progress_bar
 
-__all__ = ["preprocessor_states", "shard_source", "write", "write_tfrecord"]
+__all__ = ["preprocessor_states", "shard_source", "with_states", "write", "write_tfrecord"]
+
+WRITE_MODES = ("overwrite", "append")
 
 
 def preprocessor_states(plan: Plan) -> list[dict[str, Any]]:
@@ -54,11 +60,58 @@ def preprocessor_states(plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
+def with_states(plan: Plan, entries: list[dict[str, Any]], where: str = "the dataset") -> Plan:
+    """``plan`` with each preprocessor that needs fitting given the fitted state of the
+    matching manifest entry (``entries``, as :func:`preprocessor_states` wrote them, in
+    order): what an append applies, so the appended rows are transformed as the dataset's
+    were and nothing is refit. A fitted preprocessor must carry the entry's state, and the
+    preprocessors must be the entries' (same count and classes), else
+    :class:`ConfigurationError`.
+
+    Examples
+    --------
+    >>> import feedline as fl
+    >>> fitted = fl.StandardScaler("id").fit(fl.range(3))
+    >>> entries = preprocessor_states(fl.range(3).transform(fitted).plan)
+    >>> plan = with_states(fl.range(5).transform(fl.StandardScaler("id")).plan, entries)
+    >>> plan.ops[0].preprocessor.state == fitted.state
+    True
+    """
+    ops: list[Any] = []
+    stateful = [op for op in plan.ops if isinstance(op, Transform)]
+    names = [type(op.preprocessor).__name__ for op in stateful]
+    if names != [str(entry.get("name")) for entry in entries]:
+        raise ConfigurationError(
+            f"The preprocessors of this append ({names}) are not those of {where} "
+            f"({[entry.get('name') for entry in entries]}), so its fitted state cannot be "
+            "applied. Fix: append a dataset built with the same transforms, unfitted, or "
+            'write with mode="overwrite".'
+        )
+    states = iter(entries)
+    for op in plan.ops:
+        if isinstance(op, Transform):
+            state = next(states)["state"]
+            preprocessor = op.preprocessor
+            if not getattr(preprocessor, "is_fitted", True):
+                op = dataclasses.replace(op, preprocessor=from_state(state))
+            elif getattr(preprocessor, "state", state) != state:
+                raise ConfigurationError(
+                    f"The {type(preprocessor).__name__} of this append was fitted to other "
+                    f"data than {where}'s; an append keeps the dataset's fitted state and "
+                    "never refits. Fix: pass the preprocessor unfitted (the dataset's state "
+                    'is applied), or write with mode="overwrite" to refit.'
+                )
+        ops.append(op)
+    return Plan(plan.source, tuple(ops))
+
+
 def write(
     engine: Engine,
     fitted: Callable[[], Plan],
     path: str | os.PathLike[str],
     *,
+    mode: str = "overwrite",
+    keep_states: Callable[[list[dict[str, Any]]], Plan] | None = None,
     rows_per_shard: int | None = None,
     bytes_per_shard: int | str | None = "256MiB",
     row_group_rows: int | None = None,
@@ -73,7 +126,10 @@ def write(
     ``fitted`` is called inside the progress bar of the rows written, so the fits it
     triggers follow the same ``progress`` setting; the fitted preprocessors' states go into
     the manifest. The write commits only if no other writer committed at ``path`` since
-    this call began (else :class:`~feedline.errors.ConcurrentWriteError`). See
+    this call began (else :class:`~feedline.errors.ConcurrentWriteError`). With
+    ``mode="append"`` and a dataset at ``path``, the plan is ``keep_states(entries)`` (the
+    dataset's fitted preprocessor states applied: :func:`with_states`; ``fitted()`` when
+    not given) and its shards are added to the dataset as a new version. See
     :meth:`feedline.Dataset.write` for the parameters.
 
     Examples
@@ -90,12 +146,22 @@ def write(
         row_group_rows=row_group_rows,
         compression=compression,
     )
+    if mode not in WRITE_MODES:
+        raise ConfigurationError(
+            f"mode={mode!r} is not a write mode. Fix: pass one of {list(WRITE_MODES)}."
+        )
     target = resolve(path, storage_options)
     # the version this write starts from, noted before any work: a commit by another writer
     # from now on (during the fits, the schema inference, the shards) fails this write
     base = note_base(target)
+    existing = read_manifest(target) if mode == "append" and base.token is not None else None
+    if existing is not None:
+        base = dataclasses.replace(base, append=True)
     with progress_bar(f"write {os.fspath(path)}", progress=progress) as advance:
-        plan = fitted()
+        if existing is not None and keep_states is not None:
+            plan = keep_states(existing.preprocessors)
+        else:
+            plan = fitted()
         return engine.write(
             plan,
             target,

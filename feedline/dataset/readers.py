@@ -468,8 +468,15 @@ def open(  # noqa: A001
     *,
     verify: bool = False,
     storage_options: dict[str, Any] | None = None,
+    version: int | None = None,
+    as_of: datetime | None = None,
 ) -> Dataset:
     """Open a feedline dataset (or a plain Parquet folder without a manifest).
+
+    ``version=N`` opens version ``N`` of the dataset, ``as_of=datetime`` the newest version
+    committed at or before that time (a naive datetime is local time), while they are
+    retained (:func:`feedline.history` lists them, :func:`feedline.vacuum` drops them);
+    by default the current version.
 
     ``verify=True`` checks every shard's size and checksum first. A folder holding an
     interrupted write raises :class:`~feedline.errors.IncompleteDatasetError`. ``path`` may be
@@ -483,6 +490,11 @@ def open(  # noqa: A001
     >>> _ = fl.range(5).write(out)
     >>> fl.open(out, verify=True).count()
     5
+    >>> _ = fl.range(2).write(out, mode="append")
+    >>> fl.open(out).count(), fl.open(out, version=1).count()
+    (7, 5)
     """
-
-    return Dataset.from_source(open_source(path, verify=verify, storage_options=storage_options))
+    source = open_source(
+        path, verify=verify, storage_options=storage_options, version=version, as_of=as_of
+    )
+    return Dataset.from_source(source)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from feedline.errors import ConfigurationError
 from feedline.loader.adapters.formats import can_pin
 from feedline.loader.adapters.tf import batch_shapes, import_tensorflow, tf_dataset
 from feedline.loader.adapters.torch import import_torch
@@ -447,12 +448,14 @@ class Loader:
         """
         if self._packed is not None:
             return self._packed.state_dict()
-        return State(
+        state = State(
             seed=self.seed, epoch=self._epoch, batches=self._consumed, rank=self.rank,
             world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
             shuffle=self.shuffle, shuffle_window=self._prepare().window,
             num_samples=self.num_samples, history=self._segments, fingerprint=self._fingerprint,
         ).as_dict()  # fmt: skip
+        version = getattr(self._source(), "version", None)
+        return state if version is None else state | {DATASET_VERSION: version}
 
     @functools.cached_property
     def _fingerprint(self) -> str:
@@ -478,11 +481,14 @@ class Loader:
 
         Every field is validated first (types, ranges, keys, version), then the state must
         have been taken on this dataset (its fingerprint and the sample count) at a position
-        its epoch holds; anything else raises :class:`ConfigurationError` naming the field and
-        leaves the loader as it was (see :mod:`feedline.loader.order.state`). A state without
-        a fingerprint (version 1, or taken by an earlier feedline on in-memory data) is
-        refused; ``check_dataset=False`` accepts it, or one of another fingerprint, when you
-        know it was taken on this very data (the sample count is still checked).
+        its epoch holds. A state taken on another version of this feedline dataset (its
+        ``dataset_version``) reads that version's shards from then on, while the version is
+        retained (a vacuumed one raises ConfigurationError); anything else raises
+        :class:`ConfigurationError` naming the field and leaves the loader as it was (see
+        :mod:`feedline.loader.order.state`). A state without a fingerprint (version 1, or
+        taken by an earlier feedline on in-memory data) is refused; ``check_dataset=False``
+        accepts it, or one of another fingerprint, when you know it was taken on this very
+        data (the sample count is still checked).
 
         Examples
         --------
@@ -500,7 +506,14 @@ class Loader:
         if self._packed is not None:
             self._packed.load_state_dict(state)
             return
-        states = parse_states(state)  # before loading any data
+        version = _dataset_version(state)
+        states = parse_states(_without_version(state))  # before loading any data
+        source = self._source()
+        if version is not None and getattr(source, "version", None) not in (None, version):
+            # the checkpoint's version of the dataset, not the one committed since
+            self._resolved = cast("ShardSource", source).at_version(version)
+            self._backend = None
+            self.__dict__.pop("_fingerprint", None)
         backend = self._prepare()
         backend.check_states(states)
         given = self._given
@@ -696,3 +709,37 @@ class Loader:
             f"Loader(batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self.seed}, "
             f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, format={self.format!r})"
         )
+
+
+#: the key of a loader state that names the dataset version it was taken on
+DATASET_VERSION = "dataset_version"
+
+
+def _dataset_version(state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int | None:
+    """The dataset version a state (or the first of several ranks' states) was taken on."""
+    first = state if isinstance(state, Mapping) else next(iter(state), None)
+    version = first.get(DATASET_VERSION) if isinstance(first, Mapping) else None
+    if version is None:
+        return None
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ConfigurationError(
+            f"Loader state field {DATASET_VERSION!r} is {version!r}; expected a dataset version "
+            "(an int >= 1). Fix: pass the dict Loader.state_dict() returned, unchanged."
+        )
+    return version
+
+
+def _without_version(
+    state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+) -> Mapping[str, Any] | Sequence[Mapping[str, Any]]:
+    """``state`` without its :data:`DATASET_VERSION` key(s)."""
+    if isinstance(state, Mapping):
+        return {k: v for k, v in state.items() if k != DATASET_VERSION}
+    if isinstance(state, Sequence) and not isinstance(state, str | bytes):
+        return [
+            {k: v for k, v in one.items() if k != DATASET_VERSION}
+            if isinstance(one, Mapping)
+            else one
+            for one in state
+        ]
+    return state

@@ -3,6 +3,8 @@
 The commit protocol is part of the format's contract. A dataset folder holds::
 
     _feedline.json                       the manifest: the ONLY thing that says what the data is
+    _versions/v000001.json ...           every retained version's manifest (the newest is the
+                                         same text as _feedline.json)
     part-00000-<write id>.parquet ...    shards; the write id (12 hex digits) is new per write
     _feedline.lock                       while a write runs: who writes (JSON)
     .feedline-staging-<write id>/        while a write runs: its shards before the commit
@@ -32,14 +34,19 @@ dataset or the new one, and the next write cleans up whatever the crash left:
    (local disk: ``fsync`` each shard, rename, ``fsync`` the folder; object stores: copy). The names
    are new, so no file of the committed dataset is touched; the old manifest still
    names only the old shards.
-4. **Commit.** Check lock and manifest again, then replace the manifest in one step
+4. **Commit.** Write the new version's manifest to ``_versions/v<id>.json`` (id: the
+   committed version's plus one; :mod:`feedline.store.version_files`; a dataset written
+   before versions first gets its own file, as version 1). It is no version yet: a version
+   file with an id above the current manifest's is never opened, and the next commit
+   replaces it. Check lock and manifest again, then replace the manifest in one step
    (local disk: temporary file, ``fsync``, ``os.replace``, ``fsync`` of the folder; object
    stores: one PUT, which S3 makes visible atomically). This is the commit point. On S3 the
    PUT is conditional on the manifest the write started from (``If-Match`` on its ETag, or
    ``If-None-Match: *`` when there was none), so a writer that committed between the check
    and the PUT is never overwritten: this write fails with ``ConcurrentWriteError`` instead.
-5. **Clean up.** Delete every shard file the new manifest does not name (older writes,
-   interrupted writes), every staging folder and temporary manifest, then the lock.
+5. **Clean up.** Delete every shard file that no retained version names (interrupted
+   writes, versions that :func:`feedline.store.versions.vacuum` dropped), every staging
+   folder and temporary manifest, then the lock.
    A failure here does not fail the write: the next write cleans up.
 
 Readers open only what the manifest names, so orphan files are invisible to them. A
@@ -48,8 +55,10 @@ interrupted first write and opens as :class:`~feedline.errors.IncompleteDatasetE
 A write that fails with an exception removes its staging folder, its moved shards and
 its lock, unless its manifest was committed.
 
-Readers that opened the old manifest lose its shards at step 5; they fail with a
-clear :class:`~feedline.errors.DataError` and must re-open. Backends other than local
+An append (``mode="append"``) runs the same steps: its manifest names the committed
+version's shards and then its own, new ones. Readers that opened a version keep its shards
+until that version is vacuumed; then they fail with a clear
+:class:`~feedline.errors.DataError` and must re-open. Backends other than local
 disk and S3 fall back to "check, then create" for the lock and "check, then write" for the
 manifest, which are not atomic.
 """
@@ -68,13 +77,22 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from feedline.arrow.column_names import check_unique
-from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError
+from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError, SchemaError
 from feedline.io.storage.nospace import out_of_space_as_storage_error
 from feedline.io.storage.paths import Location
 from feedline.store.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from feedline.store.shards import shard_name
 from feedline.store.stored_files import read_small
+from feedline.store.version_files import (
+    VERSIONS_DIR,
+    now,
+    read_version,
+    version_numbers,
+    write_version,
+)
 from feedline.store.write_lock import LOCK_NAME, WriterLock, conditional
 
 __all__ = [
@@ -82,12 +100,14 @@ __all__ = [
     "PendingWrite",
     "WriteBase",
     "begin_write",
+    "check_append_schema",
     "commit",
     "fsync_dir",
     "fsync_file",
     "note_base",
     "prepare_target",
     "replace_manifest",
+    "retained_shards",
     "writing",
 ]
 
@@ -136,7 +156,11 @@ def prepare_target(target: Location) -> None:
     foreign = [
         n
         for n in names
-        if not (n == MANIFEST_NAME or is_write_leftover(n) or (ours and _OLD_SHARD.fullmatch(n)))
+        if not (
+            n in (MANIFEST_NAME, VERSIONS_DIR)
+            or is_write_leftover(n)
+            or (ours and _OLD_SHARD.fullmatch(n))
+        )
     ]
     if foreign:
         raise ConfigurationError(
@@ -191,6 +215,8 @@ class PendingWrite:
         self._lock = WriterLock(target, self.write_id)
         self.base: str | None = None
         self.base_version: str | None = None  # the S3 ETag of the manifest at ``base``
+        #: add this write's shards to the committed version's (``mode="append"``)
+        self.append = False
         self.committed = False
 
     @property
@@ -257,6 +283,8 @@ class WriteBase:
 
     token: str | None
     version: str | None = None
+    #: the write adds its shards to this version (``mode="append"``) instead of replacing it
+    append: bool = False
 
 
 def note_base(target: Location) -> WriteBase:
@@ -273,7 +301,7 @@ def note_base(target: Location) -> WriteBase:
     >>> from feedline.io.storage.paths import resolve
     >>> out = tempfile.mkdtemp() + "/ds"
     >>> note_base(resolve(out))
-    WriteBase(token=None, version=None)
+    WriteBase(token=None, version=None, append=False)
     >>> _ = fl.range(3).write(out)
     >>> note_base(resolve(out)).token is not None
     True
@@ -299,6 +327,7 @@ def begin_write(target: Location, base: WriteBase | None = None) -> PendingWrite
             if write.base != base.token:
                 raise write.overtaken()
             write.base_version = base.version
+            write.append = base.append
     except BaseException:
         write.release()
         raise
@@ -323,7 +352,7 @@ def writing(target: Location, base: WriteBase | None = None) -> Iterator[Pending
     ...     shards.write(pa.record_batch({"x": [1, 2]}))
     ...     commit(write, Manifest(shards.schema, shards.close()))
     >>> sorted(n.split("-")[0] for n in _names(target))
-    ['_feedline.json', 'part']
+    ['_feedline.json', '_versions', 'part']
     """
     with out_of_space_as_storage_error(target.url):  # after the abort below cleaned up
         write = begin_write(target, base)
@@ -337,10 +366,12 @@ def writing(target: Location, base: WriteBase | None = None) -> Iterator[Pending
 
 
 def commit(write: PendingWrite, manifest: Manifest) -> None:
-    """Make ``manifest`` the dataset; its shards are in ``write.staging`` or, on object
-    stores, may already be in the dataset folder (:attr:`PendingWrite.shard_folder`).
+    """Make ``manifest`` the dataset's next version; its shards are in ``write.staging`` or,
+    on object stores, may already be in the dataset folder (:attr:`PendingWrite.shard_folder`).
 
     Steps 3 to 5 of the protocol in this module's docstring; the write's lock is released.
+    An append (:attr:`PendingWrite.append`) commits the committed version's shards followed
+    by ``manifest``'s, after checking that the schemas match (:func:`check_append_schema`).
     """
     target, staging, fs = write.target, write.staging, write.target.fs
     # a schema that names a column twice cannot be read back: never commit one
@@ -360,6 +391,8 @@ def commit(write: PendingWrite, manifest: Manifest) -> None:
                 f"The shard {shard.path} of the write {write.write_id} is missing from "
                 f"{staging.url}; nothing was committed. Fix: re-run the write."
             )
+    base = _base_manifest(write)
+    _as_version(write, manifest, base)
     _reached("staged")
     write.check_unchanged()
 
@@ -372,15 +405,109 @@ def commit(write: PendingWrite, manifest: Manifest) -> None:
     if staged:  # in parallel: an fsync waits on the disk, a move on S3 is a copy
         with ThreadPoolExecutor(min(_MOVERS, len(staged))) as pool:
             list(pool.map(move_in, staged))
-    _publish(write, manifest.to_json().encode())
+    text = manifest.to_json().encode()
+    if base is not None and read_version(target, base.version_id) is None:
+        # a dataset written before versions (or whose version file was lost): keep it as one
+        if not base.version:
+            base.version = {"id": 1, "time": base.created, "operation": "write", "parent": None}
+        write_version(target, base.version_id, base.to_json().encode())
+    write_version(target, manifest.version_id, text)  # not yet a version: the manifest says
+    _reached("version-staged")
+    _publish(write, text)
     _reached("committed")
     logger.info(
-        "Committed %s: %d shard(s), %d rows, %d bytes (write %s)",
-        target.url, len(manifest.shards), manifest.rows, manifest.bytes, write.write_id,
+        "Committed %s version %d (%s): %d shard(s), %d rows, %d bytes (write %s)",
+        target.url, manifest.version_id, manifest.version["operation"], len(manifest.shards),
+        manifest.rows, manifest.bytes, write.write_id,
     )  # fmt: skip
     with contextlib.suppress(Exception):  # the commit stands; the next write cleans up
-        _collect_garbage(target, {s.path for s in manifest.shards})
+        _collect_garbage(target, retained_shards(target, manifest))
     write.release()
+
+
+def _base_manifest(write: PendingWrite) -> Manifest | None:
+    """The committed manifest the write started from (``None``: there was none); a manifest
+    committed since raises :class:`ConcurrentWriteError`."""
+    try:
+        data = _manifest_bytes(write.target)
+    except FileNotFoundError:
+        data = None
+    if (None if data is None else hashlib.sha256(data).hexdigest()) != write.base:
+        raise write.overtaken()
+    if data is None:
+        return None
+    return Manifest.from_json(data, f"{write.target.url.rstrip('/')}/{MANIFEST_NAME}")
+
+
+def _as_version(write: PendingWrite, manifest: Manifest, base: Manifest | None) -> None:
+    """Make ``manifest`` the version after ``base``: its id, time and operation, and for an
+    append the base's shards and fitted preprocessors before its own."""
+    if write.append and base is not None:
+        check_append_schema(base.schema, manifest.schema, write.target.url)
+        if manifest.preprocessors != base.preprocessors:
+            raise ConfigurationError(
+                f"The append to {write.target.url!r} carries fitted preprocessor state that "
+                "differs from the dataset's; an append keeps the dataset's fitted state. "
+                "Nothing was committed. Fix: append the data unfitted (the dataset's state is "
+                'applied), or write it with mode="overwrite" to refit.'
+            )
+        manifest.shards = [*base.shards, *manifest.shards]
+        manifest.statistics = {}  # the base's statistics describe fewer rows
+    operation = "write" if base is None else ("append" if write.append else "overwrite")
+    manifest.version = {
+        "id": 1 if base is None else base.version_id + 1,
+        "time": now(),
+        "operation": operation,
+        "parent": None if base is None else base.version_id,
+    }
+
+
+def check_append_schema(existing: pa.Schema, appended: pa.Schema, where: str) -> None:
+    """Raise :class:`SchemaError` unless ``appended`` has ``existing``'s columns and types
+    (in the same order), naming the columns that differ.
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> check_append_schema(pa.schema({"x": pa.int64()}), pa.schema({"y": pa.int64()}), "ds")
+    Traceback (most recent call last):
+    ...
+    feedline.errors.SchemaError: Cannot append to ds: the columns differ (missing: ['x']; ...
+    """
+    old = [(f.name, f.type) for f in existing]
+    new = [(f.name, f.type) for f in appended]
+    if old == new:
+        return
+    old_types, new_types = dict(old), dict(new)
+    missing = [n for n in old_types if n not in new_types]
+    extra = [n for n in new_types if n not in old_types]
+    changed = [
+        f"{n}: {old_types[n]} -> {new_types[n]}"
+        for n in old_types
+        if n in new_types and old_types[n] != new_types[n]
+    ]
+    details = [f"missing: {missing}"] if missing else []
+    details += [f"not in the dataset: {extra}"] if extra else []
+    details += [f"other types: {changed}"] if changed else []
+    if not details:
+        details = [f"the order differs: {list(old_types)} vs {list(new_types)}"]
+    raise SchemaError(
+        f"Cannot append to {where}: the columns differ ({'; '.join(details)}). Nothing was "
+        "committed. Fix: select, rename or cast the columns to the dataset's schema "
+        f'{list(old_types)}, or write with mode="overwrite".'
+    )
+
+
+def retained_shards(target: Location, current: Manifest) -> set[str]:
+    """The shard paths of every version ``target`` retains: ``current`` and each version file
+    with a smaller id. A version file that cannot be read raises (nothing is then deleted)."""
+    keep = {s.path for s in current.shards}
+    for number in version_numbers(target):
+        if number < current.version_id:
+            manifest = read_version(target, number)
+            if manifest is not None:
+                keep.update(s.path for s in manifest.shards)
+    return keep
 
 
 def _publish(write: PendingWrite, text: bytes) -> None:
@@ -445,14 +572,18 @@ def replace_manifest(target: Location, expected: Manifest, manifest: Manifest) -
                 "replace_manifest keeps the shards; only metadata may change. Fix: write the "
                 "dataset again to change its data."
             )
-        _publish(write, manifest.to_json().encode())
+        text = manifest.to_json().encode()
+        if manifest.version:  # the version's file holds the same manifest
+            write_version(target, manifest.version_id, text)
+        _publish(write, text)
 
 
 def _collect_garbage(target: Location, keep: set[str]) -> None:
-    """Delete the files of older and interrupted writes that the manifest does not name."""
+    """Delete the files of older and interrupted writes that no retained version names
+    (``keep``: :func:`retained_shards`)."""
     fs = target.fs
     for name in _names(target):
-        if name in keep or name in (MANIFEST_NAME, LOCK_NAME):
+        if name in keep or name in (MANIFEST_NAME, LOCK_NAME, VERSIONS_DIR):
             continue
         path = target.join(name)
         if name.startswith(STAGING_PREFIX):

@@ -25,12 +25,19 @@ import os
 import posixpath
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.errors import DataError, FormatError, IncompleteDatasetError, IntegrityError
+from feedline.errors import (
+    ConfigurationError,
+    DataError,
+    FormatError,
+    IncompleteDatasetError,
+    IntegrityError,
+)
 from feedline.io.parquet import ParquetSource, read_footer
 from feedline.io.source import ExecutionReport, ReadFn, ReadTask, fingerprint_of
 from feedline.io.storage.paths import Location, resolve
@@ -49,6 +56,7 @@ from feedline.store.manifest import (
 )
 from feedline.store.shards import ShardWriter, file_checksum
 from feedline.store.stored_files import read_small
+from feedline.store.version_files import version_manifest
 
 __all__ = [
     "FeedlineSource",
@@ -165,18 +173,28 @@ def open_source(
     *,
     verify: bool = False,
     storage_options: dict[str, Any] | None = None,
+    version: int | None = None,
+    as_of: datetime | None = None,
 ) -> ParquetSource:
     """The source for ``feedline.open``: a feedline dataset, or a plain Parquet folder.
 
     A feedline dataset's shard footers are checked against its manifest first
     (:func:`check_footers`); ``verify=True`` checks every shard's sha256 as well.
+    ``version`` or ``as_of`` opens an older retained version
+    (:func:`~feedline.store.version_files.version_manifest`).
     """
     target = resolve(path, storage_options)
     if not target.fs.exists(target.path):
         raise FormatError(f"{target.url!r} does not exist. Fix: check the path.")
     manifest = read_manifest(target) if target.fs.isdir(target.path) else None
     if manifest is None:
+        if version is not None or as_of is not None:
+            raise ConfigurationError(
+                f"{target.url!r} is not a feedline dataset (no {MANIFEST_NAME}), so it has no "
+                "versions. Fix: drop version=/as_of=."
+            )
         return ParquetSource(path, storage_options=storage_options)
+    manifest = version_manifest(target, manifest, version=version, as_of=as_of)
     if verify:
         verify_manifest(target, manifest)
     else:

@@ -97,6 +97,10 @@ class Manifest:
     write: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     created: str = ""
+    #: this commit as a version of the dataset: ``{"id", "time", "operation", "parent"}``
+    #: (:mod:`feedline.store.version_files`); empty in datasets written before versions
+    #: (which are version 1)
+    version: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Every writer's manifest (and an old one read back) holds pandas metadata true to
@@ -110,6 +114,11 @@ class Manifest:
     @property
     def bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
+
+    @property
+    def version_id(self) -> int:
+        """The dataset version this manifest is (1 for a dataset written before versions)."""
+        return int(self.version.get("id", 1))
 
     @property
     def row_group_sizes(self) -> list[int]:
@@ -133,6 +142,8 @@ class Manifest:
             "lineage": self.lineage,
             "write": self.write,
         }
+        if self.version:
+            document["version"] = self.version
         return json.dumps(document, indent=1, allow_nan=False, default=_json_default)
 
     @classmethod
@@ -178,6 +189,7 @@ class Manifest:
             write=_typed(doc, "write", dict, where),
             format_version=version,
             created=str(_typed(doc, "created", str, where) or ""),
+            version=_version_from(doc, where),
         )
         if not all(isinstance(p, dict) for p in manifest.preprocessors):
             raise FormatError(f"The manifest {where} has a malformed preprocessor. {_REWRITE}")
@@ -188,6 +200,29 @@ class Manifest:
                 f"{manifest.rows}. {_REWRITE}"
             )
         return manifest
+
+
+def _version_from(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """The ``version`` entry, checked: a positive id, a time and an operation (strings)."""
+    version = _typed(doc, "version", dict, where)
+    if not version:
+        return {}
+    number, parent = version.get("id"), version.get("parent")
+    if not (
+        _is_count(number)
+        and number >= 1
+        and isinstance(version.get("time"), str)
+        and len(version["time"]) <= 64
+        and isinstance(version.get("operation"), str)
+        and len(version["operation"]) <= 64
+        and (parent is None or (_is_count(parent) and parent < number))
+    ):
+        raise FormatError(
+            f"The manifest {where} has a malformed 'version' entry {_short(version)} "
+            f"(expected an id >= 1, a time, an operation and an older parent). {_REWRITE}"
+        )
+    return {"id": number, "time": version["time"], "operation": version["operation"],
+            "parent": parent}  # fmt: skip
 
 
 def _no_constant(name: str) -> Any:

@@ -86,6 +86,9 @@ class ShardSource:
         The dataset's fingerprint (from its shards' checksums), ``None`` without a manifest.
     storage_options:
         The options the files were opened with (``None``: the defaults).
+    dataset, version:
+        A feedline dataset's URL and the version these shards are (``None`` otherwise):
+        what a loader's checkpoint records, and :meth:`at_version` reopens.
     """
 
     files: tuple[Location, ...]
@@ -96,6 +99,8 @@ class ShardSource:
     storage_options: dict[str, Any] | None = field(default=None, compare=False)
     has_checksums: bool = False
     description: str = ""
+    dataset: str | None = field(default=None, compare=False)
+    version: int | None = None
 
     @classmethod
     def from_source(
@@ -120,11 +125,34 @@ class ShardSource:
             shards, fingerprint = tuple(manifest.shards), source.fingerprint()
         else:
             shards, fingerprint = tuple(plain_parquet_shards(files)), None
+        target = getattr(source, "target", None)
         made = cls(
             files, tuple(tuple(s.row_groups) for s in shards), source.schema(), shards,
             fingerprint, has_checksums=manifest is not None, description=source.describe(),
+            dataset=None if manifest is None or target is None else target.url,
+            version=None if manifest is None else manifest.version_id,
         )  # fmt: skip
         return made if columns is None else made.select(columns)
+
+    def at_version(self, version: int) -> ShardSource:
+        """The same dataset's shards at ``version`` (these columns), while it is retained;
+        a vacuumed version raises :class:`~feedline.errors.ConfigurationError`.
+
+        Examples
+        --------
+        >>> import feedline as fl, tempfile
+        >>> out = tempfile.mkdtemp() + "/ds"
+        >>> _ = fl.range(5).write(out)
+        >>> _ = fl.range(2).write(out, mode="append")
+        >>> source = open_shard_source(out)
+        >>> source.version, source.num_rows, source.at_version(1).num_rows
+        (2, 7, 5)
+        """
+        if self.dataset is None or version == self.version:
+            return self
+        source = open_source(self.dataset, storage_options=self.storage_options, version=version)
+        made = replace(ShardSource.from_source(source), storage_options=self.storage_options)
+        return made.select(self.arrow_schema.names)
 
     def schema(self) -> pa.Schema:
         """The dataset's schema (as ``Dataset.schema()``)."""

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from feedline.store import commit as commit_mod
 from feedline.store import write_lock as writelock
 from feedline.store.commit import STAGING_PREFIX
 from feedline.store.manifest import MANIFEST_NAME
+from feedline.store.version_files import VERSIONS_DIR
 from feedline.store.write_lock import LOCK_NAME
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +65,12 @@ CHILD = textwrap.dedent(
     shards.ShardWriter._close_shard = closing
 
     sleep = float(options.pop("sleep", 0))
+    mode = options.pop("mode", "overwrite")
+    if mode == "vacuum":
+        print("READY", flush=True)
+        fl.vacuum(url, keep_versions=1, storage_options=options or None)
+        print("DONE", flush=True)
+        sys.exit(0)
 
     def slow(batch):
         time.sleep(sleep)
@@ -71,7 +79,7 @@ CHILD = textwrap.dedent(
     print("READY", flush=True)
     table = pa.table({"id": pa.array(range(10_000, 10_600), pa.int64())})
     ds = fl.from_arrow(table).map_batches(slow, batch_size=50)
-    ds.write(url, rows_per_shard=100, storage_options=options or None)
+    ds.write(url, mode=mode, rows_per_shard=100, storage_options=options or None)
     print("DONE", flush=True)
     """
 )
@@ -82,16 +90,27 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
 
 
-def _start(url: str, point: str, count: int = 1, options: dict | None = None, sleep: float = 0):
-    args = [point, str(count), url, json.dumps(dict(options or {}, sleep=sleep))]
+def _start(
+    url: str,
+    point: str,
+    count: int = 1,
+    options: dict | None = None,
+    sleep: float = 0,
+    mode: str = "overwrite",
+):
+    args = [point, str(count), url, json.dumps(dict(options or {}, sleep=sleep, mode=mode))]
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, *args], env=_env(), stdout=subprocess.PIPE, text=True
     )
 
 
-def _kill_at(url: str, point: str, count: int = 1, options: dict | None = None) -> None:
-    """Run the child writer until it pauses at ``point`` (the ``count``-th time), SIGKILL it."""
-    proc = _start(url, point, count, options)
+def _kill_at(
+    url: str, point: str, count: int = 1, options: dict | None = None, mode: str = "overwrite"
+) -> None:
+    """Run the child writer until it pauses at ``point`` (the ``count``-th time), SIGKILL it.
+
+    ``mode``: the write's (``overwrite``, ``append``), or ``vacuum`` to run ``fl.vacuum``."""
+    proc = _start(url, point, count, options, mode=mode)
     try:
         assert _read_line(proc, timeout=120) == "READY"
         line = _read_line(proc, timeout=120)
@@ -126,9 +145,27 @@ def _listing(url: str, options: dict | None = None) -> list[str]:
 
 
 def _assert_clean(url: str, options: dict | None = None) -> None:
-    """Only the manifest and the shards it names are left."""
-    manifest = fl.open(url, storage_options=options).manifest
-    assert _listing(url, options) == sorted([MANIFEST_NAME, *(s.path for s in manifest.shards)])
+    """Only the manifest, the version files and the shards retained versions name are left."""
+    names = {MANIFEST_NAME, VERSIONS_DIR}
+    for version in fl.history(url, storage_options=options):
+        ds = fl.open(url, storage_options=options, version=version.version)
+        names.update(s.path for s in ds.manifest.shards)
+    assert _listing(url, options) == sorted(names)
+
+
+def _plant_orphans(folder: str) -> None:
+    """Shards of interrupted writes that no version names: a commit's cleanup deletes them."""
+    for write_id in ("0123456789ab", "0123456789ac", "0123456789ad"):
+        Path(folder, f"part-00000-{write_id}.parquet").write_bytes(b"orphan")
+
+
+def _every_version_readable(url: str, options: dict | None = None) -> dict[int, list[int]]:
+    """The ids of every retained version, each verified against its checksums."""
+    found = {}
+    for version in fl.history(url, storage_options=options):
+        ds = fl.open(url, storage_options=options, verify=True, version=version.version)
+        found[version.version] = sorted(ds.to_arrow()["id"].to_pylist())
+    return found
 
 
 # --------------------------------------------------------------------------- crash safety
@@ -138,6 +175,7 @@ KILL_POINTS = [
     pytest.param("shard", 2, OLD, id="after-2-staged-shards"),
     pytest.param("staged", 1, OLD, id="all-staged"),
     pytest.param("moved", 3, OLD, id="3-shards-moved-in"),
+    pytest.param("version-staged", 1, OLD, id="version-file-written-not-committed"),
     pytest.param("manifest-staged", 1, OLD, id="manifest-fsynced-not-renamed"),
     pytest.param("committed", 1, NEW, id="committed-before-cleanup"),
     pytest.param("collected", 2, NEW, id="mid-cleanup"),
@@ -149,11 +187,65 @@ KILL_POINTS = [
 def test_sigkill_at_any_commit_step_leaves_old_or_new(tmp_path, point, count, expected):
     out = str(tmp_path / "out")
     _write_old(out)
+    _plant_orphans(out)
     _kill_at(out, point, count)
     assert _ids(out) == expected
     assert (tmp_path / "out" / LOCK_NAME).exists()  # the dead writer's lock is left...
     fl.from_arrow(pa.table({"id": [1, 2, 3]})).write(out)  # ...and broken by the next write
     assert _ids(out) == [1, 2, 3]
+    _assert_clean(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("point", "count", "expected"), KILL_POINTS)
+def test_sigkill_at_any_step_of_an_append_leaves_every_retained_version_readable(
+    tmp_path, point, count, expected
+):
+    out = str(tmp_path / "out")
+    _write_old(out)
+    fl.from_arrow(pa.table({"id": [-1]})).write(out)  # version 2 replaces OLD: both retained
+    _write_old(out)  # version 3: OLD again
+    _plant_orphans(out)
+    _kill_at(out, point, count, mode="append")
+    appended = sorted(OLD + NEW) if expected is NEW else OLD
+    versions = _every_version_readable(out)
+    assert versions[1] == OLD and versions[2] == [-1] and versions[3] == OLD
+    assert versions == ({1: OLD, 2: [-1], 3: OLD} | ({4: appended} if expected is NEW else {}))
+    assert _ids(out) == appended
+    fl.from_arrow(pa.table({"id": [7]})).write(out, mode="append")  # breaks the dead lock
+    assert _ids(out) == sorted([*appended, 7])
+    assert [v.operation for v in fl.history(out)][-1] == "append"
+    _assert_clean(out)
+
+
+VACUUM_POINTS = [
+    pytest.param("vacuumed-version", 1, id="first-version-file-deleted"),
+    pytest.param("vacuumed-version", 2, id="two-version-files-deleted"),
+    pytest.param("collected", 1, id="first-file-collected"),
+    pytest.param("collected", 3, id="mid-collection"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("point", "count"), VACUUM_POINTS)
+def test_sigkill_at_any_step_of_a_vacuum_leaves_every_retained_version_readable(
+    tmp_path, point, count
+):
+    out = str(tmp_path / "out")
+    for first in (0, 1000, 2000):  # versions 1-3 replace each other, 4 appends to 3
+        fl.from_arrow(pa.table({"id": list(range(first, first + 300))})).write(
+            out, rows_per_shard=100
+        )
+    fl.from_arrow(pa.table({"id": [-5]})).write(out, mode="append")
+    (tmp_path / "out" / "part-00000-0123456789ab.parquet").write_bytes(b"orphan")
+    before = _every_version_readable(out)
+    _kill_at(out, point, count, mode="vacuum")
+    after = _every_version_readable(out)  # whatever the vacuum got to, each one still reads
+    assert 4 in after and all(after[v] == before[v] for v in after)
+    assert after[4] == sorted([-5, *range(2000, 2300)])
+    report = fl.vacuum(out, keep_versions=1)  # breaks the dead lock and finishes
+    assert report.versions_kept == [4]
+    assert _every_version_readable(out) == {4: before[4]}
     _assert_clean(out)
 
 
@@ -237,10 +329,13 @@ def test_datasets_with_pre_write_id_shard_names_are_replaced_cleanly(tmp_path):
     for index, shard in enumerate(manifest["shards"]):  # rename to the old part-NNNNN.parquet
         (out / shard["path"]).rename(out / f"part-{index:05d}.parquet")
         shard["path"] = f"part-{index:05d}.parquet"
+    del manifest["version"]  # written before versions, too: no version entry, no _versions
+    shutil.rmtree(out / VERSIONS_DIR)
     (out / MANIFEST_NAME).write_text(json.dumps(manifest))
     assert _ids(str(out)) == OLD
     fl.from_arrow(pa.table({"id": [1]})).write(out)
     assert _ids(str(out)) == [1]
+    assert _every_version_readable(str(out)) == {1: OLD, 2: [1]}  # the old one is version 1
     _assert_clean(str(out))
 
 

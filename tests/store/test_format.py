@@ -338,9 +338,14 @@ def test_rerunning_a_write_replaces_the_dataset(tmp_path):
     fl.range(10).write(out, rows_per_shard=3)
     assert len(shard_files(out)) == 4
     fl.from_arrow(pa.table({"id": [100, 101, 102]})).write(out)
-    assert shard_files(out) == shard_names(out) == [f"part-00000-{write_id_of(out)}.parquet"]
+    assert shard_names(out) == [f"part-00000-{write_id_of(out)}.parquet"]
     assert fl.open(out, verify=True).to_arrow()["id"].to_pylist() == [100, 101, 102]
-    assert sorted(os.listdir(out)) == [MANIFEST_NAME, *shard_names(out)]  # old shards collected
+    # the replaced version stays readable, its shards on disk, until it is vacuumed
+    assert len(shard_files(out)) == 5
+    assert fl.open(out, version=1, verify=True).count() == 10
+    fl.vacuum(out, keep_versions=1)
+    assert shard_files(out) == shard_names(out)
+    assert sorted(os.listdir(out)) == [MANIFEST_NAME, "_versions", *shard_names(out)]
 
 
 def test_writing_over_foreign_files_is_refused(tmp_path):
