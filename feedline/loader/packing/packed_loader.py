@@ -95,6 +95,9 @@ class PackedLoader:
     def _block_rows(self, block: Mapping[str, Any], counts: dict[str, float] | None) -> list[_Row]:
         """The rows of one block of documents (each row with the block's documents)."""
         docs = list(block.get(self.packing.column, ()))
+        repeats = block.get("_padded")  # the document loader's fill of its last block
+        if repeats is not None:
+            docs = [d for d, repeat in zip(docs, np.asarray(repeats), strict=True) if not repeat]
         if docs and not isinstance(docs[0], np.ndarray | list):
             raise ConfigurationError(
                 f"Packing: column {self.packing.column!r} must hold a list of token ids per "
