@@ -143,9 +143,9 @@ def run_against_step(
 
 
 def _rate(loader: Any) -> tuple[float, float]:
-    """(samples/s, data wait fraction) of the loop, the first batch of each run left out."""
-    rows = [row for row in loader.timeline() if row["step_s"] > 0 or row["batch"] > 0]
-    rows = [row for row in rows if row["step_s"] > 0]  # a run's first batch has no step before
+    """(samples/s, data wait fraction) of the loop, its very first batch left out (workers
+    starting, the first gather); later epochs' first batches count (the loop waits for them)."""
+    rows = loader.timeline()[1:]
     seconds = sum(row["wait_s"] + row["step_s"] for row in rows)
     waited = sum(row["wait_s"] for row in rows)
     samples = sum(row["samples"] for row in rows)
