@@ -71,9 +71,9 @@ def doctor(
     Examples
     --------
     >>> import feedline as fl
-    >>> d, _ = doctor(fl.range(512), step_ms=1, seconds=0.5, batch_size=32, format="numpy")
-    >>> d.waits
-    False
+    >>> d, chart = doctor(fl.range(512), step_ms=1, seconds=0.2, batch_size=32, format="numpy")
+    >>> type(d).__name__, chart, "samples/s" in d.verdict
+    ('Diagnosis', None, True)
     """
     if transform is not None:
         loader_kwargs["transform"] = load_callable(transform)
