@@ -113,10 +113,11 @@ def test_state_and_resume_stay_exact_through_the_meters() -> None:
 def test_stages_appear_in_the_torch_profiler() -> None:
     import torch
 
-    loader = fl.range(64).loader(batch_size=8, format="numpy", prefetch=0)
+    loader = fl.range(64).loader(batch_size=8, format="numpy", prefetch=0,
+                                 transform=map_fns.ident)  # fmt: skip
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         _ = list(loader)
     names = {event.name for event in prof.events()}
-    assert {"feedline.gather", "feedline.order"} <= names
+    assert {"feedline.transform", "feedline.gather", "feedline.order"} <= names
     # and without an active profiler no range is opened
     _ = list(fl.range(64).loader(batch_size=8, format="numpy", prefetch=0))

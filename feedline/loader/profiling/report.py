@@ -21,7 +21,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from feedline.loader.profiling.stages import StageStats
@@ -198,6 +198,8 @@ def build_profile(
     seconds = sum(m["seconds"] for m in metrics)
     samples = sum(m["samples"] for m in metrics)
     wait = sum(m["seconds"] * m["data_wait_fraction"] for m in metrics)
+    stats = [replace(s, seconds=wait, batches=sum(m["batches"] for m in metrics),
+                     samples=samples) if s.from_loop else s for s in stats]  # fmt: skip
     return Profile(
         batch_size, seconds, samples, samples / seconds if seconds > 0 else 0.0,
         wait / seconds if seconds > 0 else 0.0, stage_rows(stats, seconds),

@@ -8,10 +8,13 @@ through it. What a stage did on its own follows when the numbers are read
 (:func:`stage_rows`): its input wait is its source's inclusive time (when the source runs in
 the same thread), its work the rest.
 
-The cost per call is two ``time.perf_counter()`` readings and a few additions (about
-0.3 µs); bytes are estimated from every 16th call's batch (``nbytes`` of its arrays), the
-queue of a :class:`~feedline.loader.nodes.Prefetch` is looked at every 8th call, so the
-meters stay on (the overhead is measured by ``bench/profile_overhead.py``).
+The node the training loop pulls from gets no meter: the loop's own clock times it
+(``loader.timeline()``), so the meters run where batches are made, once per hand-over of a
+group of small batches. The cost per call is two ``time.perf_counter()`` readings and a few
+additions; bytes are estimated from every 16th call's batches (``nbytes`` of their arrays)
+and the queue of a :class:`~feedline.loader.nodes.Prefetch` is looked at (by the node
+feeding it) every 8th call, so the meters stay on (``bench/profile_overhead.py`` measures
+what they cost).
 
 When PyTorch is imported and its profiler is recording as an iteration starts, the meters
 also open a ``torch.profiler.record_function`` range per call (named ``feedline.<stage>``),
@@ -25,8 +28,8 @@ Examples
 >>> meters = StageMeters()
 >>> node = meters.instrument(loader.source_node())
 >>> _ = list(node)
->>> [(s.name, s.batches, s.samples) for s in meters.stages.values()]
-[('gather', 8, 64), ('order', 8, 64)]
+>>> [(s.name, s.batches, s.samples) for s in meters.stages.values()]  # the top: the loop's
+[('gather', 0, 0), ('order', 8, 64)]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from feedline.loader.nodes.node import Batch, Node, Stage
@@ -82,7 +85,8 @@ class StageStats:
     busy_s: float = 0.0
     workers: int | None = None
     worker_type: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: timed by the loop (the loader's timeline), not by a meter: the node the loop pulls
+    from_loop: bool = False
 
     @property
     def bytes(self) -> int:
@@ -130,11 +134,11 @@ class Meter(Node):
     :class:`~feedline.loader.nodes.Order`).
     """
 
-    def __init__(self, inner: Node, stats: StageStats) -> None:
+    def __init__(self, inner: Node, stats: StageStats, queue: Any = None) -> None:
         self.inner, self.stats = inner, stats
         self._busy_base = stats.busy_s
         self._watch_busy = hasattr(inner, "busy_s")
-        self._queue = getattr(inner, "occupancy", None)
+        self._queue = queue  # (occupancy(), stats) of the prefetch this node feeds
         if hasattr(inner, "take"):
             self.take = self._take
 
@@ -145,19 +149,23 @@ class Meter(Node):
 
     def _count(self, items: list[Batch], seconds: float) -> None:
         s = self.stats
-        s.calls += 1
         s.seconds += seconds
+        s.calls += 1
         s.batches += len(items)
-        rows = 0
         for item in items:
-            rows += len(item.indices)
-        s.samples += rows
+            s.samples += len(item.indices)
+        self._rare(items)
+
+    def _rare(self, items: list[Batch]) -> None:
+        """The counts taken now and then: bytes, the prefetch queue, the workers' time."""
+        s = self.stats
         if s.calls & (BYTES_EVERY - 1) == 1:  # the first call, then every 16th
             s.sampled_bytes += sum(_nbytes(item.data) for item in items)
-            s.sampled_samples += rows
-        if self._queue is not None and s.calls & (QUEUE_EVERY - 1) == 1:
-            s.queue_sum += self._queue()
-            s.queue_looks += 1
+            s.sampled_samples += sum(len(item.indices) for item in items)
+        queue = self._queue
+        if queue is not None and s.calls & (QUEUE_EVERY - 1) == 1:
+            queue[1].queue_sum += queue[0]()
+            queue[1].queue_looks += 1
         if self._watch_busy:
             s.busy_s = self._busy_base + self.inner.busy_s  # type: ignore[attr-defined]
 
@@ -168,7 +176,13 @@ class Meter(Node):
         except StopIteration:
             self.stats.seconds += time.perf_counter() - start
             raise
-        self._count([item], time.perf_counter() - start)
+        s = self.stats
+        s.seconds += time.perf_counter() - start
+        s.calls += 1
+        s.batches += 1
+        s.samples += len(item.indices)
+        if s.calls & (QUEUE_EVERY - 1) == 1 or self._watch_busy:
+            self._rare([item])
         return item
 
     def next_group(self) -> list[Batch]:
@@ -204,8 +218,8 @@ class Meter(Node):
 class RangedMeter(Meter):
     """A :class:`Meter` that also opens a ``torch.profiler.record_function`` range per call."""
 
-    def __init__(self, inner: Node, stats: StageStats) -> None:
-        super().__init__(inner, stats)
+    def __init__(self, inner: Node, stats: StageStats, queue: Any = None) -> None:
+        super().__init__(inner, stats, queue)
         torch = sys.modules["torch"]
         self._range, self._label = torch.profiler.record_function, f"feedline.{stats.name}"
 
@@ -261,19 +275,20 @@ class StageMeters:
         if not self.enabled:
             return node
         meter = RangedMeter if profiler_active() else Meter
-        thread, depth, top = "loop", 0, None
+        thread, depth, queue = "loop", 0, None
         current: Node = node
         parent: Stage | None = None
         while True:
-            wrapped = meter(current, self._stats(depth, current, thread))
-            if parent is None:
-                top = wrapped
+            stats = self._stats(depth, current, thread)
+            if parent is None:  # the loop's own clock times the top node (loader.timeline)
+                stats.from_loop = True
             else:
-                parent.source = wrapped
+                parent.source = meter(current, stats, queue)
             if not isinstance(current, Stage):
                 break
-            if hasattr(current, "occupancy"):  # a prefetching node: its sources run apart
+            occupancy = getattr(current, "occupancy", None)
+            queue = None if occupancy is None else (occupancy, stats)
+            if occupancy is not None:  # a prefetching node: its sources run apart
                 thread = "prefetch"
             parent, current, depth = current, current.source, depth + 1
-        assert top is not None
-        return top
+        return node
