@@ -5,7 +5,8 @@ to change.
 not moved), times its fill (reading the data into the cache), runs it for a bounded time
 against a simulated training step (``time.sleep(step_ms)`` per batch, or the caller's
 ``step(batch)``) and reads its :class:`~feedline.loader.profiling.report.Profile`. The first
-batch (workers starting, the first gather) is left out of the rates.
+batch (workers starting, imports, the first gather) is left out of the rates and of the
+stage times.
 
 The verdict, in order:
 
@@ -13,12 +14,13 @@ The verdict, in order:
    is the step over the slowest stage's time per batch);
 2. ``prefetch=0``: the loop makes each batch itself, so its step and the batch's making add
    up; ``prefetch=2`` overlaps them;
-3. the transform is the busiest stage: more workers, as many as make a batch within a step,
+3. the producing thread keeps up on average but the loop still waits (slow batches, epoch
+   starts): a deeper prefetch;
+4. the transform is the busiest stage: more workers, as many as make a batch within a step,
    at most the CPUs this process may use (``worker_type="process"`` when thread workers
    already fill them and are busy less than ``GIL_BUSY`` of the time: the GIL);
-4. the gather is the busiest and the loader streams (``cache="none"``): ``cache="memory"``
-   (reading each row group once) when the data fits ``memory_budget``, else ``cache="node"``;
-5. the producing thread keeps up on average but the loop still waits: a deeper prefetch.
+5. the gather is the busiest and the loader streams (``cache="none"``): ``cache="memory"``
+   (reading each row group once) when the data fits ``memory_budget``, else ``cache="node"``.
 
 The estimate of each change's speed-up is arithmetic on the measured stage times (a batch
 takes the longer of the step and the slowest producing time); ``verify=True`` runs the
@@ -120,26 +122,32 @@ def twin(loader: Any, **changes: Any) -> Any:
 
 def run_against_step(
     loader: Any, step: Callable[[Any], Any], *, seconds: float | None, batches: int | None
-) -> None:
+) -> dict[tuple[int, str], Any]:
     """Iterate ``loader`` (epoch after epoch), calling ``step(batch)`` per batch, until
-    ``seconds`` have passed or ``batches`` were taken (whichever comes first)."""
-    end = None if seconds is None else time.perf_counter() + seconds
+    ``seconds`` have passed since the first batch or ``batches`` were taken (whichever comes
+    first); returns the stage counts after the first batch (one-off costs: workers
+    starting, imports)."""
+    end = None  # counted from the first batch: the start (imports, workers) is extra
     taken = 0
+    first: dict[tuple[int, str], Any] = {}
     while True:
         got = False
         iterator: Iterator[Any] = iter(loader)
         for batch in iterator:
             got = True
+            if not taken:
+                first = loader._stages.snapshot()
+                end = None if seconds is None else time.perf_counter() + seconds
             step(batch)
             taken += 1
             if (batches is not None and taken >= batches) or (
                 end is not None and time.perf_counter() >= end
             ):
                 loader.close()
-                return
+                return first
         if not got:  # an empty epoch: nothing more to run
             loader.close()
-            return
+            return first
 
 
 def _rate(loader: Any) -> tuple[float, float]:
@@ -216,10 +224,13 @@ def diagnose(
     probe._prepare()  # the fill: reading the data into the cache
     fill_s = time.perf_counter() - started
     cache = str(probe.stats().get("cache", ""))
-    run_against_step(probe, step, seconds=seconds, batches=batches)
+    first = run_against_step(probe, step, seconds=seconds, batches=batches)
     rate, wait = _rate(probe)
-    profile = build_profile(list(probe._stages.stages.values()), probe.metrics(),
-                            probe.batch_size)  # fmt: skip
+    rows = probe.timeline()[1:]
+    spent = sum(row["wait_s"] + row["step_s"] for row in rows)
+    loop = [{"seconds": spent, "samples": sum(row["samples"] for row in rows),
+             "batches": len(rows), "data_wait_fraction": wait}]  # fmt: skip
+    profile = build_profile(probe._stages.since(first), loop, probe.batch_size)
     steps = [row["step_s"] for row in probe.timeline() if row["step_s"] > 0]
     step_s = sorted(steps)[len(steps) // 2] if steps else (step_ms or 0.0) / 1e3
     found = _verdict(probe, profile, rate, wait, step_s, fill_s, cache)
@@ -283,6 +294,14 @@ def _verdict(loader: Any, profile: Profile, rate: float, wait: float, step_s: fl
             f"{(step_s + produce) / max(step_s, produce):.1f}x.",
             name, {"prefetch": 2}, produce,
         )  # fmt: skip
+    if produce < step_s:
+        deeper = min(MAX_PREFETCH, max(2, 2 * prefetch))
+        return done(
+            f"{head.capitalize()}, although making a batch takes {1e3 * produce:.1f} ms on "
+            f"average (mostly {name}): the waits are slow batches and epoch starts that the "
+            f"prefetch queue ({prefetch}) cannot absorb; prefetch={deeper} can.",
+            "prefetch", {"prefetch": deeper}, produce,
+        )  # fmt: skip
     if busiest is not None and busiest.name == "transform":
         return _more_workers(busiest, produce, step_s, head, done)
     if busiest is not None and busiest.name == "gather" and cache == "none":
@@ -296,14 +315,6 @@ def _verdict(loader: Any, profile: Profile, rate: float, wait: float, step_s: fl
             f"{gather_ms:.1f} ms/batch (cache='none' streams every epoch); cache='{target}' "
             f"reads each row group once, then serves batches from {target}.",
             "gather", {"cache": target}, produce - _per_batch(busiest),
-        )  # fmt: skip
-    if produce < step_s:
-        deeper = min(MAX_PREFETCH, max(2, 2 * prefetch))
-        return done(
-            f"{head.capitalize()}, although making a batch takes {1e3 * produce:.1f} ms on "
-            f"average: the prefetch queue ({prefetch}) cannot absorb the slow batches; "
-            f"prefetch={deeper} can.",
-            "prefetch", {"prefetch": deeper}, produce,
         )  # fmt: skip
     return done(
         f"{head.capitalize()}: {name} bounds throughput at "

@@ -37,7 +37,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from feedline.loader.nodes.node import Batch, Node, Stage
@@ -101,6 +101,11 @@ class StageStats:
         if not self.queue_looks or not self.depth_of_queue:
             return None
         return self.queue_sum / (self.queue_looks * self.depth_of_queue)
+
+
+#: the counters :meth:`StageMeters.since` subtracts
+_COUNTS = ("calls", "batches", "samples", "seconds", "sampled_bytes", "sampled_samples",
+           "queue_sum", "queue_looks", "busy_s")  # fmt: skip
 
 
 def _nbytes(data: Any) -> int:
@@ -250,6 +255,22 @@ class StageMeters:
     def reset(self) -> None:
         """Forget every count."""
         self.stages.clear()
+
+    def since(self, before: dict[tuple[int, str], StageStats]) -> list[StageStats]:
+        """The counts taken after ``before`` (a :meth:`snapshot`), stage by stage."""
+        out = []
+        for key, now in self.stages.items():
+            old = before.get(key)
+            if old is None:
+                out.append(now)
+                continue
+            counts = {name: getattr(now, name) - getattr(old, name) for name in _COUNTS}
+            out.append(replace(now, **counts))
+        return out
+
+    def snapshot(self) -> dict[tuple[int, str], StageStats]:
+        """A copy of every stage's counts now (see :meth:`since`)."""
+        return {key: replace(stats) for key, stats in self.stages.items()}
 
     def _stats(self, depth: int, node: Node, thread: str) -> StageStats:
         kind = type(node).__name__
