@@ -22,8 +22,15 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError, MissingDependencyError
+from feedline.ui.inert_text import inert
 
-__all__ = ["bin_timeline", "draw_loader_timeline", "plot_loader_timeline"]
+__all__ = [
+    "bin_timeline",
+    "draw_loader_timeline",
+    "draw_stage_times",
+    "plot_loader_timeline",
+    "plot_stage_times",
+]
 
 #: figure size in inches and resolution: 1200 x 700 pixels
 FIGSIZE, DPI = (12.0, 7.0), 100
@@ -198,6 +205,85 @@ def draw_loader_timeline(
         fontsize=12,
     )
     return figure
+
+
+def draw_stage_times(
+    stages: Sequence[tuple[str, float]], step_ms: float, *, title: str | None = None
+) -> Any:
+    """The ``Figure`` that :func:`plot_stage_times` saves: one bar per stage (ms per batch of
+    its own work) and a line at the training step.
+
+    Examples
+    --------
+    >>> f = draw_stage_times([("transform", 9.5), ("gather", 0.2)], 4.0)
+    >>> f.axes[0].get_xlabel()
+    'milliseconds per batch (own work)'
+    """
+    if not stages:
+        raise ConfigurationError(
+            "plot_stage_times: no stage was measured. Fix: run the loader (loader.diagnose() "
+            "or an iteration) before charting its stages."
+        )
+    figure = _figure()
+    axis = figure.subplots(1, 1)
+    names = [inert(name) for name, _ in stages][::-1]
+    values = [float(ms) for _, ms in stages][::-1]
+    worst = max(range(len(values)), key=values.__getitem__)
+    colors = ["tab:red" if i == worst else "tab:blue" for i in range(len(values))]
+    axis.barh(names, values, color=colors, alpha=0.8)
+    axis.axvline(step_ms, color="0.2", linestyle="--", linewidth=1.5,
+                 label=f"training step ({step_ms:,.1f} ms)")  # fmt: skip
+    for y, v in enumerate(values):
+        axis.annotate(f"{v:,.2f} ms", (v, y), xytext=(4, 0), textcoords="offset points",
+                      va="center", fontsize=9)  # fmt: skip
+    axis.set_xlabel("milliseconds per batch (own work)")
+    axis.set_xlim(0, max([*values, step_ms]) * 1.25 or 1.0)
+    axis.grid(alpha=0.3, axis="x")
+    axis.legend(loc="lower right", fontsize=9)
+    figure.suptitle(_wrap(inert(title or "loader stage times")), fontsize=11)
+    return figure
+
+
+def plot_stage_times(
+    stages: Sequence[tuple[str, float]],
+    step_ms: float,
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+) -> Path:
+    """Write a PNG of each loader stage's milliseconds per batch against the training step.
+
+    ``stages``: ``(name, ms per batch)`` pairs, the first at the top (what
+    ``Diagnosis.plot`` passes from ``loader.diagnose()``); the busiest bar is red.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> plot_stage_times([("transform", 9.5)], 4.0, tempfile.mkdtemp() + "/s.png").suffix
+    '.png'
+    """
+    figure = draw_stage_times(stages, step_ms, title=title)
+    out = Path(path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(out, format="png")
+    except OSError as exc:
+        raise ConfigurationError(
+            f"plot_stage_times: cannot write {str(out)!r}: {exc}. Fix: pass a writable path."
+        ) from exc
+    return out
+
+
+def _wrap(text: str, width: int = 110) -> str:
+    """``text`` broken into lines of at most about ``width`` characters, at spaces."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "\n".join([*lines, line])
 
 
 def _compact(value: float, top: float) -> str:

@@ -20,6 +20,7 @@ from rich.text import Text
 
 import feedline as fl
 from feedline.cli.bench_loader import bench_loader
+from feedline.cli.doctor import doctor
 from feedline.cli.text import count, percent, rate, safe_table, seconds, size
 from feedline.demo import run_demo
 from feedline.errors import ConfigurationError, FeedlineError
@@ -41,6 +42,7 @@ __all__ = [
     "cmd_bench_loader",
     "cmd_convert",
     "cmd_demo",
+    "cmd_doctor",
     "cmd_inspect",
     "cmd_stats",
     "cmd_verify",
@@ -324,6 +326,24 @@ def cmd_bench_loader(args: argparse.Namespace, console: Console) -> int:
         label, show = BENCH_ROWS.get(key, (key, str))
         table.add_row(safe_text(label), safe_text("" if value is None else show(value)))
     console.print(table)
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
+    found, chart = doctor(
+        args.path, step_ms=args.step_ms, transform=args.transform, seconds=args.seconds or 5.0,
+        chart=args.chart, verify=args.verify, storage_options=storage(args),
+        batch_size=args.batch_size, num_workers=args.num_workers, worker_type=args.worker_type,
+        prefetch=args.prefetch, cache=args.cache, columns=args.columns, format="numpy",
+    )  # fmt: skip
+    console.print(safe_text(found.verdict, "bold"))
+    for note in found.notes:
+        console.print(safe_text(note))
+    if found.measured is not None:
+        console.print(safe_text(f"Measured with {found.change}: {found.measured:.2f}x samples/s."))
+    console.print(found.profile.table())
+    if chart is not None:
+        console.print(safe_text(f"chart: {chart}"))
     return 0
 
 

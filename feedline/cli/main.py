@@ -1,4 +1,4 @@
-"""The ``feedline`` command: inspect, convert, verify, stats, bench-loader and demo.
+"""The ``feedline`` command: inspect, convert, verify, stats, bench-loader, doctor and demo.
 
 The parser lives here; each subcommand's work is in :mod:`feedline.cli.commands`, the
 argument types (each refusing a bad value with a fix) in :mod:`feedline.cli.arguments`, and the
@@ -58,6 +58,7 @@ feedline: turn raw data into training-ready datasets and feed training loops.
   feedline verify train/                                    # every shard's checksum
   feedline stats train/ --html report.html                  # statistics, drift (--against)
   feedline bench-loader train/ --step-ms 20                 # loader throughput and data wait
+  feedline doctor train/ --step-ms 20                       # which loader stage is slow, the fix
 
 Run `feedline COMMAND --help` for the options of each command.
 """
@@ -235,6 +236,76 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_storage_option(p)
     p.set_defaults(run=commands.cmd_bench_loader)
+
+    p = sub.add_parser(
+        "doctor",
+        formatter_class=defaults,
+        help="why the training loop would wait for data, and what to change",
+        description="Run the training loader over a dataset against a simulated training "
+        "step for a few seconds; say whether training would wait for data, which loader stage "
+        "bounds throughput (per-stage times) and which option to change.",
+    )
+    p.add_argument("path", help="a feedline dataset or Parquet folder (path or fsspec URL)")
+    p.add_argument(
+        "--step-ms",
+        type=non_negative_float,
+        default=0.0,
+        metavar="MS",
+        help="the training step per batch to simulate, in milliseconds",
+    )
+    p.add_argument(
+        "--transform",
+        default=None,
+        metavar="MODULE:FN",
+        help="the loader's per-sample transform, fn(sample, rng) -> dict, imported from "
+        "MODULE (the current folder is importable)",
+    )
+    p.add_argument(
+        "--batch-size", type=positive_int, default=256, metavar="N", help="samples per batch"
+    )
+    p.add_argument(
+        "--num-workers", type=int, default=0, metavar="N", help="the transform's workers"
+    )
+    p.add_argument(
+        "--worker-type",
+        choices=("thread", "process"),
+        default="thread",
+        help="what runs the transform: threads or processes",
+    )
+    p.add_argument("--prefetch", type=int, default=2, metavar="N", help="batches kept ready ahead")
+    p.add_argument(
+        "--cache",
+        choices=("auto", "memory", "node", "none"),
+        default="auto",
+        help="how the loader holds the data (memory, one per-machine file, or streaming)",
+    )
+    p.add_argument(
+        "--columns",
+        type=column_list,
+        default=None,
+        metavar="A,B",
+        help="comma-separated columns to load (default: all)",
+    )
+    p.add_argument(
+        "--seconds",
+        type=non_negative_float,
+        default=5.0,
+        metavar="S",
+        help="how long to run the loader",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run the loader with the suggested change and report the measured speed-up",
+    )
+    p.add_argument(
+        "--chart",
+        default=None,
+        metavar="PNG",
+        help="also write a PNG of the stage times against the step (feedline[plots])",
+    )
+    _add_storage_option(p)
+    p.set_defaults(run=commands.cmd_doctor)
 
     p = sub.add_parser(
         "stats",

@@ -62,6 +62,9 @@ from feedline.loader.order.sample_order import EpochPlan
 from feedline.loader.order.state import Segment, State, epoch_batches, parse_states
 from feedline.loader.packing.packed_loader import PackedLoader, UnknownLength
 from feedline.loader.pipeline import default_pipeline, group_size
+from feedline.loader.profiling.diagnose import Diagnosis, diagnose
+from feedline.loader.profiling.report import Profile, build_profile
+from feedline.loader.profiling.stages import StageMeters
 from feedline.loader.timing import Timing
 from feedline.tracking import EpochLogger
 
@@ -155,6 +158,7 @@ class Loader:
         self._active: weakref.ref[Generator[dict[str, Any], None, None]] | None = None
         self._token: object = None
         self._timing = Timing(self.batch_size)
+        self._stages = StageMeters()  # per-stage accounting (feedline.loader.profiling)
         self._skips = Skips()
         self._tracker = None if o.track is False else EpochLogger(o.track)
         self._packed = None if o.pack is None else self._packed_loader()
@@ -389,12 +393,12 @@ class Loader:
         backend = self._prepare()
         group = group_size(backend, self._shapes(), self.batch_size, self.prefetch)
         order = Order(self._plan, epoch=self._epoch, batch=self._consumed, ahead=self._draw_ahead)
-        return default_pipeline(
+        return self._stages.instrument(default_pipeline(
             order, backend,
             shuffle=self.shuffle, seed=self.seed, fmt=fmt, group=group, transform=self.transform,
             batched=self.batched, workers=self._workers, padding_mask=self.return_padding_mask,
             pin=self.pin_memory, prefetch=self.prefetch, device=self.device,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _consume(self, node: Node, plan: EpochPlan, start: int, epoch: int, token: object,
                  asked: float) -> Generator[dict[str, Any], None, None]:  # fmt: skip
@@ -646,6 +650,45 @@ class Loader:
         if self._packed is not None:
             return self._packed.metrics()
         return [m | {"skipped": self._skips.of(m["epoch"])} for m in self._timing.metrics()]
+
+    def profile(self) -> Profile:
+        """Where the time went, per pipeline stage, over every iteration so far.
+
+        One row per node (prefetch, format, transform, gather, order...): its own work and
+        its wait for input, batches, samples and bytes through it, how full a prefetch
+        queue was, and the transform workers' utilisation; with the loop's samples/s and data
+        wait. Shows as a table (``print``, Rich, notebooks). See
+        :mod:`feedline.loader.profiling.report`; :meth:`diagnose` says what to change.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> loader = fl.range(64).loader(batch_size=8, format="numpy", prefetch=0)
+        >>> _ = list(loader)
+        >>> p = loader.profile()
+        >>> [(row.name, row.batches) for row in p.stages], p.samples
+        ([('gather', 8), ('order', 8)], 64)
+        """
+        return build_profile(list(self._stages.stages.values()), self.metrics(),
+                             self.batch_size)  # fmt: skip
+
+    def diagnose(self, step_ms: float | None = None, **run: Any) -> Diagnosis:
+        """Would training wait for data, which stage bounds it, and what to change.
+
+        Runs a twin of this loader (this one does not move) for ``seconds=5`` (or
+        ``batches=``) against a training step of ``step_ms`` (or your ``step=fn(batch)``)
+        and answers in one sentence with numbers (``str(d)``), the options to change
+        (``d.change``), the speed-up it predicts, measured too with ``verify=True``, and a
+        chart (``d.plot(path)``). See :mod:`feedline.loader.profiling.diagnose`.
+
+        Examples
+        --------
+        >>> import feedline as fl
+        >>> d = fl.range(512).loader(batch_size=32, format="numpy").diagnose(1, batches=10)
+        >>> d.waits, d.change
+        (False, {})
+        """
+        return diagnose(self, step_ms=step_ms, **run)
 
     def stats(self) -> dict[str, Any]:
         """How the data is held: cache mode, cached bytes, window and streaming counters.

@@ -109,3 +109,20 @@ def shape_by_half(sample: dict[str, Any], rng: np.random.Generator) -> dict[str,
     """Arrays of another shape for the second half of the ids (a transform to refuse)."""
     n = 3 if int(sample["id"]) < 32 else 4
     return {"id": sample["id"], "x": np.zeros(n, np.float32)}
+
+
+def sleepy(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """A slow transform that releases the GIL: 2 ms per sample (like I/O or a C decoder)."""
+    time.sleep(0.002)
+    return {"id": sample["id"]}
+
+
+def half_ms(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """0.5 ms per sample, releasing the GIL."""
+    time.sleep(0.0005)
+    return {"id": sample["id"]}
+
+
+def ident(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """The sample's id, at once."""
+    return {"id": sample["id"]}

@@ -67,6 +67,10 @@ class Prefetcher(Generic[T]):
                 close()
             self._source = None  # type: ignore[assignment]
 
+    def queued(self) -> int:
+        """Items ready in the queue now (approximate, as ``queue.Queue.qsize``)."""
+        return self._queue.qsize()
+
     def __iter__(self) -> Prefetcher[T]:
         return self
 

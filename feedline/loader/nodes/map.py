@@ -90,6 +90,8 @@ class Map(Stage):
         self._inflight = 0
         self._exhausted = False
         self._spec: dict[str, Any] | None = None
+        #: seconds the workers spent on this node's chunks, all workers together
+        self.busy_s = 0.0
 
     def clear(self) -> None:
         for _, tasks in self._pending:
@@ -168,6 +170,7 @@ class Map(Stage):
             if item.padded is not None:
                 item.padded = item.padded[keep]
             item.skipped = tuple(m for _, chunk in chunks for m in chunk.markers)
+        self.busy_s += sum(chunk.seconds for _, chunk in chunks)
         live = [chunk for _, chunk in chunks if chunk.rows]
         try:
             item.data = _join(live) if live else self._empty()

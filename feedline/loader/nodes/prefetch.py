@@ -67,6 +67,11 @@ class Prefetch(Stage):
         self._ready.extend(items)
         return self._ready.popleft()
 
+    def occupancy(self) -> int:
+        """Hand-overs (of ``group`` batches) ready in the queue now, out of ``depth``."""
+        thread = self._thread
+        return 0 if thread is None else thread.queued()
+
     def clear(self) -> None:
         thread, self._thread = self._thread, None
         if thread is not None:

@@ -194,7 +194,7 @@ class _Processes:
         assert reply is not None
         if reply[0] == "error":
             raise _remote_error(reply, self.fn_name)
-        _, _, rows, name, layout, skipped, *_ = reply
+        _, _, rows, name, layout, skipped, *rest = reply
         views = shm.read(self.outputs.get(name), layout)
         raw = views.pop(OBJECTS, None)
         lists, markers = pickle.loads(raw.tobytes()) if raw is not None else ({}, [])
@@ -206,7 +206,10 @@ class _Processes:
                 released = True
                 self._free(task.worker, name)
 
-        return Chunk(rows, views, lists, list(skipped), markers, release, shared=True)
+        seconds = float(rest[1]) if len(rest) > 1 else 0.0  # the worker's time on the chunk
+        return Chunk(
+            rows, views, lists, list(skipped), markers, release, shared=True, seconds=seconds
+        )
 
     def _drain(self, conn: Connection) -> None:
         """Read what a stopping worker still sends, keeping the segment names it reports."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import pickle
 import signal
+import time
 import traceback
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass, field
@@ -63,6 +64,8 @@ class Chunk:
     markers: list[Any] = field(default_factory=list)
     release: Callable[[], None] = lambda: None
     shared: bool = False
+    #: seconds the worker spent running the transform and stacking (``loader.profile()``)
+    seconds: float = 0.0
 
     @property
     def keys(self) -> list[str]:
@@ -101,6 +104,7 @@ def run_chunk(
     """
     skipped: list[int]
     markers: list[Any]
+    started = time.perf_counter()
     if progress is not None:
         progress.start_task(task)
     try:
@@ -117,7 +121,9 @@ def run_chunk(
         if progress is not None:
             progress.end()
     arrays, lists = split_columns(data)
-    return Chunk(len(indices) - len(skipped), arrays, lists, skipped, markers)
+    chunk = Chunk(len(indices) - len(skipped), arrays, lists, skipped, markers)
+    chunk.seconds = time.perf_counter() - started
+    return chunk
 
 
 def _error_reply(task_id: int, exc: BaseException) -> tuple[Any, ...]:
@@ -152,7 +158,16 @@ def _run(fn: Callable[..., Any], with_index: bool, inputs: shm.Attached, outputs
     if segment is not None:
         shm.write(segment, arrays, layout)
     name = None if segment is None else segment.name
-    return ("ok", task_id, chunk.rows, name, layout, chunk.skipped, outputs.take_retired())
+    return (
+        "ok",
+        task_id,
+        chunk.rows,
+        name,
+        layout,
+        chunk.skipped,
+        outputs.take_retired(),
+        chunk.seconds,
+    )
 
 
 def process_main(

@@ -1,0 +1,1 @@
+"""Where a loader's time goes: per-stage accounting, the profile report and the diagnosis."""
