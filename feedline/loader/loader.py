@@ -29,7 +29,7 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -672,7 +672,15 @@ class Loader:
         return build_profile(list(self._stages.stages.values()), self.metrics(),
                              self.batch_size)  # fmt: skip
 
-    def diagnose(self, step_ms: float | None = None, **run: Any) -> Diagnosis:
+    def diagnose(
+        self,
+        step_ms: float | None = None,
+        *,
+        step: Callable[[Any], Any] | None = None,
+        seconds: float | None = 5.0,
+        batches: int | None = None,
+        verify: bool = False,
+    ) -> Diagnosis:
         """Would training wait for data, which stage bounds it, and what to change.
 
         Runs a twin of this loader (this one does not move) for ``seconds=5`` (or
@@ -688,7 +696,9 @@ class Loader:
         >>> d.waits, d.change
         (False, {})
         """
-        return diagnose(self, step_ms=step_ms, **run)
+        return diagnose(
+            self, step_ms=step_ms, step=step, seconds=seconds, batches=batches, verify=verify
+        )
 
     def stats(self) -> dict[str, Any]:
         """How the data is held: cache mode, cached bytes, window and streaming counters.

@@ -164,8 +164,9 @@ def test_write_open_verify_stats_on_s3(s3_bucket: Any) -> None:
     info = fl.from_arrow(table).write(url, rows_per_shard=300, storage_options=options, stats=True)
     assert (info.rows, info.shards) == (1000, 4)
     names = sorted(p.rsplit("/", 1)[1] for p in s3_bucket.fs().ls(url[5:]))
-    assert names[0] == "_feedline.json" and len(names) == 5  # the manifest and 4 shards
-    assert all(n.startswith("part-") and n.endswith(".parquet") for n in names[1:])
+    # the manifest, its version history and 4 shards
+    assert names[:2] == ["_feedline.json", "_versions"] and len(names) == 6
+    assert all(n.startswith("part-") and n.endswith(".parquet") for n in names[2:])
     ds = fl.open(url, verify=True, storage_options=options)
     assert _ids(ds) == list(range(1000)) and ds.manifest.rows == 1000
     assert fl.verify(url, storage_options=options).rows == 1000
