@@ -34,6 +34,7 @@ from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.indices import Order
 from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.node import Batch, Node, Stage
+from feedline.loader.nodes.pack import Pack
 from feedline.loader.nodes.prefetch import Prefetch
 from feedline.loader.nodes.samples import SampleRngs
 
@@ -47,6 +48,7 @@ __all__ = [
     "Map",
     "Node",
     "Order",
+    "Pack",
     "Pin",
     "Prefetch",
     "SampleRngs",

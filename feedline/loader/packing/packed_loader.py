@@ -23,12 +23,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from feedline.errors import ConfigurationError
 from feedline.loader.adapters.formats import to_format
-from feedline.loader.packing.bins import Segment, plan_rows
-from feedline.loader.packing.rows import row_arrays
+from feedline.loader.packing.blocks import Row, block_rows, rows_batch
 from feedline.loader.packing.spec import Packing
 
 __all__ = ["PACK_STATE_VERSION", "PackedLoader", "UnknownLength"]
@@ -36,8 +33,6 @@ __all__ = ["PACK_STATE_VERSION", "PackedLoader", "UnknownLength"]
 PACK_STATE_VERSION = 1
 _KEYS = ("version", "packing", "epoch", "batches", "rank", "world_size", "docs", "rows",
          "carry", "taken")  # fmt: skip
-#: a row on its way: its documents and segments, and where it came from (for the state)
-_Row = tuple[list[Any], list[Segment]]
 
 
 class UnknownLength(ConfigurationError, TypeError):
@@ -92,29 +87,21 @@ class PackedLoader:
 
     # ------------------------------------------------------------------ rows
 
-    def _block_rows(self, block: Mapping[str, Any], counts: dict[str, float] | None) -> list[_Row]:
+    def _block_rows(self, block: Mapping[str, Any], counts: dict[str, float] | None) -> list[Row]:
         """The rows of one block of documents (each row with the block's documents)."""
-        docs = list(block.get(self.packing.column, ()))
-        if docs and not isinstance(docs[0], np.ndarray | list):
-            raise ConfigurationError(
-                f"Packing: column {self.packing.column!r} must hold a list of token ids per "
-                f"document, got {type(docs[0]).__name__}. Fix: store tokens as list<int32> "
-                "(fl.Tokenize(..., max_length=None)) or return them from the transform."
-            )
-        docs = [np.asarray(d) for d in docs]
-        plan = plan_rows([len(d) for d in docs], self.packing)
+        rows, plan = block_rows(block, self.packing)
         if counts is not None:
-            counts["documents"] += sum(1 for d in docs if len(d))
+            counts["documents"] += sum(1 for d in block.get(self.packing.column, ()) if len(d))
             counts["documents_split"] += plan.split
             counts["documents_dropped"] += plan.dropped
             counts["tokens_dropped"] += plan.dropped_tokens
-        return [(docs, row) for row in plan.rows]
+        return rows
 
-    def _carried(self, carry: Mapping[str, Any] | None, rank: int, world_size: int) -> list[_Row]:
+    def _carried(self, carry: Mapping[str, Any] | None, rank: int, world_size: int) -> list[Row]:
         """The rows an elastic resume dealt to ``rank`` of ``world_size`` (recomputed)."""
         if carry is None:
             return []
-        left: list[_Row] = []
+        left: list[Row] = []
         for old in carry["from"]:
             left += self._carried(old["carry"], old["rank"], old["world_size"])[old["taken"] :]
             loader = self._make_docs(old["rank"], old["world_size"])
@@ -131,17 +118,8 @@ class PackedLoader:
         else:
             loader.load_state_dict(state["docs"])
 
-    def _batch(self, rows: list[_Row]) -> dict[str, Any]:
-        docs: list[Any] = []
-        segments: list[list[Segment]] = []
-        for row_docs, row in rows:
-            base = len(docs)
-            used = sorted({d for d, _, _ in row})
-            where = {d: base + k for k, d in enumerate(used)}
-            docs += [row_docs[d] for d in used]
-            segments.append([(where[d], s, e) for d, s, e in row])
-        out = row_arrays(docs, segments, self.packing)
-        return to_format(out, self.format)
+    def _batch(self, rows: list[Row]) -> dict[str, Any]:
+        return to_format(rows_batch(rows, self.packing), self.format)
 
     # ------------------------------------------------------------------ iteration
 
@@ -158,7 +136,7 @@ class PackedLoader:
              "documents_dropped", "tokens_dropped", "rows_dropped", "seconds"), 0.0))  # fmt: skip
         started = time.perf_counter()
         # the rows to deliver, each with the state that follows its delivery
-        queue: list[tuple[_Row, tuple[Any, int, int]]] = []
+        queue: list[tuple[Row, tuple[Any, int, int]]] = []
         carried = self._carried(self._carry, self.rank, self.world_size)
         queue += [(row, (self._docs_state, self._rows, i + 1))
                   for i, row in enumerate(carried) if i >= self._taken]  # fmt: skip
