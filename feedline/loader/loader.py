@@ -170,7 +170,7 @@ class Loader:
         names = [f.name for f in dataclasses.fields(o)]
         base = {name: getattr(o, name) for name in names} | {
             "batch_size": pack.buffer_size, "drop_last": False, "pad_last": False,
-            "return_padding_mask": False, "format": "numpy", "pin_memory": False,
+            "return_padding_mask": True, "format": "numpy", "pin_memory": False,
             "device": None, "track": False, "pack": None, "stack": None, "seed": self.seed,
         } | tokens  # fmt: skip
 

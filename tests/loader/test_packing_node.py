@@ -138,3 +138,20 @@ def test_bad_arguments_and_states_are_refused():
                 {"epoch": 0, "batches": 1, "blocks": -1, "rows": 0}):  # fmt: skip
         with pytest.raises(ConfigurationError, match="Fix:"):
             node.reset(bad)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_rank_past_the_last_documents_repeats_no_token(world_size):
+    # 25 documents, buffers of 10: a rank past the last step's documents gets one repeat
+    # (marked padded, so it takes a training step): packing leaves it out, loader and node
+    ds, docs = _corpus(n=25, seed=1)
+    packing = _packing()
+    expected = sorted(t for d in docs for t in d)
+    by_loader, by_node = [], []
+    for rank in range(world_size):
+        loader = ds.loader(batch_size=3, seed=7, format="numpy", drop_last=False, rank=rank,
+                           world_size=world_size, pack=packing)  # fmt: skip
+        by_loader += list(loader)
+        by_node += [b.data for b in _node(ds, packing, rank=rank, world_size=world_size)]
+    for got in (by_loader, by_node):
+        assert sorted(int(t) for b in got for t in b["input_ids"].ravel() if t != 0) == expected

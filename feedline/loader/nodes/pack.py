@@ -15,8 +15,9 @@ The state is ``{"epoch": e, "batches": k, "blocks": b, "rows": r}``: ``k`` packe
 delivered, and the next row is row ``r`` of the source's batch ``b``. ``reset`` with all four
 moves the source to its batch ``b`` and skips ``r`` rows; ``reset`` with only ``epoch`` and
 ``batches`` (what a node wrapped around this one reports) replays the epoch's documents from
-its start up to the position (packing their lengths only: no row is built), so it is exact
-too, at the cost of reading those documents again.
+its start up to the position (planning their rows: no array is built), so it is exact too,
+at the cost of reading those documents again. Documents the source marks ``padded`` (repeats
+that pad the epoch) are left out, as ``ds.loader(pack=...)`` leaves them out.
 
 Examples
 --------
@@ -44,7 +45,6 @@ import numpy as np
 from feedline.errors import ConfigurationError
 from feedline.loader.checks import checked_int
 from feedline.loader.nodes.node import Batch, Node, parse_position
-from feedline.loader.packing.bins import plan_rows
 from feedline.loader.packing.blocks import Row, block_rows, rows_batch
 from feedline.loader.packing.spec import Packing
 
@@ -115,7 +115,7 @@ class Pack(Node):
                 break
             number = self._read
             self._read += 1
-            rows, _ = block_rows(block.data, self.packing)
+            rows = block_rows(block.data, self.packing, block.padded)[0]
             skip = self._rows if number == self._blocks else 0
             self._queue += [(row, number, j) for j, row in enumerate(rows) if j >= skip]
 
@@ -169,14 +169,12 @@ class Pack(Node):
                 break
             number = self._read
             self._read += 1
-            docs = block.data.get(self.packing.column, ()) if isinstance(block.data, dict) else ()
-            count = len(plan_rows([len(d) for d in docs], self.packing).rows)
-            if count > skip:  # the next row is in this block: queue its rows from there
+            rows = block_rows(block.data, self.packing, block.padded)[0]
+            if len(rows) > skip:  # the next row is in this block: queue its rows from there
                 self._blocks, self._rows = number, skip
-                rows, _ = block_rows(block.data, self.packing)
                 self._queue = [(row, number, j) for j, row in enumerate(rows) if j >= skip]
                 break
-            skip -= count
+            skip -= len(rows)
         if self._exhausted:
             self._blocks, self._rows = self._read, 0
         self._batches = batches

@@ -11,7 +11,7 @@ Examples
 >>> import numpy as np
 >>> from feedline.loader.packing.spec import Packing
 >>> packing = Packing(seq_len=4)
->>> rows, plan = block_rows({"input_ids": [np.array([1, 2, 3]), np.array([4, 5])]}, packing)
+>>> rows, plan, _ = block_rows({"input_ids": [np.array([1, 2, 3]), np.array([4, 5])]}, packing)
 >>> [segments for _, segments in rows], plan.split
 ([[(0, 0, 3)], [(1, 0, 2)]], 0)
 >>> rows_batch(rows, packing)["input_ids"].tolist()
@@ -36,11 +36,23 @@ __all__ = ["Row", "block_rows", "rows_batch"]
 Row = tuple[list[Any], list[Segment]]
 
 
-def block_rows(block: Mapping[str, Any], packing: Packing) -> tuple[list[Row], RowPlan]:
-    """The rows of one block of documents (each row with the block's documents) and its plan.
+def block_rows(
+    block: Mapping[str, Any], packing: Packing, padded: Any = None
+) -> tuple[list[Row], RowPlan, int]:
+    """The rows of one block of documents (each row with the block's documents), its plan and
+    the number of documents it packs (neither empty nor padding).
+
+    ``padded`` (else the block's ``"_padded"`` column, when it has one) marks the documents
+    that only repeat one to pad the epoch (:func:`~feedline.loader.order.sample_order.
+    split_for_rank` gives a rank past the epoch's last documents one such repeat): they are
+    left out, so no token is delivered twice.
 
     Examples
     --------
+    >>> rows, _, count = block_rows({"input_ids": [[1, 2], [1, 2]], "_padded": [False, True]},
+    ...                             Packing(seq_len=4))
+    >>> [segments for _, segments in rows], count
+    ([[(0, 0, 2)]], 1)
     >>> block_rows({"input_ids": [7]}, Packing(seq_len=4))
     Traceback (most recent call last):
     ...
@@ -54,8 +66,12 @@ def block_rows(block: Mapping[str, Any], packing: Packing) -> tuple[list[Row], R
             "(fl.Tokenize(..., max_length=None)) or return them from the transform."
         )
     docs = [np.asarray(d) for d in docs]
+    if padded is None:
+        padded = block.get("_padded")
+    if padded is not None:  # a repeat takes no room: an empty document in its place
+        docs = [d[:0] if pad else d for d, pad in zip(docs, padded, strict=True)]
     plan = plan_rows([len(d) for d in docs], packing)
-    return [(docs, row) for row in plan.rows], plan
+    return [(docs, row) for row in plan.rows], plan, sum(1 for d in docs if len(d))
 
 
 def rows_batch(rows: Sequence[Row], packing: Packing) -> dict[str, np.ndarray]:

@@ -89,9 +89,9 @@ class PackedLoader:
 
     def _block_rows(self, block: Mapping[str, Any], counts: dict[str, float] | None) -> list[Row]:
         """The rows of one block of documents (each row with the block's documents)."""
-        rows, plan = block_rows(block, self.packing)
+        rows, plan, documents = block_rows(block, self.packing)
         if counts is not None:
-            counts["documents"] += sum(1 for d in block.get(self.packing.column, ()) if len(d))
+            counts["documents"] += documents
             counts["documents_split"] += plan.split
             counts["documents_dropped"] += plan.dropped
             counts["tokens_dropped"] += plan.dropped_tokens
