@@ -94,18 +94,24 @@ def test_resume_at_any_position_is_exact(k, batch_size, algorithm, buffer_size, 
     assert state["batches"] == min(k, len(whole))
 
 
-def test_resume_through_a_node_around_it():
+@pytest.mark.parametrize("wrap", ["format", "prefetch"])
+def test_resume_through_a_node_around_it(wrap):
     ds, _ = _corpus()
     packing = _packing()
-    outer = nodes.Format(_node(ds, packing), "numpy")
-    whole = _key(b.data for b in outer)
-    outer = nodes.Format(_node(ds, packing), "numpy")
-    head = [next(outer).data for _ in range(4)]
-    state = outer.get_state()
+
+    def pipeline():
+        node = nodes.Format(_node(ds, packing), "numpy")
+        return nodes.Prefetch(node, depth=3) if wrap == "prefetch" else node
+
+    with pipeline() as outer:
+        whole = _key(b.data for b in outer)
+    with pipeline() as outer:
+        head = [next(outer).data for _ in range(4)]
+        state = outer.get_state()  # the consumer's position, whatever was read ahead
     assert state == {"epoch": 0, "batches": 4}
-    again = nodes.Format(_node(ds, packing), "numpy")
-    again.reset(state)
-    assert _key(head) + _key(b.data for b in again) == whole
+    with pipeline() as again:
+        again.reset(state)
+        assert _key(head) + _key(b.data for b in again) == whole
 
 
 def test_reset_none_restarts_the_epoch_and_another_epoch_reshuffles():
@@ -134,6 +140,10 @@ def test_bad_arguments_and_states_are_refused():
     with pytest.raises(ConfigurationError, match="feedline node"):
         nodes.Pack([1, 2], packing, batch_size=2)  # type: ignore[arg-type]
     node = nodes.Pack(source, packing, batch_size=2)
+    moved = _docs_loader(ds, packing).source_node()
+    next(moved)
+    with pytest.raises(ConfigurationError, match="epoch's start"):
+        nodes.Pack(moved, packing, batch_size=2)
     for bad in ({"epoch": 0}, {"epoch": 0, "batches": 1, "blocks": 2},
                 {"epoch": 0, "batches": 1, "blocks": -1, "rows": 0}):  # fmt: skip
         with pytest.raises(ConfigurationError, match="Fix:"):

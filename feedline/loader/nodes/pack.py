@@ -94,8 +94,13 @@ class Pack(Node):
         self.source, self.packing, self.drop_last = source, packing, bool(drop_last)
         position = parse_position(source.get_state(), type(source).__name__)
         assert position is not None  # a node's state is never None
+        if position[1]:
+            raise ConfigurationError(
+                f"Pack: its source stands at batch {position[1]} of epoch {position[0]}, not at "
+                "an epoch's start (a packed batch's number would not say where it stands). "
+                "Fix: build the source at an epoch's start and resume with pack.reset(state)."
+            )
         self._start(position[0])
-        self._blocks = self._read = position[1]  # a source already moved: start there
 
     def _start(self, epoch: int) -> None:
         self._epoch, self._batches, self._blocks, self._rows = epoch, 0, 0, 0
