@@ -1,5 +1,6 @@
 """``fl.Packing(equal_batches=True)``: every rank yields the same number of packed batches
-(ranks whose rows run out yield empty rows), every token still once, exact resume."""
+(ranks whose rows run out yield empty rows), every token still once, exact resume, also on
+another number of ranks."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def test_resume_at_any_batch_is_exact_also_among_the_empty_ones(k):
     assert _key(head) + _key(resumed) == whole
 
 
-def test_next_epoch_recounts_and_another_world_size_is_refused():
+def test_next_epoch_recounts_and_a_bad_option_is_refused():
     ds, _ = _corpus()
     for seed in range(4):  # each epoch is planned again (another order)
         counts = []
@@ -89,12 +90,33 @@ def test_next_epoch_recounts_and_another_world_size_is_refused():
             counts.append([len(list(loader)) for _ in range(2)])
             assert [m["batches"] for m in loader.metrics()] == counts[-1]
         assert counts[0] == counts[1]
-    states = []
-    for rank in range(2):
-        old = _loader(ds, rank, 2)
-        next(iter(old))
-        states.append(old.state_dict())
-    with pytest.raises(ConfigurationError, match="as many ranks"):
-        _loader(ds, 0, 3).load_state_dict(states)
     with pytest.raises(ConfigurationError, match="equal_batches"):
         fl.Packing(seq_len=4, equal_batches=1)
+
+
+@pytest.mark.parametrize(("old", "new", "steps"), [(2, 3, 2), (3, 2, 1), (3, 2, 4), (2, 3, 0)])
+def test_elastic_resume_keeps_the_ranks_even_and_every_token_once(old, new, steps):
+    ds, docs = _corpus(n=90)
+    before, states = [], []
+    for rank in range(old):  # synchronous ranks: each delivered `steps` batches
+        loader = _loader(ds, rank, old)
+        it = iter(loader)
+        before += [next(it) for _ in range(steps)]
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    after = []
+    for rank in range(new):
+        loader = _loader(ds, rank, new)
+        loader.load_state_dict(states)
+        it = iter(loader)
+        head = [next(it)]
+        state = loader.state_dict()  # a checkpoint of the resumed run, resumed again: exact
+        again = _loader(ds, rank, new)
+        again.load_state_dict(state)
+        rest = list(again)
+        assert _key(rest) == _key(list(it))
+        after.append(head + rest)
+    assert len({len(a) for a in after}) == 1  # every new rank as many batches
+    assert any(not b["input_ids"].any() for a in after for b in a)  # some ranks padded
+    tokens = [int(t) for b in before + [b for a in after for b in a]
+              for t in b["input_ids"].ravel() if t]  # fmt: skip
+    assert sorted(tokens) == sorted(t for d in docs for t in d)

@@ -137,6 +137,19 @@ class PackedLoader:
                        else -(-rows // self.batch_size))  # fmt: skip
         return most
 
+    def _equal_rest(self, pulled: list[Any]) -> int:
+        """``equal_batches`` after an elastic resume: the most batches any new rank yields from
+        the resume point (its carried rows, then its documents no old rank had pulled)."""
+        most = 0
+        for rank in range(self.world_size):
+            rows = len(self._carried(self._carry, rank, self.world_size))
+            loader = self._make_docs(rank, self.world_size)
+            loader.load_state_dict(pulled)
+            rows += sum(len(block_rows(block, self.packing)[0]) for block in loader)
+            most = max(most, rows // self.batch_size if self.drop_last
+                       else -(-rows // self.batch_size))  # fmt: skip
+        return most
+
     def _empty_batch(self) -> dict[str, Any]:
         """A batch of empty rows (``equal_batches``: a rank whose rows ran out)."""
         dtype = np.int64 if self._dtype is None else self._dtype
@@ -280,12 +293,6 @@ class PackedLoader:
             self._carry, self._taken, self._batches = s["carry"], s["taken"], s["batches"]
             self._target = s["target"]
         else:
-            if self.packing.equal_batches:
-                raise ConfigurationError(
-                    f"Packed loader state: world_size changed from {old_world} to "
-                    f"{self.world_size}, and equal_batches=True resumes on as many ranks only. "
-                    f"Fix: resume on {old_world} ranks, or finish the epoch there first."
-                )
             if [s["rank"] for s in states] != list(range(old_world)):
                 raise _fail(f"world_size changed from {old_world} to {self.world_size}: pass all "
                             f"{old_world} old ranks' states in rank order")  # fmt: skip
@@ -300,6 +307,8 @@ class PackedLoader:
             self.docs.load_state_dict(pulled)
             self._docs_state = self.docs.state_dict()
             self._carry = {"from": states, "world_size": self.world_size}
+            if self.packing.equal_batches:
+                self._target = self._equal_rest(pulled)
         self._restored = True
 
     def metrics(self) -> list[dict[str, Any]]:

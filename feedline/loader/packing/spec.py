@@ -62,7 +62,8 @@ class Packing:
         ``ignore_index``, ``num_docs`` 0) until the rank with the most batches is done. The
         count is a pure function of the order: at an epoch's start each rank plans every
         rank's documents (reading the epoch's token column once more); it is kept in the
-        checkpoint. Resume on as many ranks only.
+        checkpoint. On another number of ranks, the new ranks are evened from the resume
+        point (each plans every new rank's rows left).
 
     Notes
     -----
