@@ -1,8 +1,10 @@
 """The loader as a pipeline of small resumable nodes.
 
 ``Order`` → ``Gather`` → ``Map`` → ``Collate`` → ``Format`` → ``Pin`` → ``Prefetch`` →
-``ToDevice`` → the training loop. Each node has ``next()``, ``reset(initial_state=None)``
-and ``get_state()`` (aliases ``state_dict`` / ``load_state_dict``), yields
+``ToDevice`` → the training loop (``Pack`` packs a source of documents into rows of
+``seq_len`` tokens: :mod:`feedline.loader.nodes.pack`). Each node has ``next()``,
+``reset(initial_state=None)`` and ``get_state()`` (aliases ``state_dict`` /
+``load_state_dict``), yields
 :class:`Batch` records and reports the position of the next batch it delivers, so resume is
 exact through every node (:mod:`feedline.loader.nodes.node`). :class:`~feedline.loader.
 Loader` composes the default pipeline; compose your own from ``loader.source_node()`` (order
