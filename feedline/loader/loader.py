@@ -173,9 +173,8 @@ class Loader:
             "columns": [pack.column], "ragged": {**ragged, pack.column: "list"}}  # fmt: skip
         names = [f.name for f in dataclasses.fields(o)]
         base = {name: getattr(o, name) for name in names} | {
-            # every document once: the epoch's last blocks are filled with repeats marked in
-            # "_padded", which the packer leaves out (a rank never packs a repeated document)
-            "batch_size": pack.buffer_size, "drop_last": False, "pad_last": True,
+            # the packer leaves out the repeats marked in "_padded" (never a document twice)
+            "batch_size": pack.buffer_size, "drop_last": False, "pad_last": False,
             "return_padding_mask": True, "format": "numpy", "pin_memory": False,
             "device": None, "track": False, "pack": None, "stack": None, "seed": self.seed,
         } | tokens  # fmt: skip

@@ -1,8 +1,10 @@
 """The loader as a pipeline of small resumable nodes.
 
 ``Order`` → ``Gather`` → ``Map`` → ``Collate`` → ``Format`` → ``Pin`` → ``Prefetch`` →
-``ToDevice`` → the training loop. Each node has ``next()``, ``reset(initial_state=None)``
-and ``get_state()`` (aliases ``state_dict`` / ``load_state_dict``), yields
+``ToDevice`` → the training loop (``Pack`` packs a source of documents into rows of
+``seq_len`` tokens: :mod:`feedline.loader.nodes.pack`). Each node has ``next()``,
+``reset(initial_state=None)`` and ``get_state()`` (aliases ``state_dict`` /
+``load_state_dict``), yields
 :class:`Batch` records and reports the position of the next batch it delivers, so resume is
 exact through every node (:mod:`feedline.loader.nodes.node`). :class:`~feedline.loader.
 Loader` composes the default pipeline; compose your own from ``loader.source_node()`` (order
@@ -34,6 +36,7 @@ from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.indices import Order
 from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.node import Batch, Node, Stage
+from feedline.loader.nodes.pack import Pack
 from feedline.loader.nodes.prefetch import Prefetch
 from feedline.loader.nodes.samples import SampleRngs
 
@@ -47,6 +50,7 @@ __all__ = [
     "Map",
     "Node",
     "Order",
+    "Pack",
     "Pin",
     "Prefetch",
     "SampleRngs",

@@ -9,6 +9,9 @@ order, ``buffer_size`` documents per block), packs each block by itself
 - ``rows``: the rows of that block already delivered,
 - ``carry``: after an elastic resume, the old ranks' states whose leftover rows this rank
   delivers first (the states of one checkpoint, themselves tiny), and ``taken`` of them.
+- ``target``: with ``equal_batches``, the batches every rank yields this epoch (the most any
+  rank packs, planned from every rank's documents at the epoch's start); a rank whose rows
+  ran out yields batches of empty rows up to it.
 
 Resume on as many ranks replays the block and skips ``rows``. Resume on another number of
 ranks recomputes, from every old rank's state, that rank's rows not yet delivered (the rest
@@ -27,17 +30,15 @@ import numpy as np
 
 from feedline.errors import ConfigurationError
 from feedline.loader.adapters.formats import to_format
-from feedline.loader.packing.bins import Segment, plan_rows
+from feedline.loader.packing.blocks import Row, block_rows, rows_batch
 from feedline.loader.packing.rows import row_arrays
 from feedline.loader.packing.spec import Packing
 
 __all__ = ["PACK_STATE_VERSION", "PackedLoader", "UnknownLength"]
 
-PACK_STATE_VERSION = 1
+PACK_STATE_VERSION = 2
 _KEYS = ("version", "packing", "epoch", "batches", "rank", "world_size", "docs", "rows",
-         "carry", "taken")  # fmt: skip
-#: a row on its way: its documents and segments, and where it came from (for the state)
-_Row = tuple[list[Any], list[Segment]]
+         "carry", "taken", "target")  # fmt: skip
 
 
 class UnknownLength(ConfigurationError, TypeError):
@@ -70,6 +71,8 @@ class PackedLoader:
         self._rows = 0
         self._carry: dict[str, Any] | None = None
         self._taken = 0
+        self._target: int | None = None  # equal_batches: every rank's batches this epoch
+        self._dtype: Any = None  # the tokens' dtype (for batches of empty rows)
         self._restored = False
         self._metrics: dict[int, dict[str, float]] = {}
 
@@ -89,35 +92,25 @@ class PackedLoader:
     def _start(self, epoch: int) -> None:
         self._epoch, self._batches, self._finished = epoch, 0, False
         self._docs_state, self._rows, self._carry, self._taken = None, 0, None, 0
+        self._target = None
 
     # ------------------------------------------------------------------ rows
 
-    def _block_rows(self, block: Mapping[str, Any], counts: dict[str, float] | None) -> list[_Row]:
+    def _block_rows(self, block: Mapping[str, Any], counts: dict[str, float] | None) -> list[Row]:
         """The rows of one block of documents (each row with the block's documents)."""
-        docs = list(block.get(self.packing.column, ()))
-        repeats = block.get("_padded")  # the document loader's fill of its last block
-        if repeats is not None:
-            docs = [d for d, repeat in zip(docs, np.asarray(repeats), strict=True) if not repeat]
-        if docs and not isinstance(docs[0], np.ndarray | list):
-            raise ConfigurationError(
-                f"Packing: column {self.packing.column!r} must hold a list of token ids per "
-                f"document, got {type(docs[0]).__name__}. Fix: store tokens as list<int32> "
-                "(fl.Tokenize(..., max_length=None)) or return them from the transform."
-            )
-        docs = [np.asarray(d) for d in docs]
-        plan = plan_rows([len(d) for d in docs], self.packing)
+        rows, plan, documents = block_rows(block, self.packing)
         if counts is not None:
-            counts["documents"] += sum(1 for d in docs if len(d))
+            counts["documents"] += documents
             counts["documents_split"] += plan.split
             counts["documents_dropped"] += plan.dropped
             counts["tokens_dropped"] += plan.dropped_tokens
-        return [(docs, row) for row in plan.rows]
+        return rows
 
-    def _carried(self, carry: Mapping[str, Any] | None, rank: int, world_size: int) -> list[_Row]:
+    def _carried(self, carry: Mapping[str, Any] | None, rank: int, world_size: int) -> list[Row]:
         """The rows an elastic resume dealt to ``rank`` of ``world_size`` (recomputed)."""
         if carry is None:
             return []
-        left: list[_Row] = []
+        left: list[Row] = []
         for old in carry["from"]:
             left += self._carried(old["carry"], old["rank"], old["world_size"])[old["taken"] :]
             loader = self._make_docs(old["rank"], old["world_size"])
@@ -127,6 +120,42 @@ class PackedLoader:
                 left += self._block_rows(block, None)[old["rows"] :]
         return left[rank::world_size]
 
+    def _equal_target(self, epoch: int) -> int:
+        """``equal_batches``: the most batches any rank yields in ``epoch`` (every rank's
+        documents planned, from the epoch's start: a pure function of the order)."""
+        most = 0
+        for rank in range(self.world_size):
+            loader = self._make_docs(rank, self.world_size)
+            loader.set_epoch(epoch)
+            rows = 0
+            for block in loader:
+                found, _, _ = block_rows(block, self.packing)
+                rows += len(found)
+                if self._dtype is None and found:
+                    self._dtype = found[0][0][0].dtype
+            most = max(most, rows // self.batch_size if self.drop_last
+                       else -(-rows // self.batch_size))  # fmt: skip
+        return most
+
+    def _equal_rest(self, pulled: list[Any]) -> int:
+        """``equal_batches`` after an elastic resume: the most batches any new rank yields from
+        the resume point (its carried rows, then its documents no old rank had pulled)."""
+        most = 0
+        for rank in range(self.world_size):
+            rows = len(self._carried(self._carry, rank, self.world_size))
+            loader = self._make_docs(rank, self.world_size)
+            loader.load_state_dict(pulled)
+            rows += sum(len(block_rows(block, self.packing)[0]) for block in loader)
+            most = max(most, rows // self.batch_size if self.drop_last
+                       else -(-rows // self.batch_size))  # fmt: skip
+        return most
+
+    def _empty_batch(self) -> dict[str, Any]:
+        """A batch of empty rows (``equal_batches``: a rank whose rows ran out)."""
+        dtype = np.int64 if self._dtype is None else self._dtype
+        empty = row_arrays([np.zeros(0, dtype=dtype)], [[]] * self.batch_size, self.packing)
+        return to_format(empty, self.format)
+
     @staticmethod
     def _position(loader: Any, state: Mapping[str, Any]) -> None:
         if state["docs"] is None:
@@ -134,17 +163,8 @@ class PackedLoader:
         else:
             loader.load_state_dict(state["docs"])
 
-    def _batch(self, rows: list[_Row]) -> dict[str, Any]:
-        docs: list[Any] = []
-        segments: list[list[Segment]] = []
-        for row_docs, row in rows:
-            base = len(docs)
-            used = sorted({d for d, _, _ in row})
-            where = {d: base + k for k, d in enumerate(used)}
-            docs += [row_docs[d] for d in used]
-            segments.append([(where[d], s, e) for d, s, e in row])
-        out = row_arrays(docs, segments, self.packing)
-        return to_format(out, self.format)
+    def _batch(self, rows: list[Row]) -> dict[str, Any]:
+        return to_format(rows_batch(rows, self.packing), self.format)
 
     # ------------------------------------------------------------------ iteration
 
@@ -158,10 +178,13 @@ class PackedLoader:
         epoch, size = self._epoch, self.batch_size
         counts = self._metrics.setdefault(epoch, dict.fromkeys(
             ("batches", "rows", "tokens", "padding", "documents", "documents_split",
-             "documents_dropped", "tokens_dropped", "rows_dropped", "seconds"), 0.0))  # fmt: skip
+             "documents_dropped", "tokens_dropped", "rows_dropped", "batches_empty", "seconds"),
+            0.0))  # fmt: skip
+        if self.packing.equal_batches and self._target is None:
+            self._target = self._equal_target(epoch)
         started = time.perf_counter()
         # the rows to deliver, each with the state that follows its delivery
-        queue: list[tuple[_Row, tuple[Any, int, int]]] = []
+        queue: list[tuple[Row, tuple[Any, int, int]]] = []
         carried = self._carried(self._carry, self.rank, self.world_size)
         queue += [(row, (self._docs_state, self._rows, i + 1))
                   for i, row in enumerate(carried) if i >= self._taken]  # fmt: skip
@@ -183,7 +206,16 @@ class PackedLoader:
                     skip = 0
                 if not queue or (len(queue) < size and self.drop_last):
                     counts["rows_dropped"] += len(queue)
-                    break
+                    queue = []
+                    if self._target is None or self._batches >= self._target:
+                        break
+                    self._batches += 1  # equal_batches: a batch of empty rows
+                    counts["batches"] += 1
+                    counts["batches_empty"] += 1
+                    counts["rows"] += size
+                    counts["padding"] += size * self.packing.seq_len
+                    yield self._empty_batch()
+                    continue
                 take, queue = queue[:size], queue[size:]
                 batch = self._batch([row for row, _ in take])
                 docs_state, delivered, taken = take[-1][1]
@@ -219,7 +251,8 @@ class PackedLoader:
         return {"version": PACK_STATE_VERSION, "packing": self.packing.as_dict(),
                 "epoch": epoch, "batches": 0 if self._finished else self._batches,
                 "rank": self.rank, "world_size": self.world_size, "docs": docs, "rows": rows,
-                "carry": carry, "taken": taken}  # fmt: skip
+                "carry": carry, "taken": taken,
+                "target": None if self._finished else self._target}  # fmt: skip
 
     def _parse(self, state: Any) -> list[dict[str, Any]]:
         states = [state] if isinstance(state, Mapping) else list(state)
@@ -230,6 +263,10 @@ class PackedLoader:
                 raise _fail(f"expected a dict with keys {list(_KEYS)}, got {str(s)[:120]!r}")
             if s["version"] != PACK_STATE_VERSION:
                 raise _fail(f"version {s['version']!r} is not {PACK_STATE_VERSION}")
+            target = s["target"]
+            if target is not None and (isinstance(target, bool) or not isinstance(target, int)
+                                       or target < 0):  # fmt: skip
+                raise _fail(f"target {target!r} is not None or a count")
             if s["packing"] != self.packing.as_dict():
                 raise ConfigurationError(
                     f"Packed loader state: packed with {s['packing']}, this loader packs with "
@@ -254,6 +291,7 @@ class PackedLoader:
             self._start(s["epoch"])
             self._docs_state, self._rows = s["docs"], s["rows"]
             self._carry, self._taken, self._batches = s["carry"], s["taken"], s["batches"]
+            self._target = s["target"]
         else:
             if [s["rank"] for s in states] != list(range(old_world)):
                 raise _fail(f"world_size changed from {old_world} to {self.world_size}: pass all "
@@ -269,6 +307,8 @@ class PackedLoader:
             self.docs.load_state_dict(pulled)
             self._docs_state = self.docs.state_dict()
             self._carry = {"from": states, "world_size": self.world_size}
+            if self.packing.equal_batches:
+                self._target = self._equal_rest(pulled)
         self._restored = True
 
     def metrics(self) -> list[dict[str, Any]]:
@@ -284,6 +324,7 @@ class PackedLoader:
                 "documents_split": int(c["documents_split"]),
                 "documents_dropped": int(c["documents_dropped"]),
                 "tokens_dropped": int(c["tokens_dropped"]), "rows_dropped": int(c["rows_dropped"]),
+                "batches_empty": int(c.get("batches_empty", 0)),
                 "seconds": c["seconds"],
                 "tokens_per_s": c["tokens"] / c["seconds"] if c["seconds"] else 0.0,
             })  # fmt: skip

@@ -55,6 +55,15 @@ class Packing:
         token, padding).
     pad_id:
         The token that fills a row's end.
+    equal_batches:
+        Every rank yields the same number of batches in an epoch (ranks pack different
+        documents, so their counts differ; a DDP step waits on every rank): a rank whose rows
+        run out yields batches of empty rows (all ``pad_id``, ``labels`` all
+        ``ignore_index``, ``num_docs`` 0) until the rank with the most batches is done. The
+        count is a pure function of the order: at an epoch's start each rank plans every
+        rank's documents (reading the epoch's token column once more); it is kept in the
+        checkpoint. On another number of ranks, the new ranks are evened from the resume
+        point (each plans every new rank's rows left).
 
     Notes
     -----
@@ -82,12 +91,18 @@ class Packing:
     max_docs: int = 64
     ignore_index: int = -100
     pad_id: int = 0
+    equal_batches: bool = False
 
     def __post_init__(self) -> None:
         keep = object.__setattr__
         keep(self, "seq_len", _count("seq_len", self.seq_len, 2))
         keep(self, "buffer_size", _count("buffer_size", self.buffer_size, 1))
         keep(self, "max_docs", _count("max_docs", self.max_docs, 1))
+        if not isinstance(self.equal_batches, bool):
+            raise ConfigurationError(
+                f"Packing: equal_batches must be True or False, got {self.equal_batches!r}. "
+                "Fix: pass equal_batches=True or False."
+            )
         for name in ("ignore_index", "pad_id"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
