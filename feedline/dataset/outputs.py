@@ -234,4 +234,6 @@ def shard_source(
     as_stored = all(isinstance(op, Select) for op in plan.ops)
     if isinstance(plan.source, ParquetSource) and as_stored:
         return ShardSource.from_source(plan.source, schema.names)
-    return BatchStream(schema, plan.known_rows(), batches, name)
+    return BatchStream(
+        schema, plan.known_rows(), batches, name, snapshot=plan.source.table_snapshot()
+    )
