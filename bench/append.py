@@ -100,7 +100,9 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     document = {"rows": args.rows, "initial_write_s": initial, "results": results}
     (out / "append.json").write_text(json.dumps(document, indent=1))
-    view = Table(title=f"append vs rewrite, dataset of {args.rows:,} rows ({initial:.2f} s to write)")
+    view = Table(
+        title=f"append vs rewrite, dataset of {args.rows:,} rows ({initial:.2f} s to write)"
+    )
     for name in ("new rows", "append s", "rewrite s", "rewrite ÷ append"):
         view.add_column(name, justify="right")
     for r in results:
