@@ -73,13 +73,15 @@ def main() -> None:
             for copy in (appended, rewritten):
                 shutil.rmtree(copy, ignore_errors=True)
                 shutil.copytree(base, copy)
-            append_s = timed(
-                lambda: fl.from_arrow(new).write(
+
+            def append(new: pa.Table = new, appended: Path = appended) -> None:
+                fl.from_arrow(new).write(
                     appended, mode="append", rows_per_shard=args.rows_per_shard
                 )
-            )
 
-            def rewrite() -> None:
+            append_s = timed(append)
+
+            def rewrite(new: pa.Table = new, rewritten: Path = rewritten) -> None:
                 whole = pa.concat_tables([fl.open(rewritten).to_arrow(), new])
                 fl.from_arrow(whole).write(rewritten, rows_per_shard=args.rows_per_shard)
 

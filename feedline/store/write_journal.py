@@ -6,8 +6,10 @@ file ``_resume.json``: what the write is (the plan's and the input's fingerprint
 of read tasks, the shard options, the fitted preprocessors, the dataset version it started
 from, the write id) and every shard it has completed, each with its checksum and the
 *position* after its last row: ``(task, rows)``, the read task whose output the shard
-ended in and how many of that task's output rows it holds. The journal is replaced
-atomically after each shard (temporary file, ``os.replace``).
+ended in and how many of that task's output rows it holds. It is JSON lines: the first line
+(written atomically, temporary file and ``os.replace``) says what the write is, and each
+completed shard appends one line (a torn last line, from a crash in the middle of it, is
+ignored), so journaling costs one small write per shard however many shards there are.
 
 A write killed before its commit leaves the staging folder. Re-run with ``resume=True``, the
 same plan finds the journal, checks that nothing that decides the bytes changed (else a
@@ -91,19 +93,14 @@ class Journal:
         return cls(json.loads(json.dumps(identity)), write_id)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": _FORMAT,
-                "write_id": self.write_id,
-                "identity": self.identity,
-                "writer": self.writer,
-                "shards": [
-                    {"shard": dataclasses.asdict(s.shard), "task": s.task, "rows": s.rows}
-                    for s in self.shards
-                ],
-            },
-            sort_keys=True,
-        )
+        """The journal as JSON lines: what the write is, then its writer settings and
+        shards."""
+        head = {"format": _FORMAT, "write_id": self.write_id, "identity": self.identity}
+        lines = [json.dumps(head, sort_keys=True)]
+        if self.writer:
+            lines.append(json.dumps({"writer": self.writer}, sort_keys=True))
+        lines += [_shard_line(s) for s in self.shards]
+        return "".join(line + "\n" for line in lines)
 
     def save(self, staging: Location) -> None:
         """Replace the journal in ``staging`` atomically (local disk)."""
@@ -114,26 +111,42 @@ class Journal:
             handle.write(self.to_json())
         os.replace(temporary, path)
 
+    def add(self, staging: Location, entry: JournalShard, writer: dict[str, Any]) -> None:
+        """Note a completed shard (and the writer's settings, when they changed) by
+        appending to the journal :meth:`save` wrote."""
+        lines = []
+        if writer != self.writer:
+            self.writer = dict(writer)
+            lines.append(json.dumps({"writer": self.writer}, sort_keys=True))
+        self.shards.append(entry)
+        lines.append(_shard_line(entry))
+        with open(staging.join(JOURNAL_NAME), "a", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+
     @classmethod
     def load(cls, staging: Location) -> Journal | None:
         """The journal in ``staging``; ``None`` when there is none or it is not readable."""
         try:
-            doc = json.loads(
-                read_small(staging.child(JOURNAL_NAME), _MAX_JOURNAL_BYTES, what="a write journal")
-            )
+            text = read_small(staging.child(JOURNAL_NAME), _MAX_JOURNAL_BYTES, what="a journal")
+            first, *rest = text.decode().split("\n")
+            doc = json.loads(first)
             if doc.get("format") != _FORMAT:
                 return None
-            shards = [
-                JournalShard(
-                    ShardInfo(**(s["shard"] | {"row_groups": tuple(s["shard"]["row_groups"])})),
-                    int(s["task"]),
-                    int(s["rows"]),
-                )
-                for s in doc["shards"]
-            ]
-            return cls(dict(doc["identity"]), str(doc["write_id"]), dict(doc["writer"]), shards)
+            journal = cls(dict(doc["identity"]), str(doc["write_id"]))
         except Exception:  # noqa: BLE001 - missing, torn or foreign: nothing to resume
             return None
+        for line in rest:
+            try:
+                item = json.loads(line)
+                if "writer" in item:
+                    journal.writer = dict(item["writer"])
+                    continue
+                shard = item["shard"] | {"row_groups": tuple(item["shard"]["row_groups"])}
+                entry = JournalShard(ShardInfo(**shard), int(item["task"]), int(item["rows"]))
+            except Exception:  # noqa: BLE001 - a torn last line (or an empty one): stop
+                break
+            journal.shards.append(entry)
+        return journal
 
     def verified(self, staging: Location) -> list[JournalShard]:
         """The journaled shards, in order, up to the first one whose file is missing or
@@ -148,6 +161,13 @@ class Journal:
                 break
             kept.append(entry)
         return kept
+
+
+def _shard_line(entry: JournalShard) -> str:
+    return json.dumps(
+        {"shard": dataclasses.asdict(entry.shard), "task": entry.task, "rows": entry.rows},
+        sort_keys=True,
+    )
 
 
 def differences(journal: dict[str, Any], now: dict[str, Any]) -> list[str]:

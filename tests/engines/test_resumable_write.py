@@ -170,3 +170,25 @@ def test_resume_without_interrupted_write_writes_from_the_start(tmp_path: Path) 
     assert info.rows == 50 and fl.open(out).count() == 50
     assert "resumed_shards_kept" not in info.report["counters"]
     assert re.fullmatch(r"[0-9a-f]{12}", fl.open(out).manifest.write["id"])
+
+
+def test_a_damaged_shard_and_a_torn_journal_line_are_redone(tmp_path: Path) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    _run(script, whole, tmp_path / "whole.count", "0")
+    _kill_after(script, resumed, tmp_path / "killed.count", 30)
+    (staging,) = resumed.glob(f"{STAGING_PREFIX}*")
+    journal = staging / "_resume.json"
+    with open(journal, "a") as handle:
+        handle.write('{"shard": {"path": "part-0')  # a line torn by the crash
+    damaged = sorted(staging.glob("part-*.parquet"))[10]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    _run(script, resumed, tmp_path / "resume.count", "0", resume=True)
+    assert _shards(resumed) == _shards(whole)
+    assert _manifest(resumed) == _manifest(whole)
+    redone = _tasks_run(tmp_path / "resume.count")
+    # shard 10 (rows 300..329) starts in task 15: the resume redoes it, and all after it
+    assert min(redone) <= 300 // ROWS_PER_TASK and max(redone) == TASKS - 1

@@ -228,13 +228,11 @@ def write_resumable(
                 report.add(rows_out=item.num_rows, batches_out=1)
                 for shard in writer.shards[written:]:  # shards this batch completed
                     closed += shard.rows
-                    journal.shards.append(JournalShard(shard, task, closed - task_base))
-                if len(writer.shards) > written:
-                    written = len(writer.shards)
-                    journal.writer = writer.settings()
+                    settings = writer.settings()
                     if writer.schema is not None:
-                        journal.writer["schema"] = _schema_text(writer.schema)
-                    journal.save(staging)
+                        settings["schema"] = _schema_text(writer.schema)
+                    journal.add(staging, JournalShard(shard, task, closed - task_base), settings)
+                written = len(writer.shards)
             shards = [e.shard for e in kept] + writer.close()
         except BaseException:
             writer.abort()
