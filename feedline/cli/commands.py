@@ -9,6 +9,7 @@ prints. Everything printed that came from data goes through
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from feedline.statistics.compute import stats, stored_stats
 from feedline.statistics.drift import compare
 from feedline.statistics.html_page import write_html
 from feedline.store.dataset_files import read_manifest, verify_manifest
+from feedline.store.versions import history
 from feedline.ui.inert_text import safe_text
 
 if TYPE_CHECKING:
@@ -43,6 +45,7 @@ __all__ = [
     "cmd_convert",
     "cmd_demo",
     "cmd_doctor",
+    "cmd_history",
     "cmd_inspect",
     "cmd_stats",
     "cmd_verify",
@@ -164,6 +167,34 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
             more = len(manifest.shards) - args.max_shards
             shards.add_row(f"… {count(more)} more", "", "", "", "")
         console.print(shards)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace, console: Console) -> int:
+    """``feedline history PATH``: the retained versions, oldest first (as
+    :func:`feedline.history`), as a table or, with ``--json``, one JSON list."""
+    versions = history(args.path, storage_options=storage(args))
+    if args.json:
+        console.print_json(json.dumps([v.as_dict() for v in versions]))
+        return 0
+    table = Table(title=safe_text(f"versions of {args.path}"))
+    table.add_column("version", justify="right", style="bold")
+    table.add_column("time (UTC)")
+    table.add_column("operation")
+    for name in ("rows", "shards", "size"):
+        table.add_column(name, justify="right")
+    table.add_column("current")
+    for v in versions:
+        table.add_row(
+            count(v.version),
+            safe_text(v.time.strftime("%Y-%m-%d %H:%M:%S")),
+            safe_text(v.operation),
+            count(v.rows),
+            count(v.shards),
+            size(v.bytes),
+            "yes" if v.current else "",
+        )
+    console.print(table)
     return 0
 
 
@@ -348,8 +379,6 @@ def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, console: Console) -> int:
-    import json
-
     columns = args.columns
 
     def load(path: str) -> Stats:

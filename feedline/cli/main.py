@@ -1,4 +1,5 @@
-"""The ``feedline`` command: inspect, convert, verify, stats, bench-loader, doctor and demo.
+"""The ``feedline`` command: inspect, convert, verify, history, stats, bench-loader, doctor and
+demo.
 
 The parser lives here; each subcommand's work is in :mod:`feedline.cli.commands`, the
 argument types (each refusing a bad value with a fix) in :mod:`feedline.cli.arguments`, and the
@@ -56,6 +57,7 @@ feedline: turn raw data into training-ready datasets and feed training loops.
   feedline convert data.csv train/ --delimiter ';'          # CSV, JSON lines, Parquet, text
   feedline inspect train/                                   # schema, rows, shards, lineage
   feedline verify train/                                    # every shard's checksum
+  feedline history train/                                   # versions: time, operation, rows
   feedline stats train/ --html report.html                  # statistics, drift (--against)
   feedline bench-loader train/ --step-ms 20                 # loader throughput and data wait
   feedline doctor train/ --step-ms 20                       # which loader stage is slow, the fix
@@ -195,6 +197,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quiet(p)
     _add_storage_option(p)
     p.set_defaults(run=commands.cmd_verify)
+
+    p = sub.add_parser(
+        "history",
+        formatter_class=defaults,
+        help="the retained versions of a dataset: time, operation, rows",
+        description="List the retained versions of a feedline dataset, oldest first: id, "
+        "commit time (UTC), operation, rows, shards and size. Open one with "
+        "fl.open(path, version=N) or as_of=datetime; fl.vacuum drops old ones.",
+    )
+    p.add_argument("path", help="a feedline dataset (path or fsspec URL)")
+    p.add_argument(
+        "--json", action="store_true", help="print the versions as a JSON list instead of a table"
+    )
+    _add_storage_option(p)
+    p.set_defaults(run=commands.cmd_history)
 
     p = sub.add_parser(
         "bench-loader",

@@ -824,6 +824,7 @@ class Dataset:
         on_rows: Callable[[int], None] | None = None,
         stats: bool = False,
         progress: bool | None = None,
+        resume: bool = False,
     ) -> WriteInfo:
         """Materialize the dataset as a feedline dataset (shards + manifest) at ``path``.
 
@@ -844,6 +845,16 @@ class Dataset:
         atomic manifest replacement; see :func:`feedline.statistics.compute.store_stats`).
         ``progress`` shows a bar of the rows written (``None``: ``fl.config.progress``, by
         default only on a terminal or in a notebook; see :mod:`feedline.ui.progress`).
+
+        A write on the local engine to local disk journals its shards in its staging folder
+        (a plan without ``limit`` or a class ``map_batches``). ``resume=True`` continues such
+        a write that a crash (SIGKILL, preemption) interrupted: the verified shards are
+        kept and only the read tasks whose rows are not in them run again; the result is
+        byte-identical to an uninterrupted write (the manifest but for its times and the
+        write's execution report). A changed plan, input, shard options or fitted state
+        refuses to resume (:class:`~feedline.errors.ConfigurationError` saying what
+        differs); with no interrupted write, the write starts from the beginning. See
+        :mod:`feedline.store.write_journal`.
 
         Examples
         --------
@@ -869,6 +880,7 @@ class Dataset:
             storage_options=storage_options,
             on_rows=on_rows,
             progress=progress,
+            resume=resume,
         )
         if stats:
             written = Dataset.from_source(open_source(path, storage_options=storage_options))

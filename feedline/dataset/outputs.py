@@ -120,6 +120,7 @@ def write(
     storage_options: dict[str, Any] | None = None,
     on_rows: Callable[[int], None] | None = None,
     progress: bool | None = None,
+    resume: bool = False,
 ) -> WriteInfo:
     """Write the plan ``fitted()`` as a feedline dataset at ``path`` on ``engine``.
 
@@ -150,6 +151,13 @@ def write(
         raise ConfigurationError(
             f"mode={mode!r} is not a write mode. Fix: pass one of {list(WRITE_MODES)}."
         )
+    if resume and engine.name != "local":
+        raise ConfigurationError(
+            f"resume=True is supported on the local engine only; this write runs on "
+            f"{engine.name!r}. Fix: drop resume=True (the write starts over), or write with "
+            'engine="local".'
+        )
+    resuming: dict[str, Any] = {"resume": True} if resume else {}
     target = resolve(path, storage_options)
     # the version this write starts from, noted before any work: a commit by another writer
     # from now on (during the fits, the schema inference, the shards) fails this write
@@ -170,6 +178,7 @@ def write(
             on_rows=also(advance, on_rows),
             preprocessors=preprocessor_states(plan),
             base=base,
+            **resuming,
         )
 
 
@@ -234,4 +243,6 @@ def shard_source(
     as_stored = all(isinstance(op, Select) for op in plan.ops)
     if isinstance(plan.source, ParquetSource) and as_stored:
         return ShardSource.from_source(plan.source, schema.names)
-    return BatchStream(schema, plan.known_rows(), batches, name)
+    return BatchStream(
+        schema, plan.known_rows(), batches, name, snapshot=plan.source.table_snapshot()
+    )

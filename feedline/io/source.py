@@ -127,6 +127,13 @@ class Source(ABC):
         """The number of rows from metadata alone, or ``None`` when it needs a scan."""
         return None
 
+    def table_snapshot(self) -> dict[str, str] | None:
+        """The pinned snapshot of a versioned table this source reads (Delta, Iceberg,
+        Lance): ``{"kind", "table", "snapshot"}``, JSON-safe; ``None`` for other sources.
+        A loader reading the source directly puts it in its state and refuses to resume
+        on another snapshot."""
+        return None
+
     #: True when ``read_tasks`` uses the predicate to skip data (not just to filter rows)
     prunes_with_predicate: bool = False
 

@@ -460,7 +460,12 @@ class Loader:
             num_samples=self.num_samples, history=self._segments, fingerprint=self._fingerprint,
         ).as_dict()  # fmt: skip
         version = getattr(self._source(), "version", None)
-        return state if version is None else state | {DATASET_VERSION: version}
+        if version is not None:
+            state[DATASET_VERSION] = version
+        snapshot = getattr(self._source(), "snapshot", None)
+        if snapshot is not None:  # a lakehouse table read directly: pin its snapshot
+            state[TABLE_SNAPSHOT] = dict(snapshot)
+        return state
 
     @functools.cached_property
     def _fingerprint(self) -> str:
@@ -488,7 +493,9 @@ class Loader:
         have been taken on this dataset (its fingerprint and the sample count) at a position
         its epoch holds. A state taken on another version of this feedline dataset (its
         ``dataset_version``) reads that version's shards from then on, while the version is
-        retained (a vacuumed one raises ConfigurationError); anything else raises
+        retained (a vacuumed one raises ConfigurationError); one taken on a Delta, Iceberg
+        or Lance table read directly (its ``table_snapshot``) is refused on another snapshot
+        of it, with a message naming both; anything else raises
         :class:`ConfigurationError` naming the field and leaves the loader as it was (see
         :mod:`feedline.loader.order.state`). A state without a fingerprint (version 1, or
         taken by an earlier feedline on in-memory data) is refused; ``check_dataset=False``
@@ -514,6 +521,8 @@ class Loader:
         version = _dataset_version(state)
         states = parse_states(_without_version(state))  # before loading any data
         source = self._source()
+        if check_dataset:
+            _check_table_snapshot(state, getattr(source, "snapshot", None))
         if version is not None and getattr(source, "version", None) not in (None, version):
             # the checkpoint's version of the dataset, not the one committed since
             self._resolved = cast("ShardSource", source).at_version(version)
@@ -767,6 +776,43 @@ class Loader:
 
 #: the key of a loader state that names the dataset version it was taken on
 DATASET_VERSION = "dataset_version"
+#: the key of a loader state that names the lakehouse table snapshot it was taken on
+TABLE_SNAPSHOT = "table_snapshot"
+
+
+def _check_table_snapshot(
+    state: Mapping[str, Any] | Sequence[Mapping[str, Any]], current: Mapping[str, str] | None
+) -> None:
+    """Refuse a state taken on one snapshot of a Delta/Iceberg/Lance table when this loader
+    reads another (or reads no table snapshot at all)."""
+    first = state if isinstance(state, Mapping) else next(iter(state), None)
+    taken = first.get(TABLE_SNAPSHOT) if isinstance(first, Mapping) else None
+    if taken is None:
+        return
+    if not isinstance(taken, Mapping) or not all(
+        isinstance(taken.get(k), str) for k in ("kind", "table", "snapshot")
+    ):
+        raise ConfigurationError(
+            f"Loader state field {TABLE_SNAPSHOT!r} is {taken!r}; expected a table snapshot "
+            "({'kind', 'table', 'snapshot'}). Fix: pass the dict Loader.state_dict() returned, "
+            "unchanged."
+        )
+    where = f"{taken['kind']}: {taken['table']} @ {taken['snapshot']}"
+    if current is None:
+        raise ConfigurationError(
+            f"The loader state was taken on the table {where}, but this loader does not read "
+            "a table snapshot. Fix: read the table at that snapshot (fl.read_delta(path, "
+            "version=...), fl.read_iceberg(table, snapshot_id=...), fl.read_lance(path, "
+            "version=...)) and resume a loader of it."
+        )
+    if (current["kind"], current["snapshot"]) != (taken["kind"], taken["snapshot"]):
+        raise ConfigurationError(
+            f"The loader state was taken on {where}, but this loader reads "
+            f"{current['kind']}: {current['table']} @ {current['snapshot']}; its positions "
+            "would name other rows. Fix: read the checkpoint's snapshot (fl.read_delta(path, "
+            "version=...), fl.read_iceberg(table, snapshot_id=...) or fl.read_lance(path, "
+            "version=...) with the id above) and resume a loader of it."
+        )
 
 
 def _dataset_version(state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int | None:
@@ -786,14 +832,13 @@ def _dataset_version(state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> 
 def _without_version(
     state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
 ) -> Mapping[str, Any] | Sequence[Mapping[str, Any]]:
-    """``state`` without its :data:`DATASET_VERSION` key(s)."""
+    """``state`` without its :data:`DATASET_VERSION` and :data:`TABLE_SNAPSHOT` key(s)."""
+    extra = (DATASET_VERSION, TABLE_SNAPSHOT)
     if isinstance(state, Mapping):
-        return {k: v for k, v in state.items() if k != DATASET_VERSION}
+        return {k: v for k, v in state.items() if k not in extra}
     if isinstance(state, Sequence) and not isinstance(state, str | bytes):
         return [
-            {k: v for k, v in one.items() if k != DATASET_VERSION}
-            if isinstance(one, Mapping)
-            else one
+            {k: v for k, v in one.items() if k not in extra} if isinstance(one, Mapping) else one
             for one in state
         ]
     return state

@@ -208,9 +208,10 @@ class PendingWrite:
     then :func:`commit`.
     """
 
-    def __init__(self, target: Location) -> None:
+    def __init__(self, target: Location, write_id: str | None = None) -> None:
         self.target = target
-        self.write_id = uuid.uuid4().hex[:12]
+        #: new per write; a resumed write reuses the interrupted one's (its shard names)
+        self.write_id = write_id or uuid.uuid4().hex[:12]
         self.staging = target.child(STAGING_PREFIX + self.write_id)
         self._lock = WriterLock(target, self.write_id)
         self.base: str | None = None
@@ -311,15 +312,18 @@ def note_base(target: Location) -> WriteBase:
     return WriteBase(*_manifest_base(target))
 
 
-def begin_write(target: Location, base: WriteBase | None = None) -> PendingWrite:
+def begin_write(
+    target: Location, base: WriteBase | None = None, write_id: str | None = None
+) -> PendingWrite:
     """Check ``target``, take its writer lock and note the manifest the write starts from.
 
     With ``base`` (:func:`note_base`, noted when the write was asked for), a manifest
     committed since raises :class:`ConcurrentWriteError` at once, and the commit stays
-    conditional on ``base``.
+    conditional on ``base``. ``write_id`` resumes the interrupted write of that id (its
+    staging folder, :mod:`feedline.store.write_journal`); by default the id is new.
     """
     prepare_target(target)
-    write = PendingWrite(target)
+    write = PendingWrite(target, write_id)
     write._lock.acquire()
     try:
         write.base, write.base_version = _manifest_base(target)
@@ -335,7 +339,9 @@ def begin_write(target: Location, base: WriteBase | None = None) -> PendingWrite
 
 
 @contextlib.contextmanager
-def writing(target: Location, base: WriteBase | None = None) -> Iterator[PendingWrite]:
+def writing(
+    target: Location, base: WriteBase | None = None, write_id: str | None = None
+) -> Iterator[PendingWrite]:
     """:func:`begin_write` as a context: anything but a committed write is aborted on exit.
 
     A full disk (or quota, or file size limit) anywhere in the write is raised as a
@@ -355,7 +361,7 @@ def writing(target: Location, base: WriteBase | None = None) -> Iterator[Pending
     ['_feedline.json', '_versions', 'part']
     """
     with out_of_space_as_storage_error(target.url):  # after the abort below cleaned up
-        write = begin_write(target, base)
+        write = begin_write(target, base, write_id)
         try:
             yield write
         finally:

@@ -320,6 +320,9 @@ class BatchStream:
     batches: Callable[[Sequence[str] | None], Iterator[pa.RecordBatch]] = field(compare=False)
     description: str = "a computed dataset"
     fingerprint: str | None = None
+    #: the pinned snapshot of the versioned table (Delta, Iceberg, Lance) the rows are read
+    #: from, ``{"kind", "table", "snapshot"}`` (``Source.table_snapshot``); ``None`` otherwise
+    snapshot: dict[str, str] | None = field(default=None, compare=False)
 
     @classmethod
     def from_table(cls, table: pa.Table, description: str = "an Arrow table") -> BatchStream:

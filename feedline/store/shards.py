@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from typing import Any
@@ -158,6 +159,9 @@ class ShardWriter:
         self._writer: pq.ParquetWriter | None = None
         self._storage: TensorStorage | None = None
         self._file: _HashingFile | None = None
+        #: settings decided on the first rows, as :meth:`settings` returned them (a resumed
+        #: write restores the interrupted write's: :mod:`feedline.store.write_journal`)
+        self._restored: dict[str, Any] = {}
         self._path = ""
         self._groups: list[int] = []
         self.shards: list[ShardInfo] = []
@@ -165,6 +169,20 @@ class ShardWriter:
     @property
     def schema(self) -> pa.Schema | None:
         return self._schema
+
+    def settings(self) -> dict[str, Any]:
+        """What this writer decided on its first rows (JSON-safe): the row-group size and
+        the tensor columns' compression. Empty before the first row group."""
+        if self._storage is None or self._row_group_rows is None:
+            return {}
+        return {"row_group_rows": self._row_group_rows, "compression": self._storage.compression}
+
+    def restore(self, settings: dict[str, Any]) -> None:
+        """Decide as another writer did (its :meth:`settings`), so the shards written from
+        here are the bytes that writer wrote after the same rows."""
+        self._restored = dict(settings)
+        if "row_group_rows" in settings:
+            self._row_group_rows = int(settings["row_group_rows"])
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Add one batch (its schema must match the first batch's)."""
@@ -201,7 +219,10 @@ class ShardWriter:
         self._pending, self._pending_rows = [], 0
         storage = self._storage
         if storage is None:  # tensor columns as fixed-size binary (io/tensor_codec.py)
-            storage = self._storage = TensorStorage.plan(self._schema, self._compression, table)
+            storage = TensorStorage.plan(self._schema, self._compression, table)
+            if "compression" in self._restored:
+                storage = dataclasses.replace(storage, compression=self._restored["compression"])
+            self._storage = storage
         writer = self._writer if self._writer is not None else self._open_shard(storage)
         writer.write_table(storage.encode(table), row_group_size=table.num_rows)
         self._groups.append(table.num_rows)

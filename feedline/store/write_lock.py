@@ -156,10 +156,11 @@ class WriterLock:
             except FileExistsError:
                 found, version = _read_lock(self.location)
                 holder = found or {}
-                if holder.get("write_id") == self.write_id:
+                stale = _stale(holder, self.location)
+                if holder.get("write_id") == self.write_id and not stale:
                     holder = None  # a retried create whose first attempt took effect
                     break
-                if not _stale(holder, self.location):
+                if not stale:  # (a stale lock of this write id: a resumed write's crash)
                     break
                 self._break(version)
         if holder is not None:

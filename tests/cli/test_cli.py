@@ -165,3 +165,31 @@ def test_convert_summary_and_errors_escape_paths(
     err = capsys.readouterr().err
     assert "error:" in err and "does not exist" in err
     assert_inert(err, ["\x1b[2Jmissing[bold]x[/]"])
+
+
+def test_history_lists_versions_as_table_and_json(tmp_path, capsys) -> None:
+    out = tmp_path / "ds"
+    fl.range(3).write(out)
+    fl.range(4).write(out, mode="append")
+    fl.range(2).write(out)
+    capsys.readouterr()
+    assert main(["history", str(out)]) == 0
+    text = capsys.readouterr().out
+    for expected in ("versions of", "write", "append", "overwrite", "yes"):
+        assert expected in text, expected
+    assert main(["history", str(out), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(v["version"], v["operation"], v["rows"], v["current"]) for v in listed] == [
+        (1, "write", 3, False),
+        (2, "append", 7, False),
+        (3, "overwrite", 2, True),
+    ]
+    fl.vacuum(out, keep_versions=1)
+    assert main(["history", str(out), "--json"]) == 0
+    assert [v["version"] for v in json.loads(capsys.readouterr().out)] == [3]
+
+
+def test_history_of_a_folder_without_dataset_is_an_error(tmp_path, capsys) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(["history", str(tmp_path / "empty")]) == 2
+    assert "FormatError" in capsys.readouterr().err

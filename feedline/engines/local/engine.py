@@ -12,6 +12,8 @@ rows re-cut across read tasks, while the read tasks keep running (see
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
@@ -33,6 +35,7 @@ from feedline.engines.batch.fusion import (
 from feedline.engines.batch.partials import TreeMerger, fold
 from feedline.engines.local.executor import run_stage, run_tasks
 from feedline.engines.local.relational import relational_tasks
+from feedline.engines.local.resumable_write import functions_digest, write_resumable
 from feedline.engines.protocol import WriteInfo, WriteOptions
 from feedline.engines.schema import infer_schema
 from feedline.errors import ConfigurationError
@@ -265,12 +268,61 @@ class LocalEngine:
         report: ExecutionReport | None = None,
         preprocessors: list[dict[str, Any]] | None = None,
         base: WriteBase | None = None,
+        resume: bool = False,
     ) -> WriteInfo:
         """Materialize the plan as a feedline dataset at ``target`` (committed only if it
-        is still at ``base``, when given)."""
+        is still at ``base``, when given).
+
+        On local disk, a plan whose read tasks stream in order through one pipeline (no
+        ``limit``, no class ``map_batches``) journals its shards as it writes; ``resume=True``
+        continues an interrupted write of the same plan, input and options, redoing only
+        the read tasks whose output is not in a verified shard
+        (:mod:`feedline.store.write_journal`).
+        """
 
         report = report if report is not None else ExecutionReport()
         start = time.perf_counter()
+        pushed = pushdown(plan)
+        segments = split_at_limits(pushed.remaining)
+        ops, limit = segments[0]
+        journaled = (
+            target.is_local
+            and preserve_order
+            and len(segments) == 1
+            and limit is None
+            and len(split_at_models(ops)) == 1
+        )
+        if resume and not journaled:
+            raise ConfigurationError(
+                f"resume=True cannot resume the write to {target.url!r}: only a write to local "
+                "disk of a plan without limit() or a class map_batches, with "
+                "preserve_order=True, keeps the journal a resume needs (this one "
+                f"{'writes to remote storage' if not target.is_local else 'does not'}). "
+                "Fix: drop resume=True (the write starts over)."
+            )
+        if journaled:
+            tasks = self._read_tasks(plan, pushed)
+            options_kwargs = options.writer_kwargs()
+            manifest = write_resumable(
+                target,
+                tasks,
+                ops,
+                identity=write_identity(plan, len(tasks), options_kwargs, preprocessors, base),
+                resume=resume,
+                parallelism=self.parallelism,
+                memory_budget=self.memory_budget,
+                writer_options=options_kwargs,
+                schema_hint=lambda: infer_schema(plan, LocalEngine.first_rows),
+                lineage=lineage_of(plan, self.name),
+                write_info={"options": options_kwargs},
+                on_rows=on_rows,
+                preprocessors=preprocessors,
+                report=report,
+                base=base,
+            )
+            return WriteInfo.from_manifest(
+                target.url, manifest, started=start, engine=self.name, report=report
+            )
         batches = self.execute(plan, preserve_order=preserve_order, report=report)
         manifest = fmt.write_batches(
             target,
@@ -310,6 +362,28 @@ def lineage_of(plan: Plan, engine: str) -> dict[str, Any]:
         "engine": engine,
         "feedline_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_identity(
+    plan: Plan,
+    read_tasks: int,
+    options: dict[str, Any],
+    preprocessors: list[dict[str, Any]] | None,
+    base: WriteBase | None,
+) -> dict[str, Any]:
+    """What decides a write's bytes, journaled so that a resume of another plan, input or
+    options is refused (:mod:`feedline.store.write_journal`)."""
+    fitted = json.dumps(preprocessors or [], sort_keys=True, default=str).encode()
+    return {
+        "plan_fingerprint": plan.fingerprint(),
+        "functions": functions_digest(plan.ops),
+        "source_fingerprint": plan.source.fingerprint(),
+        "read_tasks": read_tasks,
+        "options": options,
+        "preprocessors": "sha256:" + hashlib.sha256(fitted).hexdigest(),
+        "base": None if base is None else base.token,
+        "mode": "append" if base is not None and base.append else "overwrite",
     }
 
 

@@ -102,6 +102,9 @@ class LanceSource(Source):
     def fingerprint(self) -> str:
         return fingerprint_of(self.kind, self._uri, self.version, *self._fragments)
 
+    def table_snapshot(self) -> dict[str, str] | None:
+        return {"kind": self.kind, "table": self._uri, "snapshot": f"version {self.version}"}
+
     def count_rows(self) -> int | None:
         return sum(rows for _, rows in self._fragments)
 

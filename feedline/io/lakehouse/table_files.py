@@ -156,6 +156,9 @@ class TableSource(Source):
     def describe(self) -> str:
         return f"{self.kind}: {self._table} @ {self._snapshot} ({len(self._files):,} files)"
 
+    def table_snapshot(self) -> dict[str, str] | None:
+        return {"kind": self.kind, "table": self._table, "snapshot": self._snapshot}
+
     def fingerprint(self) -> str:
         return fingerprint_of(
             self.kind,

@@ -1,0 +1,202 @@
+"""The journal of a write that can resume after a crash (``ds.write(path, resume=True)``).
+
+A local write whose plan streams its read tasks in order (no ``limit``, no class
+``map_batches``) keeps, in its staging folder (:mod:`feedline.store.commit`), a small JSON
+file ``_resume.json``: what the write is (the plan's and the input's fingerprints, the number
+of read tasks, the shard options, the fitted preprocessors, the dataset version it started
+from, the write id) and every shard it has completed, each with its checksum and the
+*position* after its last row: ``(task, rows)``, the read task whose output the shard
+ended in and how many of that task's output rows it holds. It is JSON lines: the first line
+(written atomically, temporary file and ``os.replace``) says what the write is, and each
+completed shard appends one line (a torn last line, from a crash in the middle of it, is
+ignored), so journaling costs one small write per shard however many shards there are.
+
+A write killed before its commit leaves the staging folder. Re-run with ``resume=True``, the
+same plan finds the journal, checks that nothing that decides the bytes changed (else a
+:class:`~feedline.errors.ConfigurationError` says what differs), verifies each journaled
+shard (size and sha256) and keeps the verified prefix; then it reuses the write id (the
+shard names), runs only the read tasks from the position after the last verified shard
+(skipping that task's rows already written) and writes the rest of the shards with the
+same shard writer settings (row-group size, tensor storage). The shards are then the
+bytes an uninterrupted write produces, and so is the manifest but for its times and
+the write's execution report. No unique-ID column is needed: a task is named by its index
+in the plan's deterministic task split.
+
+Examples
+--------
+>>> import tempfile
+>>> from feedline.io.storage.paths import resolve
+>>> staging = resolve(tempfile.mkdtemp())
+>>> journal = Journal.start({"plan_fingerprint": "abc", "read_tasks": 3}, "0a1b2c3d4e5f")
+>>> journal.save(staging)
+>>> Journal.load(staging).identity["read_tasks"], Journal.load(staging).write_id
+(3, '0a1b2c3d4e5f')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from feedline.errors import ConfigurationError
+from feedline.io.storage.paths import Location
+from feedline.store.manifest import ShardInfo
+from feedline.store.shards import file_checksum
+from feedline.store.stored_files import read_small
+
+__all__ = ["JOURNAL_NAME", "Journal", "JournalShard", "differences", "refuse"]
+
+JOURNAL_NAME = "_resume.json"
+#: a journal larger than this is not one feedline wrote (ignored)
+_MAX_JOURNAL_BYTES = 64 << 20
+_FORMAT = 1
+
+#: what each identity field means, for the message of a refused resume
+_MEANING = {
+    "plan_fingerprint": "the plan (its steps or their parameters)",
+    "functions": "the code of the plan's functions or the plain values they read",
+    "source_fingerprint": "the input (its files, sizes or snapshot)",
+    "read_tasks": "the number of read tasks the input splits into",
+    "options": "the shard options (rows_per_shard, bytes_per_shard, row groups, compression)",
+    "preprocessors": "the fitted preprocessor state",
+    "base": "the dataset version the write started from (another write committed since)",
+    "mode": "the write mode",
+}
+
+
+@dataclass(frozen=True)
+class JournalShard:
+    """A completed shard and the position after its last row: ``rows`` output rows of read
+    task ``task`` are in this or earlier shards."""
+
+    shard: ShardInfo
+    task: int
+    rows: int
+
+
+@dataclass
+class Journal:
+    """What a resumable write is, and the shards it completed (see the module docs)."""
+
+    identity: dict[str, Any]
+    write_id: str
+    #: the shard writer's settings decided on the first rows, restored on resume
+    writer: dict[str, Any] = field(default_factory=dict)
+    shards: list[JournalShard] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, identity: dict[str, Any], write_id: str) -> Journal:
+        """A journal of no shard yet."""
+        return cls(json.loads(json.dumps(identity)), write_id)
+
+    def to_json(self) -> str:
+        """The journal as JSON lines: what the write is, then its writer settings and
+        shards."""
+        head = {"format": _FORMAT, "write_id": self.write_id, "identity": self.identity}
+        lines = [json.dumps(head, sort_keys=True)]
+        if self.writer:
+            lines.append(json.dumps({"writer": self.writer}, sort_keys=True))
+        lines += [_shard_line(s) for s in self.shards]
+        return "".join(line + "\n" for line in lines)
+
+    def save(self, staging: Location) -> None:
+        """Replace the journal in ``staging`` atomically (local disk)."""
+        path = staging.join(JOURNAL_NAME)
+        temporary = path + ".tmp"
+        os.makedirs(staging.path, exist_ok=True)
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(self.to_json())
+        os.replace(temporary, path)
+
+    def add(self, staging: Location, entry: JournalShard, writer: dict[str, Any]) -> None:
+        """Note a completed shard (and the writer's settings, when they changed) by
+        appending to the journal :meth:`save` wrote."""
+        lines = []
+        if writer != self.writer:
+            self.writer = dict(writer)
+            lines.append(json.dumps({"writer": self.writer}, sort_keys=True))
+        self.shards.append(entry)
+        lines.append(_shard_line(entry))
+        with open(staging.join(JOURNAL_NAME), "a", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+
+    @classmethod
+    def load(cls, staging: Location) -> Journal | None:
+        """The journal in ``staging``; ``None`` when there is none or it is not readable."""
+        try:
+            text = read_small(staging.child(JOURNAL_NAME), _MAX_JOURNAL_BYTES, what="a journal")
+            first, *rest = text.decode().split("\n")
+            doc = json.loads(first)
+            if doc.get("format") != _FORMAT:
+                return None
+            journal = cls(dict(doc["identity"]), str(doc["write_id"]))
+        except Exception:  # noqa: BLE001 - missing, torn or foreign: nothing to resume
+            return None
+        for line in rest:
+            try:
+                item = json.loads(line)
+                if "writer" in item:
+                    journal.writer = dict(item["writer"])
+                    continue
+                shard = item["shard"] | {"row_groups": tuple(item["shard"]["row_groups"])}
+                entry = JournalShard(ShardInfo(**shard), int(item["task"]), int(item["rows"]))
+            except Exception:  # noqa: BLE001 - a torn last line (or an empty one): stop
+                break
+            journal.shards.append(entry)
+        return journal
+
+    def verified(self, staging: Location) -> list[JournalShard]:
+        """The journaled shards, in order, up to the first one whose file is missing or
+        whose size or sha256 differs from the journal's."""
+        kept = []
+        for entry in self.shards:
+            try:
+                size, checksum = file_checksum(staging.child(entry.shard.path))
+            except Exception:  # noqa: BLE001 - missing or unreadable: redo from here
+                break
+            if (size, checksum) != (entry.shard.bytes, entry.shard.checksum):
+                break
+            kept.append(entry)
+        return kept
+
+
+def _shard_line(entry: JournalShard) -> str:
+    return json.dumps(
+        {"shard": dataclasses.asdict(entry.shard), "task": entry.task, "rows": entry.rows},
+        sort_keys=True,
+    )
+
+
+def differences(journal: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between an interrupted write's identity and this write's, in words.
+
+    Examples
+    --------
+    >>> differences({"read_tasks": 3, "mode": "overwrite"}, {"read_tasks": 4, "mode": "overwrite"})
+    ['the number of read tasks the input splits into (was 3, now 4)']
+    """
+    found = []
+    for key in sorted(set(journal) | set(now)):
+        if journal.get(key) != now.get(key):
+            was, is_ = _short(journal.get(key)), _short(now.get(key))
+            found.append(f"{_MEANING.get(key, key)} (was {was}, now {is_})")
+    return found
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def refuse(target: Location, found: list[str]) -> ConfigurationError:
+    """The error of a resume whose plan or input differs from the interrupted write's."""
+    return ConfigurationError(
+        f"Cannot resume the interrupted write to {target.url!r}: "
+        + "; ".join(found)
+        + ". Resuming would mix the shards of two different writes. Fix: re-run the write "
+        "with the interrupted write's plan and input, or without resume=True to start a "
+        "fresh write (its commit removes the interrupted write's files)."
+    )
