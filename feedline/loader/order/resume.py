@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.order.sample_order import EpochPlan, samples_seen, split_for_rank
+from feedline.loader.order.sample_order import EpochPlan, Order, samples_seen, split_for_rank
 from feedline.loader.order.state import (
     Segment,
     State,
@@ -33,7 +33,7 @@ from feedline.loader.order.state import (
 __all__ = ["Position", "epoch_plan", "merge_states", "remaining_after", "restore"]
 
 
-def remaining_after(order: np.ndarray, segment: Segment) -> np.ndarray:
+def remaining_after(order: Order, segment: Segment) -> np.ndarray:
     """The samples of ``order`` that no rank of ``segment`` yielded, in global order.
 
     Examples
@@ -55,7 +55,7 @@ def remaining_after(order: np.ndarray, segment: Segment) -> np.ndarray:
 
 
 def epoch_plan(
-    order: np.ndarray,
+    order: Order,
     segments: Sequence[Segment],
     *,
     rank: int,
