@@ -13,7 +13,9 @@ imports, and the seconds taken:
 - ``lazy``: ``global_order`` over ``LAZY_ROWS`` rows: a
   :class:`~feedline.loader.order.lazy_permutation.LazyPermutation` evaluated at the rank's
   positions (``split_for_rank``: the rank's whole share), and at its first ``--batches``
-  batches alone (``LazyPermutation.take``).
+  batches alone (``LazyPermutation.take``);
+- ``lazy-elastic``: after every rank yielded ``--batches`` batches, the plan of a rank of a
+  world 200 ranks smaller (elastic resume: the seen positions removed as runs).
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ elif mode == "lazy-share":
     order = global_order([n], shuffle=True, seed=0, epoch=0, window=None)
     plan = split_for_rank(order, rank=rank, world_size=world, batch_size=batch, drop_last=True)
     first = plan.indices[: batches * batch].copy()
+elif mode == "lazy-elastic":  # resumed on world - 200 ranks after `batches` batches each
+    from feedline.loader.order.resume import epoch_plan
+    from feedline.loader.order.state import Segment
+    order = global_order([n], shuffle=True, seed=0, epoch=0, window=None)
+    segment = Segment(world, batch, True, (batches * batch,) * world)
+    plan = epoch_plan(order, [segment], rank=0, world_size=world - 200, batch_size=batch,
+                      drop_last=True)
+    first = plan.indices[: batches * batch].copy()
 else:
     batches = min(batches, n // (world * batch))  # drop_last=True: the epoch's batches
     first = LazyPermutation(n, 0, 0).take(_positions(rank, batches * batch, world, batch))
@@ -66,7 +76,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=800)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--batches", type=int, default=1000)
-    parser.add_argument("--modes", default="drawn,lazy-share,lazy-batches")
+    parser.add_argument("--modes", default="drawn,lazy-share,lazy-batches,lazy-elastic")
     args = parser.parse_args()
     root = str(Path(__file__).resolve().parent.parent)
     for mode in args.modes.split(","):

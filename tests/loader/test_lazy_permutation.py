@@ -3,6 +3,7 @@ same batches through the rank split as the drawn order, evaluated in memory for 
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from feedline.loader.order.sample_order import (
     epoch_permutation,
     global_order,
     samples_seen,
+    seen_runs,
     shuffle_quality,
     split_for_rank,
 )
@@ -233,3 +235,70 @@ def test_loader_over_the_threshold_serves_the_lazy_order_and_resumes_it(
                         batch_size=8, drop_last=True)  # fmt: skip
     rest = np.concatenate([b["id"] for b in resumed])
     assert not set(rest.tolist()) & set(seen.tolist())
+
+
+# --- elastic resume of a lazy order: the seen positions removed as runs ----------------------
+
+
+@st.composite
+def _segments(draw: st.DrawFn, n: int) -> list[Segment]:
+    out, left = [], n
+    for _ in range(draw(st.integers(1, 2))):
+        world, batch = draw(st.integers(1, 4)), draw(st.integers(1, 7))
+        drop = draw(st.booleans())
+        share = (left // (world * batch) if drop else -(-left // (world * batch))) * batch
+        counts = tuple(draw(st.integers(0, share)) for _ in range(world))
+        out.append(Segment(world, batch, drop, counts))
+        left -= min(left, sum(counts))
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(1, 300), seed=SEEDS, data=st.data())
+def test_elastic_plan_of_a_lazy_order_equals_the_drawn_one(
+    n: int, seed: int, data: st.DataObject
+) -> None:
+    lazy = LazyPermutation(n, seed, 2)
+    segments = data.draw(_segments(n))
+    world, batch = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 6))
+    drop, pad = data.draw(st.booleans()), data.draw(st.booleans())
+    for r in range(world):
+        kw = {"rank": r, "world_size": world, "batch_size": batch, "drop_last": drop}
+        got = epoch_plan(lazy, segments, pad_last=pad, **kw)
+        want = epoch_plan(np.asarray(lazy), segments, pad_last=pad, **kw)
+        assert got.num_batches == want.num_batches
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.padded, want.padded)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(0, 300), world=st.integers(1, 5), batch=st.integers(1, 7), data=st.data())
+def test_seen_runs_cover_exactly_the_seen_positions(
+    n: int, world: int, batch: int, data: st.DataObject
+) -> None:
+    drop = data.draw(st.booleans())
+    share = (n // (world * batch) if drop else -(-n // (world * batch))) * batch
+    counts = [data.draw(st.integers(0, share)) for _ in range(world)]
+    kw = {"consumed_per_rank": counts, "world_size": world, "batch_size": batch, "drop_last": drop}
+    runs = seen_runs(n, **kw)
+    covered = sorted(p for s, length in runs for p in range(s, s + length) if p < n)
+    assert covered == samples_seen(np.arange(n), **kw).tolist()  # identity order: positions
+    if len(set(counts)) == 1 and counts[0] % batch == 0:  # lock-step: one run
+        assert len(runs) <= 1
+
+
+def test_elastic_resume_of_a_billion_rows_stays_small() -> None:
+    order = global_order([10**9], shuffle=True, seed=0, epoch=0, window=None)
+    segment = Segment(800, 256, True, (1000 * 256,) * 800)  # 800 ranks, 1000 batches each
+    tracemalloc.start()
+    try:
+        plan = epoch_plan(order, [segment], rank=599, world_size=600, batch_size=256,
+                          drop_last=True)  # fmt: skip
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert plan.num_batches == (10**9 - 800 * 256_000) // (600 * 256)
+    assert peak < 120 * 2**20  # the rank's share (13 MB of indices), not 8 GB of order
+    first = np.asarray(plan.batch(0))
+    pos = 800 * 256_000 + 599 * 256 + np.arange(256)  # the old world's positions, shifted
+    np.testing.assert_array_equal(first, order.take(pos))

@@ -36,7 +36,7 @@ import numpy as np
 from feedline.errors import ConfigurationError
 from feedline.loader.checks import checked_int
 
-__all__ = ["ROUNDS", "LazyPermutation"]
+__all__ = ["ROUNDS", "LazyPermutation", "LazyRemaining"]
 
 #: Feistel rounds (an even count, so the two halves end at their starting widths)
 ROUNDS = 8
@@ -138,3 +138,69 @@ class LazyPermutation:
             x[outside] = self._feistel(x[outside])
             outside = outside[x[outside] >= n]
         return x.astype(np.int64).reshape(pos.shape)
+
+
+class LazyRemaining:
+    """A lazy order with some of its positions removed: what an elastic resume still serves.
+
+    ``base`` is a :class:`LazyPermutation` (or another ``LazyRemaining``); ``runs`` are the
+    removed positions of ``base``, as ``(start, length)`` pairs (any order, may touch). The
+    ``k``-th remaining position is found by a binary search over the runs, so memory is
+    proportional to the number of runs (a few per rank after a lock-step checkpoint), not
+    to ``n``.
+
+    Examples
+    --------
+    >>> base = LazyPermutation(10, seed=0, epoch=0)
+    >>> rest = LazyRemaining(base, [(0, 4), (6, 1)])
+    >>> len(rest), rest.take(range(5)).tolist() == base.take([4, 5, 7, 8, 9]).tolist()
+    (5, True)
+    """
+
+    def __init__(self, base: LazyPermutation | LazyRemaining, runs: Sequence[tuple[int, int]]):
+        self.base = base
+        n = len(base)
+        spans = sorted((max(0, s), min(n, s + length)) for s, length in runs if length > 0)
+        merged: list[list[int]] = []
+        for start, end in spans:
+            if start >= end:
+                continue
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        starts = np.array([s for s, _ in merged], dtype=np.int64)
+        lengths = np.array([e - s for s, e in merged], dtype=np.int64)
+        self._removed = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self._kept_before = starts - self._removed[:-1]  # remaining positions before each run
+        self.n = n - int(self._removed[-1])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"LazyRemaining({self.base!r}, {len(self._kept_before)} runs removed)"
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.take(np.arange(self.n, dtype=np.int64))
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The rows at the remaining order's ``positions`` (int64, same shape).
+
+        Examples
+        --------
+        >>> LazyRemaining(LazyPermutation(6, 1, 0), [(1, 2)]).take([0, 1]).dtype
+        dtype('int64')
+        """
+        pos = np.asarray(positions)
+        if pos.size and (
+            not np.issubdtype(pos.dtype, np.integer) or pos.min() < 0 or pos.max() >= self.n
+        ):
+            raise ConfigurationError(
+                f"LazyRemaining: positions must be integers in [0, {self.n}). Fix: ask for "
+                "positions of the remaining order only."
+            )
+        pos = pos.astype(np.int64)
+        runs_before = np.searchsorted(self._kept_before, pos, side="right")
+        return self.base.take(pos + self._removed[runs_before])

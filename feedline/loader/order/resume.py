@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.order.sample_order import EpochPlan, Order, samples_seen, split_for_rank
+from feedline.loader.order.lazy_permutation import LazyPermutation, LazyRemaining
+from feedline.loader.order.sample_order import (
+    EpochPlan,
+    Order,
+    samples_seen,
+    seen_runs,
+    split_for_rank,
+)
 from feedline.loader.order.state import (
     Segment,
     State,
@@ -33,14 +40,23 @@ from feedline.loader.order.state import (
 __all__ = ["Position", "epoch_plan", "merge_states", "remaining_after", "restore"]
 
 
-def remaining_after(order: Order, segment: Segment) -> np.ndarray:
+def remaining_after(order: Order, segment: Segment) -> Order:
     """The samples of ``order`` that no rank of ``segment`` yielded, in global order.
+
+    A lazy order (:mod:`~feedline.loader.order.lazy_permutation`) stays lazy: the seen
+    positions are removed as runs (:func:`~feedline.loader.order.sample_order.seen_runs`),
+    in memory for the ranks, not the rows.
 
     Examples
     --------
     >>> remaining_after(np.arange(8), Segment(2, 2, True, (2, 0))).tolist()
     [2, 3, 4, 5, 6, 7]
     """
+    if isinstance(order, LazyPermutation | LazyRemaining):
+        return LazyRemaining(order, seen_runs(
+            len(order), consumed_per_rank=segment.consumed, world_size=segment.world_size,
+            batch_size=segment.batch_size, drop_last=segment.drop_last,
+        ))  # fmt: skip
     seen = samples_seen(
         order,
         consumed_per_rank=segment.consumed,

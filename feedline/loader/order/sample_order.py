@@ -18,7 +18,7 @@ import numpy as np
 
 from feedline.errors import ConfigurationError
 from feedline.loader.checks import checked_int
-from feedline.loader.order.lazy_permutation import LazyPermutation
+from feedline.loader.order.lazy_permutation import LazyPermutation, LazyRemaining
 
 __all__ = [
     "LAZY_ROWS",
@@ -31,6 +31,7 @@ __all__ = [
     "global_order",
     "resume_order",
     "samples_seen",
+    "seen_runs",
     "sequential_order",
     "shuffle_quality",
     "split_for_rank",
@@ -44,8 +45,10 @@ __all__ = [
 #: order of 512 MiB.
 LAZY_ROWS = 1 << 26
 
-#: an epoch's global order: drawn (an int64 array) or evaluated lazily per position
-Order = np.ndarray | LazyPermutation
+#: an epoch's global order: drawn (an int64 array) or evaluated lazily per position (after
+#: an elastic resume: the lazy order less the positions seen)
+Order = np.ndarray | LazyPermutation | LazyRemaining
+_LAZY = (LazyPermutation, LazyRemaining)
 
 # Domain-separation tags mixed into the seed, so the streams of different uses never coincide.
 _EXACT, _GROUPS, _POOL = 0, 1, 2
@@ -243,7 +246,7 @@ def _split(
     drop_last: bool,
     pad_last: bool = True,
 ) -> EpochPlan:
-    lazy = order if isinstance(order, LazyPermutation) else None
+    lazy = order if isinstance(order, _LAZY) else None
     arr = _order(where, order) if lazy is None else np.zeros(0, dtype=np.int64)
     n = arr.size if lazy is None else len(lazy)
     num_batches = _num_batches(where, n, world_size, batch_size, drop_last)
@@ -335,15 +338,17 @@ def resume_order(order: np.ndarray, *, consumed_global: int) -> np.ndarray:
     return _order("resume_order", order)[c:]
 
 
-def _seen(where: str, n: int, counts: Sequence[int], world: int, bs: int, drop: bool) -> np.ndarray:
-    """Sorted global-order positions (< n, so padding excluded) already yielded by the ranks."""
+def _counts(
+    where: str, n: int, counts: Sequence[int], world: int, bs: int, drop: bool
+) -> list[int]:
+    """The old ranks' sample counts, checked against their layout's share."""
     share = _num_batches(where, n, world, bs, drop) * bs
     if len(counts) != world:
         raise ConfigurationError(
             f"{where}: consumed_per_rank has {len(counts)} entries but the world had {world} "
             "ranks. Fix: pass one count per old rank, in rank order."
         )
-    parts = [np.zeros(0, dtype=np.int64)]
+    out = []
     for r, c in enumerate(counts):
         count = _int(where, f"consumed_per_rank[{r}]", c, 0, "pass sample counts >= 0.")
         if count > share:
@@ -352,9 +357,46 @@ def _seen(where: str, n: int, counts: Sequence[int], world: int, bs: int, drop: 
                 f"samples (batch_size={bs}, world_size={world}, drop_last={drop}). Fix: pass the "
                 "old world's layout and the counts of this epoch."
             )
-        parts.append(_positions(r, count, world, bs))
+        out.append(count)
+    return out
+
+
+def _seen(where: str, n: int, counts: Sequence[int], world: int, bs: int, drop: bool) -> np.ndarray:
+    """Sorted global-order positions (< n, so padding excluded) already yielded by the ranks."""
+    checked = _counts(where, n, counts, world, bs, drop)
+    parts = [np.zeros(0, dtype=np.int64)]
+    parts += [_positions(r, count, world, bs) for r, count in enumerate(checked)]
     pos = np.sort(np.concatenate(parts))
     return pos[pos < n]
+
+
+def seen_runs(
+    num_rows: int,
+    *,
+    consumed_per_rank: Sequence[int],
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+) -> list[tuple[int, int]]:
+    """The positions :func:`samples_seen` covers, as ``(start, length)`` runs (padding
+    positions, ``>= num_rows``, included: a consumer clips them): the batches every rank
+    yielded are one run from 0, then one run per batch a rank yielded beyond the others.
+    Memory is ``O(world_size)`` after a lock-step checkpoint, whatever ``num_rows``.
+
+    Examples
+    --------
+    >>> seen_runs(100, consumed_per_rank=[6, 4], world_size=2, batch_size=2, drop_last=True)
+    [(0, 8), (8, 2)]
+    """
+    where, b = "seen_runs", int(batch_size)
+    counts = _counts(where, num_rows, consumed_per_rank, world_size, b, drop_last)
+    step = world_size * b
+    common = min((c // b for c in counts), default=0)  # batches every rank yielded
+    runs = [(0, common * step)] if common else []
+    for r, c in enumerate(counts):
+        for k in range(common, -(-c // b)):
+            runs.append((k * step + r * b, min(b, c - k * b)))
+    return runs
 
 
 def samples_seen(
@@ -378,7 +420,7 @@ def samples_seen(
     [9, 8]
     """
     where = "samples_seen"
-    if isinstance(order, LazyPermutation):  # evaluated at the seen positions only
+    if isinstance(order, _LAZY):  # evaluated at the seen positions only
         pos = _seen(where, len(order), consumed_per_rank, world_size, batch_size, drop_last)
         return order.take(pos)
     arr = _order(where, order)
