@@ -15,7 +15,10 @@ imports, and the seconds taken:
   positions (``split_for_rank``: the rank's whole share), and at its first ``--batches``
   batches alone (``LazyPermutation.take``);
 - ``lazy-elastic``: after every rank yielded ``--batches`` batches, the plan of a rank of a
-  world 200 ranks smaller (elastic resume: the seen positions removed as runs).
+  world 200 ranks smaller (elastic resume: the seen positions removed as runs);
+- ``drawn-stream`` / ``lazy-stream-batches`` (not in the default modes): the two-level
+  shuffle's order (row groups of 8192 rows, pools of 16) drawn whole, or evaluated lazily
+  for the rank's first ``--batches`` batches, pool by pool.
 """
 
 from __future__ import annotations
@@ -60,6 +63,16 @@ elif mode == "lazy-elastic":  # resumed on world - 200 ranks after `batches` bat
     segment = Segment(world, batch, True, (batches * batch,) * world)
     plan = epoch_plan(order, [segment], rank=0, world_size=world - 200, batch_size=batch,
                       drop_last=True)
+    first = plan.indices[: batches * batch].copy()
+elif mode == "lazy-stream-batches":  # two-level: row groups of 8192 rows, pools of 16
+    from feedline.loader.order.sample_order import lazy_block_shuffle_order
+    batches = min(batches, n // (world * batch))
+    order = lazy_block_shuffle_order([8192] * (n // 8192), 0, 0, 16)
+    first = order.take(_positions(rank, batches * batch, world, batch))
+elif mode == "drawn-stream":
+    from feedline.loader.order.sample_order import block_shuffle_order
+    order = block_shuffle_order([8192] * (n // 8192), 0, 0, 16)
+    plan = split_for_rank(order, rank=rank, world_size=world, batch_size=batch, drop_last=True)
     first = plan.indices[: batches * batch].copy()
 else:
     batches = min(batches, n // (world * batch))  # drop_last=True: the epoch's batches

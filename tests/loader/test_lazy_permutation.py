@@ -15,11 +15,14 @@ from hypothesis import strategies as st
 import feedline as fl
 from feedline.errors import ConfigurationError
 from feedline.loader.order import sample_order
+from feedline.loader.order.lazy_block_order import LazyBlockOrder
 from feedline.loader.order.lazy_permutation import LazyPermutation
 from feedline.loader.order.resume import epoch_plan
 from feedline.loader.order.sample_order import (
+    block_shuffle_order,
     epoch_permutation,
     global_order,
+    lazy_block_shuffle_order,
     samples_seen,
     seen_runs,
     shuffle_quality,
@@ -302,3 +305,61 @@ def test_elastic_resume_of_a_billion_rows_stays_small() -> None:
     first = np.asarray(plan.batch(0))
     pos = 800 * 256_000 + 599 * 256 + np.arange(256)  # the old world's positions, shifted
     np.testing.assert_array_equal(first, order.take(pos))
+
+
+# --- the two-level shuffle's order, lazily: the same values pool by pool ---------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), max_size=40),
+    seed=SEEDS,
+    epoch=EPOCHS,
+    window=st.integers(1, 50),
+    data=st.data(),
+)
+def test_lazy_block_order_is_the_block_shuffle_order(
+    sizes: list[int], seed: int, epoch: int, window: int, data: st.DataObject
+) -> None:
+    whole = block_shuffle_order(sizes, seed, epoch, window)
+    lazy = lazy_block_shuffle_order(sizes, seed, epoch, window)
+    assert len(lazy) == whole.size
+    np.testing.assert_array_equal(np.asarray(lazy), whole)
+    if whole.size:
+        pos = data.draw(st.lists(st.integers(0, whole.size - 1), max_size=30))
+        np.testing.assert_array_equal(lazy.take(np.array(pos, dtype=np.int64)), whole[pos])
+
+
+def test_streaming_orders_over_the_threshold_are_lazy_and_unchanged(lazy_above_100: None) -> None:
+    sizes = [37] * 20  # 740 rows > 100
+    order = global_order(sizes, shuffle=True, seed=5, epoch=1, window=3)
+    assert isinstance(order, LazyBlockOrder)
+    whole = block_shuffle_order(sizes, 5, 1, 3)
+    for r in range(3):
+        kw = {"rank": r, "world_size": 3, "batch_size": 16, "drop_last": False}
+        np.testing.assert_array_equal(
+            split_for_rank(order, **kw).indices, split_for_rank(whole, **kw).indices
+        )
+    segment = Segment(3, 16, False, (64, 64, 48))
+    kw2 = {"rank": 1, "world_size": 2, "batch_size": 8, "drop_last": True}
+    np.testing.assert_array_equal(
+        epoch_plan(order, [segment], **kw2).indices, epoch_plan(whole, [segment], **kw2).indices
+    )
+
+
+def test_a_streaming_loader_serves_the_same_batches_from_the_lazy_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = np.arange(600, dtype=np.int64)
+    fl.from_arrow(pa.table({"id": ids})).write(tmp_path / "ds", row_group_rows=40)
+    ds = fl.open(tmp_path / "ds")
+    kw = {"batch_size": 16, "seed": 2, "world_size": 2, "rank": 0, "format": "numpy"}
+
+    def batches() -> list[np.ndarray]:
+        loader = ds.loader(**kw, cache="none", shuffle_window=3, prefetch=0)
+        return [b["id"] for b in loader]
+
+    drawn = batches()
+    monkeypatch.setattr(sample_order, "LAZY_ROWS", 100)
+    lazy = batches()
+    assert len(drawn) == len(lazy) and all((a == b).all() for a, b in zip(drawn, lazy, strict=True))

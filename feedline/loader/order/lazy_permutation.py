@@ -143,7 +143,9 @@ class LazyPermutation:
 class LazyRemaining:
     """A lazy order with some of its positions removed: what an elastic resume still serves.
 
-    ``base`` is a :class:`LazyPermutation` (or another ``LazyRemaining``); ``runs`` are the
+    ``base`` is a lazy order (:class:`LazyPermutation`, another ``LazyRemaining``, a
+    :class:`~feedline.loader.order.lazy_block_order.LazyBlockOrder`: anything with ``take``
+    and ``len``); ``runs`` are the
     removed positions of ``base``, as ``(start, length)`` pairs (any order, may touch). The
     ``k``-th remaining position is found by a binary search over the runs, so memory is
     proportional to the number of runs (a few per rank after a lock-step checkpoint), not
@@ -157,7 +159,7 @@ class LazyRemaining:
     (5, True)
     """
 
-    def __init__(self, base: LazyPermutation | LazyRemaining, runs: Sequence[tuple[int, int]]):
+    def __init__(self, base: Any, runs: Sequence[tuple[int, int]]) -> None:
         self.base = base
         n = len(base)
         spans = sorted((max(0, s), min(n, s + length)) for s, length in runs if length > 0)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.order.lazy_block_order import LazyBlockOrder
 from feedline.loader.order.lazy_permutation import LazyPermutation, LazyRemaining
 from feedline.loader.order.sample_order import (
     EpochPlan,
@@ -52,7 +53,7 @@ def remaining_after(order: Order, segment: Segment) -> Order:
     >>> remaining_after(np.arange(8), Segment(2, 2, True, (2, 0))).tolist()
     [2, 3, 4, 5, 6, 7]
     """
-    if isinstance(order, LazyPermutation | LazyRemaining):
+    if isinstance(order, LazyPermutation | LazyRemaining | LazyBlockOrder):
         return LazyRemaining(order, seen_runs(
             len(order), consumed_per_rank=segment.consumed, world_size=segment.world_size,
             batch_size=segment.batch_size, drop_last=segment.drop_last,

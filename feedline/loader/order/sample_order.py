@@ -18,6 +18,7 @@ import numpy as np
 
 from feedline.errors import ConfigurationError
 from feedline.loader.checks import checked_int
+from feedline.loader.order.lazy_block_order import LazyBlockOrder
 from feedline.loader.order.lazy_permutation import LazyPermutation, LazyRemaining
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "elastic_split",
     "epoch_permutation",
     "global_order",
+    "lazy_block_shuffle_order",
     "resume_order",
     "samples_seen",
     "seen_runs",
@@ -47,8 +49,8 @@ LAZY_ROWS = 1 << 26
 
 #: an epoch's global order: drawn (an int64 array) or evaluated lazily per position (after
 #: an elastic resume: the lazy order less the positions seen)
-Order = np.ndarray | LazyPermutation | LazyRemaining
-_LAZY = (LazyPermutation, LazyRemaining)
+Order = np.ndarray | LazyPermutation | LazyRemaining | LazyBlockOrder
+_LAZY = (LazyPermutation, LazyRemaining, LazyBlockOrder)
 
 # Domain-separation tags mixed into the seed, so the streams of different uses never coincide.
 _EXACT, _GROUPS, _POOL = 0, 1, 2
@@ -222,7 +224,31 @@ def global_order(
         return LazyPermutation(total, *_key("global_order", seed, epoch))
     if window is None:
         return epoch_permutation(total, seed, epoch)
+    if total > LAZY_ROWS:
+        return lazy_block_shuffle_order(row_group_sizes, seed, epoch, window)
     return block_shuffle_order(row_group_sizes, seed, epoch, window)
+
+
+def lazy_block_shuffle_order(
+    row_group_sizes: Sequence[int], seed: int, epoch: int, window: int
+) -> LazyBlockOrder:
+    """:func:`block_shuffle_order`, value for value, evaluated lazily pool by pool (memory:
+    the row groups' ids and one pool's rows; see
+    :mod:`~feedline.loader.order.lazy_block_order`).
+
+    Examples
+    --------
+    >>> lazy = lazy_block_shuffle_order([3, 2, 0, 4], 7, 3, 2)
+    >>> lazy.take(range(9)).tolist() == block_shuffle_order([3, 2, 0, 4], 7, 3, 2).tolist()
+    True
+    """
+    pools = block_shuffle_pools(row_group_sizes, seed, epoch, window)
+    s, e = int(seed), int(epoch)
+
+    def shuffle_pool(i: int, rows: np.ndarray) -> None:  # as block_shuffle_order draws it
+        _rng(s, e, _POOL, i).shuffle(rows)
+
+    return LazyBlockOrder(_sizes("block_shuffle_order", row_group_sizes), pools, shuffle_pool)
 
 
 def _num_batches(where: str, n: int, world_size: int, batch_size: int, drop_last: bool) -> int:
