@@ -75,8 +75,10 @@ def memory_available() -> int:
     return max(0, room)
 
 
-def cgroup_memory() -> list[CgroupMemory]:
+def cgroup_memory(proc: str | os.PathLike[str] = "/proc/self") -> list[CgroupMemory]:
     """This process's memory cgroups, its own first then its ancestors (empty off Linux).
+
+    ``proc`` is the ``/proc/<pid>`` folder whose ``cgroup`` and ``mountinfo`` are read.
 
     Examples
     --------
@@ -84,7 +86,7 @@ def cgroup_memory() -> list[CgroupMemory]:
     True
     """
     out = []
-    for folder, version in _cgroup_folders():
+    for folder, version in _cgroup_folders(Path(proc)):
         with contextlib.suppress(OSError, ValueError):
             out.append(_read_group(folder, version))
     return out
@@ -121,11 +123,11 @@ def _read_group(folder: Path, version: int) -> CgroupMemory:
     return CgroupMemory(folder, limit, max(0, used - inactive))
 
 
-def _cgroup_folders() -> Iterator[tuple[Path, int]]:
+def _cgroup_folders(proc: Path) -> Iterator[tuple[Path, int]]:
     """Folders of this process's memory cgroup and its ancestors, with the cgroup version."""
     try:
-        groups = Path("/proc/self/cgroup").read_text().splitlines()
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        groups = (proc / "cgroup").read_text().splitlines()
+        mounts = (proc / "mountinfo").read_text().splitlines()
     except OSError:
         return
     own = {}
