@@ -363,3 +363,24 @@ def test_a_streaming_loader_serves_the_same_batches_from_the_lazy_order(
     monkeypatch.setattr(sample_order, "LAZY_ROWS", 100)
     lazy = batches()
     assert len(drawn) == len(lazy) and all((a == b).all() for a, b in zip(drawn, lazy, strict=True))
+
+
+def test_an_earlier_state_of_a_lazy_sized_exact_shuffle_is_refused_mid_epoch(
+    lazy_above_100: None, tmp_path: Path
+) -> None:
+    fl.from_arrow(pa.table({"id": np.arange(300, dtype=np.int64)})).write(tmp_path / "ds")
+    ds = fl.open(tmp_path / "ds")
+    kw = {"batch_size": 10, "seed": 1, "format": "numpy", "prefetch": 0, "cache": "memory"}
+    loader = ds.loader(**kw)
+    iterator = iter(loader)
+    next(iterator)
+    iterator.close()
+    state = loader.state_dict()
+    assert state["version"] == 3
+    ds.loader(**kw).load_state_dict(state)  # this version's state resumes
+    with pytest.raises(ConfigurationError, match=r"another \(lazily evaluated\) permutation"):
+        ds.loader(**kw).load_state_dict({**state, "version": 2})
+    boundary = {**state, "version": 2, "batches": 0, "epoch": 1}
+    resumed = ds.loader(**kw)
+    resumed.load_state_dict(boundary)  # at an epoch boundary the order is this version's
+    assert len(list(resumed)) == 30

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.order import sample_order
 from feedline.loader.order.lazy_block_order import LazyBlockOrder
 from feedline.loader.order.lazy_permutation import LazyPermutation, LazyRemaining
 from feedline.loader.order.sample_order import (
@@ -202,7 +203,21 @@ def restore(
                 f"{name}={saved[name]!r} (or leave {name} unset to adopt the checkpoint's), or "
                 "start the epoch over without the state."
             )
-    if streaming and ref.shuffle_window is None and ref.shuffle:
+    exact = ref.shuffle and ref.shuffle_window is None
+    if (
+        exact
+        and ref.version < 3
+        and num_samples > sample_order.LAZY_ROWS
+        and (ref.batches or ref.history)
+    ):
+        raise ConfigurationError(
+            f"The loader state (version {ref.version}) was taken mid-epoch {ref.epoch} of an "
+            f"exact shuffle over {num_samples} rows; this feedline shuffles more than "
+            f"{sample_order.LAZY_ROWS} rows with another (lazily evaluated) permutation, so its "
+            "positions would name other samples. Fix: finish this epoch with the feedline that "
+            f"saved the state, or start epoch {ref.epoch + 1} (loader.set_epoch) without it."
+        )
+    if streaming and exact:
         raise ConfigurationError(
             "The loader state was taken with an exact in-memory shuffle, but this loader "
             "streams (the data is over memory_budget). Fix: pass cache='memory' or a larger "
