@@ -41,6 +41,7 @@ from feedline.loader.adapters.torch import import_torch
 from feedline.loader.adapters.torch_dataset import torch_dataloader, torch_dataset
 from feedline.loader.data.backend import Backend, LoaderInput, as_source, open_backend
 from feedline.loader.data.fingerprint import data_fingerprint
+from feedline.loader.data.memory_budget import resolve_budget
 from feedline.loader.data.shard_cache import default_cache_dir
 from feedline.loader.data.windows import window_copier
 from feedline.loader.nodes.gather import Gather
@@ -128,8 +129,9 @@ class Loader:
         self.seed = 0 if o.seed is None else o.seed
         self.drop_last = self.shuffle if o.drop_last is None else o.drop_last
         self.columns, self.cache, self.format = o.columns, o.cache, o.format
-        # sizes come in bytes (LoaderOptions parses "2GB")
-        self.memory_budget, self.cache_limit = cast(int, o.memory_budget), cast(int, o.cache_limit)
+        # sizes come in bytes (LoaderOptions parses "2GB"); "auto" is this process's memory
+        self.memory_budget = resolve_budget(o.memory_budget)
+        self.cache_limit = cast(int, o.cache_limit)
         self.return_padding_mask = o.return_padding_mask
         self.pad_last = o.pad_last or o.return_padding_mask
         self.pin_memory = o.pin_memory and can_pin(o.format, stacklevel=5)
@@ -537,7 +539,7 @@ class Loader:
             fingerprint=self._fingerprint, check_dataset=check_dataset,
             seed=self.options.seed if "seed" in given else None,
             shuffle=self.options.shuffle if "shuffle" in given else None,
-            window=self._requested_window,
+            window=backend.clamped_window or self._requested_window,
         )  # fmt: skip
         self._close_active()
         self.seed, self.shuffle, backend.window = at.seed, at.shuffle, at.window

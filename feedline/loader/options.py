@@ -137,9 +137,13 @@ class LoaderOptions:
         CUDA device is present).
     shuffle_window:
         Row groups per pool of the two-level shuffle. Default: exact permutation when cached,
-        as many groups as fit a third of ``memory_budget`` when streaming.
+        as many groups as fit a third of ``memory_budget`` when streaming; a larger one is
+        lowered to that (an INFO line says so), so the pools stay within the budget.
     memory_budget:
-        Bytes (or ``"2GB"``) the loader may hold. ``cache="auto"`` caches the columns when
+        Bytes (or ``"2GB"``) the loader may hold. Default ``"auto"``: 2 GB, or a quarter of
+        the memory this process may still use when that is less (its memory cgroup's limit
+        less its usage, cgroup v1 or v2: a container's limit counts; see
+        :mod:`feedline.loader.data.memory_budget`). ``cache="auto"`` caches the columns when
         their estimate fits it, else streams with the two-level shuffle (an INFO log line and
         ``stats()["shuffle_mode"]`` say so; ``cache="node"`` or a larger budget keep the exact
         shuffle). A batch, and a streamed row group, must fit it (checked before anything is
@@ -255,7 +259,7 @@ class LoaderOptions:
     format: str = "torch"
     pin_memory: bool = False
     shuffle_window: int | None = None
-    memory_budget: int | str = "2GB"
+    memory_budget: int | str = "auto"
     windows: Windows | None = None
     _: KW_ONLY
     strings: str = "raise"
@@ -304,7 +308,8 @@ class LoaderOptions:
             )
         if isinstance(columns, str):
             keep(self, "columns", [columns])
-        keep(self, "memory_budget", parse_bytes(self.memory_budget))
+        if self.memory_budget != "auto":  # "auto" depends on this process: the Loader's
+            keep(self, "memory_budget", parse_bytes(self.memory_budget))
         keep(self, "cache_limit", parse_bytes(self.cache_limit))
         cache_dir = self.cache_dir
         if not isinstance(cache_dir, bool) and cache_dir is not None and not os.fspath(cache_dir):

@@ -114,6 +114,10 @@ class Backend:
     reason:
         Why the data is held this way (``cache=`` asked for it, or what ``"auto"`` decided
         from the estimate and the budget): ``Loader.stats()["shuffle_reason"]``.
+    clamped_window:
+        The window a ``shuffle_window`` too large for the budget was lowered to (``None``
+        when it was not): a checkpoint of this loader records it, so restoring with the same
+        options compares against it.
     """
 
     mode: str
@@ -126,6 +130,7 @@ class Backend:
     #: the batch keys, blocks and columns (``None`` for windows)
     packing: Packing | None = None
     reason: str = ""
+    clamped_window: int | None = None
 
     @property
     def num_samples(self) -> int:
@@ -303,9 +308,19 @@ def open_backend(
         assert layout is not None  # a computed dataset was refused above
         sizes = layout.row_group_sizes
         _check_group_bytes(packing.row_bytes, sizes, budget)
+        group_bytes, clamped = max(1, packing.row_bytes * max(sizes, default=1)), None
+        fit = max(1, min(len(sizes), budget // (STREAM_POOLS * group_bytes)))
         if window is None:
-            group_bytes = max(1, packing.row_bytes * max(sizes, default=1))
-            window = max(1, min(len(sizes), budget // (STREAM_POOLS * group_bytes)))
+            window = fit
+        elif window > fit and window * group_bytes * STREAM_POOLS > budget:
+            logger.info(
+                "Loader: shuffle_window=%d row groups of up to %s each, %d pools held at once, "
+                "would hold %s, over memory_budget=%s: the window is %d row groups. Fix: pass "
+                "a larger memory_budget for a larger window.", window, _readable(group_bytes),
+                STREAM_POOLS, _readable(window * group_bytes * STREAM_POOLS), _readable(budget),
+                fit,
+            )  # fmt: skip
+            window = clamped = fit
         if cache == "none":
             reason = "cache='none' streams row groups"
         else:
@@ -320,7 +335,7 @@ def open_backend(
                 reason, window,
             )  # fmt: skip
         return Backend("none", layout, sizes, window, specs, shards=shards, packing=packing,
-                       reason=reason)  # fmt: skip
+                       reason=reason, clamped_window=clamped)  # fmt: skip
     if shards is not None:  # downloads overlap decoding: each shard loads once it arrives
         assert layout is not None  # a shard cache serves a layout's files
         shards.schedule(range(len(layout.files)))

@@ -32,9 +32,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
-from feedline.loader.order.sample_order import global_order
+from feedline.loader.order.sample_order import Order, global_order
 
 __all__ = ["MIN_ROWS", "OrderAhead"]
 
@@ -45,19 +43,19 @@ MIN_ROWS = 100_000
 class _Draw:
     """One order drawn in its own (non-daemon, short-lived) thread."""
 
-    def __init__(self, draw: Callable[[], np.ndarray]) -> None:
-        self._result: np.ndarray | None = None
+    def __init__(self, draw: Callable[[], Order]) -> None:
+        self._result: Order | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(draw,), name="feedline-order")
         self._thread.start()
 
-    def _run(self, draw: Callable[[], np.ndarray]) -> None:
+    def _run(self, draw: Callable[[], Order]) -> None:
         try:
             self._result = draw()
         except BaseException as exc:  # noqa: BLE001 - re-raised where the order is asked for
             self._error = exc
 
-    def result(self) -> np.ndarray:
+    def result(self) -> Order:
         self._thread.join()
         if self._error is not None:
             raise self._error
@@ -86,11 +84,11 @@ class OrderAhead:
         self._lock = threading.Lock()
         self._ahead: tuple[tuple[Any, ...], _Draw] | None = None
 
-    def _draw(self, key: tuple[Any, ...]) -> np.ndarray:
+    def _draw(self, key: tuple[Any, ...]) -> Order:
         shuffle, seed, epoch, window = key
         return global_order(self.sizes, shuffle=shuffle, seed=seed, epoch=epoch, window=window)
 
-    def get(self, *, shuffle: bool, seed: int, epoch: int, window: int | None) -> np.ndarray:
+    def get(self, *, shuffle: bool, seed: int, epoch: int, window: int | None) -> Order:
         """Epoch ``epoch``'s order: the one drawn ahead if it matches, else drawn now."""
         key = (bool(shuffle), seed, epoch, window)
         with self._lock:

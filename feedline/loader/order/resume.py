@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.order.sample_order import EpochPlan, samples_seen, split_for_rank
+from feedline.loader.order import sample_order
+from feedline.loader.order.lazy_block_order import LazyBlockOrder
+from feedline.loader.order.lazy_permutation import LazyPermutation, LazyRemaining
+from feedline.loader.order.sample_order import (
+    EpochPlan,
+    Order,
+    samples_seen,
+    seen_runs,
+    split_for_rank,
+)
 from feedline.loader.order.state import (
     Segment,
     State,
@@ -33,14 +42,23 @@ from feedline.loader.order.state import (
 __all__ = ["Position", "epoch_plan", "merge_states", "remaining_after", "restore"]
 
 
-def remaining_after(order: np.ndarray, segment: Segment) -> np.ndarray:
+def remaining_after(order: Order, segment: Segment) -> Order:
     """The samples of ``order`` that no rank of ``segment`` yielded, in global order.
+
+    A lazy order (:mod:`~feedline.loader.order.lazy_permutation`) stays lazy: the seen
+    positions are removed as runs (:func:`~feedline.loader.order.sample_order.seen_runs`),
+    in memory for the ranks, not the rows.
 
     Examples
     --------
     >>> remaining_after(np.arange(8), Segment(2, 2, True, (2, 0))).tolist()
     [2, 3, 4, 5, 6, 7]
     """
+    if isinstance(order, LazyPermutation | LazyRemaining | LazyBlockOrder):
+        return LazyRemaining(order, seen_runs(
+            len(order), consumed_per_rank=segment.consumed, world_size=segment.world_size,
+            batch_size=segment.batch_size, drop_last=segment.drop_last,
+        ))  # fmt: skip
     seen = samples_seen(
         order,
         consumed_per_rank=segment.consumed,
@@ -55,7 +73,7 @@ def remaining_after(order: np.ndarray, segment: Segment) -> np.ndarray:
 
 
 def epoch_plan(
-    order: np.ndarray,
+    order: Order,
     segments: Sequence[Segment],
     *,
     rank: int,
@@ -185,7 +203,21 @@ def restore(
                 f"{name}={saved[name]!r} (or leave {name} unset to adopt the checkpoint's), or "
                 "start the epoch over without the state."
             )
-    if streaming and ref.shuffle_window is None and ref.shuffle:
+    exact = ref.shuffle and ref.shuffle_window is None
+    if (
+        exact
+        and ref.version < 3
+        and num_samples > sample_order.LAZY_ROWS
+        and (ref.batches or ref.history)
+    ):
+        raise ConfigurationError(
+            f"The loader state (version {ref.version}) was taken mid-epoch {ref.epoch} of an "
+            f"exact shuffle over {num_samples} rows; this feedline shuffles more than "
+            f"{sample_order.LAZY_ROWS} rows with another (lazily evaluated) permutation, so its "
+            "positions would name other samples. Fix: finish this epoch with the feedline that "
+            f"saved the state, or start epoch {ref.epoch + 1} (loader.set_epoch) without it."
+        )
+    if streaming and exact:
         raise ConfigurationError(
             "The loader state was taken with an exact in-memory shuffle, but this loader "
             "streams (the data is over memory_budget). Fix: pass cache='memory' or a larger "

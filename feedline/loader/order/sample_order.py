@@ -18,20 +18,39 @@ import numpy as np
 
 from feedline.errors import ConfigurationError
 from feedline.loader.checks import checked_int
+from feedline.loader.order.lazy_block_order import LazyBlockOrder
+from feedline.loader.order.lazy_permutation import LazyPermutation, LazyRemaining
 
 __all__ = [
+    "LAZY_ROWS",
     "EpochPlan",
+    "Order",
     "block_shuffle_order",
     "block_shuffle_pools",
     "elastic_split",
     "epoch_permutation",
     "global_order",
+    "lazy_block_shuffle_order",
     "resume_order",
     "samples_seen",
+    "seen_runs",
     "sequential_order",
     "shuffle_quality",
     "split_for_rank",
 ]
+
+#: exact shuffles of more rows than this use the lazily evaluated
+#: :class:`~feedline.loader.order.lazy_permutation.LazyPermutation` (a rank evaluates only its
+#: own positions: memory for its share, not ``8 * num_rows`` bytes per order array); smaller
+#: ones keep :func:`epoch_permutation`, so the orders of every dataset below this size are
+#: those of earlier releases (and their checkpoints resume exactly). 2**26 rows: a drawn
+#: order of 512 MiB.
+LAZY_ROWS = 1 << 26
+
+#: an epoch's global order: drawn (an int64 array) or evaluated lazily per position (after
+#: an elastic resume: the lazy order less the positions seen)
+Order = np.ndarray | LazyPermutation | LazyRemaining | LazyBlockOrder
+_LAZY = (LazyPermutation, LazyRemaining, LazyBlockOrder)
 
 # Domain-separation tags mixed into the seed, so the streams of different uses never coincide.
 _EXACT, _GROUPS, _POOL = 0, 1, 2
@@ -74,6 +93,7 @@ def _int(where: str, name: str, value: Any, minimum: int, fix: str) -> int:
 
 
 def _order(where: str, order: Any) -> np.ndarray:
+    """``order`` as an int64 array (a lazy permutation drawn whole: O(n) memory)."""
     arr = np.asarray(order)
     if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
         raise ConfigurationError(
@@ -183,11 +203,14 @@ def block_shuffle_order(
 
 def global_order(
     row_group_sizes: Sequence[int], *, shuffle: bool, seed: int, epoch: int, window: int | None
-) -> np.ndarray:
+) -> Order:
     """Return the epoch's global order over all rows of the given row groups.
 
     ``shuffle=False`` gives :func:`sequential_order`, ``window=None`` the exact
-    :func:`epoch_permutation`, ``window=k`` the two-level :func:`block_shuffle_order`.
+    :func:`epoch_permutation` (over :data:`LAZY_ROWS` rows: the exact, lazily evaluated
+    :class:`~feedline.loader.order.lazy_permutation.LazyPermutation`, which
+    :func:`split_for_rank` evaluates at the rank's positions only), ``window=k`` the
+    two-level :func:`block_shuffle_order`.
 
     Examples
     --------
@@ -197,9 +220,35 @@ def global_order(
     total = int(_sizes("global_order", row_group_sizes).sum())
     if not shuffle:
         return sequential_order(total)
+    if window is None and total > LAZY_ROWS:
+        return LazyPermutation(total, *_key("global_order", seed, epoch))
     if window is None:
         return epoch_permutation(total, seed, epoch)
+    if total > LAZY_ROWS:
+        return lazy_block_shuffle_order(row_group_sizes, seed, epoch, window)
     return block_shuffle_order(row_group_sizes, seed, epoch, window)
+
+
+def lazy_block_shuffle_order(
+    row_group_sizes: Sequence[int], seed: int, epoch: int, window: int
+) -> LazyBlockOrder:
+    """:func:`block_shuffle_order`, value for value, evaluated lazily pool by pool (memory:
+    the row groups' ids and one pool's rows; see
+    :mod:`~feedline.loader.order.lazy_block_order`).
+
+    Examples
+    --------
+    >>> lazy = lazy_block_shuffle_order([3, 2, 0, 4], 7, 3, 2)
+    >>> lazy.take(range(9)).tolist() == block_shuffle_order([3, 2, 0, 4], 7, 3, 2).tolist()
+    True
+    """
+    pools = block_shuffle_pools(row_group_sizes, seed, epoch, window)
+    s, e = int(seed), int(epoch)
+
+    def shuffle_pool(i: int, rows: np.ndarray) -> None:  # as block_shuffle_order draws it
+        _rng(s, e, _POOL, i).shuffle(rows)
+
+    return LazyBlockOrder(_sizes("block_shuffle_order", row_group_sizes), pools, shuffle_pool)
 
 
 def _num_batches(where: str, n: int, world_size: int, batch_size: int, drop_last: bool) -> int:
@@ -223,8 +272,10 @@ def _split(
     drop_last: bool,
     pad_last: bool = True,
 ) -> EpochPlan:
-    arr = _order(where, order)
-    num_batches = _num_batches(where, arr.size, world_size, batch_size, drop_last)
+    lazy = order if isinstance(order, _LAZY) else None
+    arr = _order(where, order) if lazy is None else np.zeros(0, dtype=np.int64)
+    n = arr.size if lazy is None else len(lazy)
+    num_batches = _num_batches(where, n, world_size, batch_size, drop_last)
     r = _int(where, "rank", rank, 0, "pass this process's rank, 0 <= rank < world_size.")
     if r >= world_size:
         raise ConfigurationError(
@@ -236,26 +287,30 @@ def _split(
     if total == 0:
         empty = np.zeros(0, dtype=np.int64)
         return EpochPlan(empty, np.zeros(0, dtype=bool), 0, int(batch_size))
-    # the _positions layout as a strided view: step k of the global order holds every rank's
-    # k-th batch; padding repeats the order cyclically (np.resize), as arr[pos % arr.size]
-    full = arr[:total] if total <= arr.size else np.resize(arr, total)
     steps = (num_batches, world_size, batch_size)
-    indices = full.reshape(steps)[:, r, :].reshape(-1)  # a view when world_size == 1
-    if total <= arr.size:
-        padded = np.zeros(indices.size, dtype=bool)
+    if lazy is not None:  # evaluated at this rank's positions only: memory for its share
+        pos = _positions(r, num_batches * int(batch_size), world_size, batch_size)
+        indices, padded = lazy.take(pos % n), pos >= n
     else:
-        padded = (np.arange(total).reshape(steps)[:, r, :] >= arr.size).reshape(-1)
-        if not pad_last:  # the repeats all sit at the end of the rank's last batch: cut them,
-            # but one, when the batch holds nothing else (an empty batch breaks a training
-            # step: the mean of a loss over no sample is NaN; DDP needs every rank's step)
-            real = int(indices.size - np.count_nonzero(padded))
-            keep = max(real, (num_batches - 1) * int(batch_size) + 1)
-            indices, padded = indices[:keep], padded[:keep]
+        # the _positions layout as a strided view: step k of the global order holds every
+        # rank's k-th batch; padding repeats the order cyclically (np.resize), as
+        # arr[pos % arr.size]
+        full = arr[:total] if total <= n else np.resize(arr, total)
+        indices = full.reshape(steps)[:, r, :].reshape(-1)  # a view when world_size == 1
+        padded = np.zeros(indices.size, dtype=bool)
+        if total > n:
+            padded = (np.arange(total).reshape(steps)[:, r, :] >= n).reshape(-1)
+    if total > n and not pad_last:  # the repeats all sit at the end of the rank's last
+        # batch: cut them, but one, when the batch holds nothing else (an empty batch breaks
+        # a training step: the mean of a loss over no sample is NaN; DDP needs every rank's)
+        real = int(indices.size - np.count_nonzero(padded))
+        keep = max(real, (num_batches - 1) * int(batch_size) + 1)
+        indices, padded = indices[:keep], padded[:keep]
     return EpochPlan(indices, padded, num_batches, int(batch_size))
 
 
 def split_for_rank(
-    order: np.ndarray,
+    order: Order,
     *,
     rank: int,
     world_size: int,
@@ -309,15 +364,17 @@ def resume_order(order: np.ndarray, *, consumed_global: int) -> np.ndarray:
     return _order("resume_order", order)[c:]
 
 
-def _seen(where: str, n: int, counts: Sequence[int], world: int, bs: int, drop: bool) -> np.ndarray:
-    """Sorted global-order positions (< n, so padding excluded) already yielded by the ranks."""
+def _counts(
+    where: str, n: int, counts: Sequence[int], world: int, bs: int, drop: bool
+) -> list[int]:
+    """The old ranks' sample counts, checked against their layout's share."""
     share = _num_batches(where, n, world, bs, drop) * bs
     if len(counts) != world:
         raise ConfigurationError(
             f"{where}: consumed_per_rank has {len(counts)} entries but the world had {world} "
             "ranks. Fix: pass one count per old rank, in rank order."
         )
-    parts = [np.zeros(0, dtype=np.int64)]
+    out = []
     for r, c in enumerate(counts):
         count = _int(where, f"consumed_per_rank[{r}]", c, 0, "pass sample counts >= 0.")
         if count > share:
@@ -326,13 +383,50 @@ def _seen(where: str, n: int, counts: Sequence[int], world: int, bs: int, drop: 
                 f"samples (batch_size={bs}, world_size={world}, drop_last={drop}). Fix: pass the "
                 "old world's layout and the counts of this epoch."
             )
-        parts.append(_positions(r, count, world, bs))
+        out.append(count)
+    return out
+
+
+def _seen(where: str, n: int, counts: Sequence[int], world: int, bs: int, drop: bool) -> np.ndarray:
+    """Sorted global-order positions (< n, so padding excluded) already yielded by the ranks."""
+    checked = _counts(where, n, counts, world, bs, drop)
+    parts = [np.zeros(0, dtype=np.int64)]
+    parts += [_positions(r, count, world, bs) for r, count in enumerate(checked)]
     pos = np.sort(np.concatenate(parts))
     return pos[pos < n]
 
 
+def seen_runs(
+    num_rows: int,
+    *,
+    consumed_per_rank: Sequence[int],
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+) -> list[tuple[int, int]]:
+    """The positions :func:`samples_seen` covers, as ``(start, length)`` runs (padding
+    positions, ``>= num_rows``, included: a consumer clips them): the batches every rank
+    yielded are one run from 0, then one run per batch a rank yielded beyond the others.
+    Memory is ``O(world_size)`` after a lock-step checkpoint, whatever ``num_rows``.
+
+    Examples
+    --------
+    >>> seen_runs(100, consumed_per_rank=[6, 4], world_size=2, batch_size=2, drop_last=True)
+    [(0, 8), (8, 2)]
+    """
+    where, b = "seen_runs", int(batch_size)
+    counts = _counts(where, num_rows, consumed_per_rank, world_size, b, drop_last)
+    step = world_size * b
+    common = min((c // b for c in counts), default=0)  # batches every rank yielded
+    runs = [(0, common * step)] if common else []
+    for r, c in enumerate(counts):
+        for k in range(common, -(-c // b)):
+            runs.append((k * step + r * b, min(b, c - k * b)))
+    return runs
+
+
 def samples_seen(
-    order: np.ndarray,
+    order: Order,
     *,
     consumed_per_rank: Sequence[int],
     world_size: int,
@@ -351,7 +445,11 @@ def samples_seen(
     ...              drop_last=True).tolist()
     [9, 8]
     """
-    arr, where = _order("samples_seen", order), "samples_seen"
+    where = "samples_seen"
+    if isinstance(order, _LAZY):  # evaluated at the seen positions only
+        pos = _seen(where, len(order), consumed_per_rank, world_size, batch_size, drop_last)
+        return order.take(pos)
+    arr = _order(where, order)
     return arr[_seen(where, arr.size, consumed_per_rank, world_size, batch_size, drop_last)]
 
 

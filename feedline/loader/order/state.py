@@ -13,6 +13,11 @@ has a fingerprint of its own: see :mod:`feedline.loader.data.fingerprint`). A st
 one (version 1, or ``None``) names no dataset, so it is refused unless the caller opts in
 (``Loader.load_state_dict(state, check_dataset=False)``); its sample count is still checked.
 
+Version 3 has the keys of 2; it marks the exact shuffle of more than
+:data:`~feedline.loader.order.sample_order.LAZY_ROWS` rows as the lazily evaluated permutation
+(earlier versions drew another one): a version 1 or 2 state of such a dataset taken mid-epoch
+is refused (:func:`~feedline.loader.order.resume.restore`), one at an epoch boundary resumes.
+
 Counts (``epoch``, ``batches``, ``num_samples``, ``batch_size``, ``shuffle_window``, a
 segment's ``consumed``) are ints in ``[0, MAX_COUNT]`` (``2**62 - 1``).
 """
@@ -40,7 +45,7 @@ __all__ = [
     "remaining_samples",
 ]
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 #: more ranks than any training job has; bounds the per-rank lists a state implies
 MAX_WORLD_SIZE = 1 << 20
 _KEYS: dict[int, tuple[str, ...]] = {
@@ -48,6 +53,7 @@ _KEYS: dict[int, tuple[str, ...]] = {
         "shuffle", "shuffle_window", "num_samples", "history"),
 }  # fmt: skip
 _KEYS[2] = (*_KEYS[1], "fingerprint")
+_KEYS[3] = _KEYS[2]
 _SEGMENT_KEYS = ("world_size", "batch_size", "drop_last", "consumed")
 _UNCHANGED = (
     "pass the dict Loader.state_dict() returned, unchanged (a JSON or torch.save round trip "
@@ -138,6 +144,8 @@ class State:
     num_samples: int
     history: tuple[Segment, ...]
     fingerprint: str | None
+    #: the version it was written with (:data:`STATE_VERSION` for a new one)
+    version: int = STATE_VERSION
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-safe dict ``Loader.state_dict()`` returns.
@@ -198,6 +206,7 @@ class State:
             num_samples=_int(doc["num_samples"], "num_samples", 0),
             history=tuple(Segment.from_dict(h, f"history[{i}].") for i, h in enumerate(history)),
             fingerprint=fingerprint,
+            version=int(version),
         )
 
 

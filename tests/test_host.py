@@ -1,0 +1,56 @@
+"""feedline.host: memory cgroups found through mountinfo (v1, v2, a container's own view),
+each ancestor's limit, the working set without the droppable page cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from feedline.host import CgroupMemory, cgroup_memory, memory_available, memory_room
+
+
+def _files(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_cgroup_v2_in_a_container_reads_the_group_and_its_ancestors(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"  # mounted at the pod's cgroup (a cgroup namespace's view)
+    _files(tmp_path / "proc", {
+        "cgroup": "0::/kubepods/pod1/c1\n",
+        "mountinfo": f"30 20 0:26 /kubepods/pod1 {cg} rw,relatime - cgroup2 cgroup2 rw\n",
+    })  # fmt: skip
+    _files(cg, {
+        "cgroup.controllers": "cpu io memory pids\n",
+        "memory.max": "1000000\n", "memory.current": "500000\n",
+        "memory.stat": "anon 300000\ninactive_file 100000\n",
+        "c1/memory.max": "max\n", "c1/memory.current": "120\n", "c1/memory.stat": "",
+    })  # fmt: skip
+    assert cgroup_memory(tmp_path / "proc") == [
+        CgroupMemory(cg / "c1", None, 120),
+        CgroupMemory(cg, 1_000_000, 400_000),  # usage less the inactive page cache
+    ]
+
+
+def test_cgroup_v1_with_the_container_root_mounted(tmp_path: Path) -> None:
+    mem = tmp_path / "memory"
+    _files(tmp_path / "proc", {
+        "cgroup": "5:cpu:/docker/abc\n4:memory:/docker/abc\n0::/\n",
+        "mountinfo": (
+            f"35 31 0:32 /docker/abc {mem} rw,relatime - cgroup cgroup rw,memory\n"
+            f"36 31 0:33 /docker/abc {tmp_path}/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+        ),
+    })  # fmt: skip
+    _files(mem, {
+        "memory.limit_in_bytes": "629145600\n", "memory.usage_in_bytes": "300000000\n",
+        "memory.stat": "total_rss 100000000\ntotal_inactive_file 50000000\n",
+    })  # fmt: skip
+    assert cgroup_memory(tmp_path / "proc") == [CgroupMemory(mem, 629_145_600, 250_000_000)]
+    _files(mem, {"memory.limit_in_bytes": "9223372036854771712\n"})  # v1's unlimited
+    assert cgroup_memory(tmp_path / "proc")[0].limit is None
+
+
+def test_no_cgroup_files_mean_no_limits(tmp_path: Path) -> None:
+    assert cgroup_memory(tmp_path / "nothing") == []
+    assert 0 <= memory_available() <= memory_room()
