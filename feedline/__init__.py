@@ -36,6 +36,7 @@ _logging.getLogger("feedline").addHandler(_logging.NullHandler())
 if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from feedline import charts, preprocess, tracking
     from feedline.dataset.dataset import Dataset
+    from feedline.dataset.mix import mix
     from feedline.dataset.from_memory import (
         from_arrow,
         from_dict,
@@ -136,6 +137,7 @@ _LAZY: dict[str, str] = {
     "from_spark": "feedline.dataset.from_memory",
     "get_engine": "feedline.engines.protocol",
     "history": "feedline.store.versions",
+    "mix": "feedline.dataset.mix",
     "open": "feedline.dataset.readers",
     "preprocess": "feedline.preprocess",
     "range": "feedline.dataset.readers",
@@ -218,6 +220,7 @@ __all__ = [
     "from_spark",
     "get_engine",
     "history",
+    "mix",
     "open",
     "preprocess",
     "range",

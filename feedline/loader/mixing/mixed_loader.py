@@ -1,0 +1,426 @@
+"""Batches of a weighted mix of sources for one rank, with a tiny, exact and elastic checkpoint.
+
+The mixed stream of an epoch is one global sequence of positions
+(:class:`~feedline.loader.mixing.schedule.MixSchedule`: which source and which of its samples
+each position reads). It is cut into global steps of ``batch_size * world_size`` positions;
+rank ``r`` takes the ``r``-th ``batch_size`` positions of each step. So the checkpoint is a
+global position (``start`` plus ``batches`` steps of the layout that recorded it), the
+weights' segments of the epoch and each source's draws before the epoch (``offsets``): one
+int per source and per weight change. A resume on another ``world_size`` (or ``batch_size``)
+restarts the split at the global position consumed: every position is delivered once.
+
+Each batch carries a ``source`` column (int codes; ``loader.sources`` names them), and
+:meth:`MixedLoader.metrics` counts samples (and tokens of list columns) per source.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from feedline.errors import ConfigurationError
+from feedline.loader.mixing.schedule import MixSchedule
+from feedline.loader.nodes.collate import Format
+from feedline.loader.nodes.map import Map
+from feedline.loader.nodes.node import Batch, Node, parse_position
+from feedline.loader.nodes.prefetch import Prefetch
+from feedline.loader.nodes.worker_pools import make_workers
+
+__all__ = ["MIX_STATE_VERSION", "STOPS", "MixedLoader"]
+
+MIX_STATE_VERSION = 1
+STOPS = ("first_exhausted", "all_exhausted")
+_KEYS = ("version", "sources", "sizes", "window", "seed", "stop", "epoch", "offsets",
+         "segments", "start", "batches", "world_size", "batch_size")  # fmt: skip
+
+
+def _fail(what: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"Mixed loader state: {what}. Fix: pass the dict MixedLoader.state_dict() returned, "
+        "unchanged (any rank's: the ranks of a lock-step run hold the same position)."
+    )
+
+
+def check_stop(stop: Any) -> int | str:
+    """``stop``: a number of samples per epoch (int > 0) or one of :data:`STOPS`."""
+    if isinstance(stop, int) and not isinstance(stop, bool) and stop > 0:
+        return stop
+    if stop in STOPS:
+        return str(stop)
+    raise ConfigurationError(
+        f"fl.mix: stop={stop!r}; expected a number of samples per epoch (int > 0), "
+        f"{STOPS[0]!r} or {STOPS[1]!r}. Fix: pass one of those."
+    )
+
+
+class _MixedSource(Node):
+    """The first node: this rank's mixed batches (gathered from each source's session)."""
+
+    def __init__(self, owner: MixedLoader, epoch: int, batch: int) -> None:
+        self.owner, self.epoch, self.batch = owner, epoch, batch
+
+    def next(self) -> Batch:
+        o = self.owner
+        if self.epoch != o._epoch:
+            raise StopIteration
+        span = o._span(self.batch)
+        if span is None:
+            raise StopIteration
+        first, last = span
+        data, codes = o._gather(first, last)
+        item = Batch(self.epoch, self.batch, np.arange(first, last, dtype=np.int64), data=data)
+        self.batch += 1
+        return item
+
+    def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
+        position = parse_position(initial_state, "MixedSource")
+        self.epoch, self.batch = (self.epoch, 0) if position is None else position
+
+    def get_state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batches": self.batch}
+
+
+class MixedLoader:
+    """Batches of a weighted mix of sources (see the module docstring); ``fl.mix`` builds it.
+
+    Parameters
+    ----------
+    names:
+        The sources' names, in code order.
+    loaders:
+        One :class:`~feedline.loader.Loader` per source (its memory cache serves the
+        samples; its ``rank`` and ``world_size`` are this loader's).
+    weights:
+        One weight >= 0 per source (normalized).
+    seed, stop, window:
+        The mix's seed; an epoch's end (samples, ``"first_exhausted"``,
+        ``"all_exhausted"``); positions per window of the schedule.
+    batch_size, drop_last, format, transform, batched, num_workers, worker_type, prefetch:
+        As for :class:`~feedline.loader.Loader`.
+    """
+
+    def __init__(self, names: Sequence[str], loaders: Sequence[Any], weights: Sequence[float],
+                 *, seed: int, stop: int | str, window: int, batch_size: int, drop_last: bool,
+                 format: str, transform: Callable[..., Any] | None, batched: bool,
+                 num_workers: int, worker_type: str, prefetch: int) -> None:  # fmt: skip
+        self.sources, self._loaders = list(names), list(loaders)
+        self.rank, self.world_size = self._loaders[0].rank, self._loaders[0].world_size
+        self.seed, self.stop, self.window = int(seed), check_stop(stop), int(window)
+        self.batch_size, self.drop_last, self.format = int(batch_size), bool(drop_last), format
+        self.transform, self.batched, self.prefetch = transform, batched, int(prefetch)
+        self._workers = None if transform is None else make_workers(
+            transform, num_workers, worker_type, None)  # fmt: skip
+        self._backends = [loader._prepare() for loader in self._loaders]
+        for name, backend in zip(self.sources, self._backends, strict=True):
+            if backend.mode != "memory" or backend.arranged:
+                raise ConfigurationError(
+                    f"fl.mix: source {name!r} is read as {backend.mode!r} ({backend.reason}); "
+                    "mixing reads any sample at any time, from a memory cache. Fix: raise "
+                    "memory_budget (or pass cache='memory'), select fewer columns, or mix "
+                    "without windows=."
+                )
+        self.sizes = [b.num_samples for b in self._backends]
+        if any(n == 0 for n in self.sizes):
+            empty = [n for n, s in zip(self.sources, self.sizes, strict=True) if not s]
+            raise ConfigurationError(f"fl.mix: source(s) {empty} have no samples. Fix: leave "
+                                     "them out of the mix.")  # fmt: skip
+        self._sessions = [b.session(shuffle=True, seed=self.seed, epoch=0) for b in self._backends]
+        self._weights0 = self._check_weights(weights)
+        self._start_run()
+        self._active: Node | None = None
+        self._counts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._metrics: dict[int, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ the schedule
+
+    def _check_weights(self, weights: Sequence[float] | Mapping[str, float]) -> tuple[float, ...]:
+        if isinstance(weights, Mapping):
+            unknown = sorted(set(weights) - set(self.sources))
+            if unknown:
+                raise ConfigurationError(
+                    f"fl.mix: weights for unknown source(s) {unknown}; the sources are "
+                    f"{self.sources}. Fix: name each source as given to fl.mix."
+                )
+            weights = [float(weights.get(name, 0.0)) for name in self.sources]
+        w = tuple(float(x) for x in weights)
+        if len(w) != len(self.sources):
+            raise ConfigurationError(f"fl.mix: {len(w)} weights for sources {self.sources}. "
+                                     "Fix: give one weight per source.")  # fmt: skip
+        MixSchedule(self.sizes, [(0, w)], window=self.window, seed=0, epoch=0)  # checks them
+        return w
+
+    def _start_run(self) -> None:
+        self._epoch, self._offsets = 0, [0] * len(self.sources)
+        self._segments: list[tuple[int, tuple[float, ...]]] = [(0, self._weights0)]
+        self._begin(0)
+        self._restored = False
+
+    def _begin(self, start: int) -> None:
+        """This layout's split starts at global position ``start``."""
+        self._start, self._batches, self._layout = start, 0, (self.world_size, self.batch_size)
+        self._schedule = MixSchedule(self.sizes, self._segments, window=self.window,
+                                     seed=self.seed, epoch=self._epoch, offsets=self._offsets)
+        self._length = self._schedule.length(self.stop)
+
+    def _next_epoch(self) -> None:
+        drawn = self._schedule.drawn_before(self._length)
+        self._offsets = [int(a + b) for a, b in zip(self._offsets, drawn, strict=True)]
+        self._epoch += 1
+        self._segments = [(0, self._segments[-1][1])]
+        self._begin(0)
+
+    def _position(self) -> int:
+        """The global position after the batches delivered (every rank's, lock-step)."""
+        step = self.batch_size * self.world_size
+        return min(self._length, self._start + self._batches * step)
+
+    def _span(self, k: int) -> tuple[int, int] | None:
+        """Global positions of this rank's ``k``-th batch since the split's start."""
+        step = self.batch_size * self.world_size
+        first = self._start + k * step + self.rank * self.batch_size
+        if self.drop_last and self._start + (k + 1) * step > self._length:
+            return None
+        if first >= self._length:
+            return None
+        return first, min(first + self.batch_size, self._length)
+
+    def __len__(self) -> int:
+        """Batches still to come in this epoch on this rank."""
+        count = 0
+        while self._span(self._batches + count) is not None:
+            count += 1
+        return count
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The weights in force (normalized)."""
+        w = np.asarray(self._segments[-1][1])
+        return dict(zip(self.sources, (w / w.sum()).tolist(), strict=True))
+
+    def set_weights(self, weights: Sequence[float] | Mapping[str, float]) -> None:
+        """Use ``weights`` from the position reached (a curriculum): batches already
+        delivered keep their sources; every rank must call it at the same step."""
+        w = self._check_weights(weights)
+        self._close_active()
+        position = self._position()
+        self._segments = [s for s in self._segments if s[0] < position] + [(position, w)]
+        if self._segments[0][0] != 0:
+            self._segments.insert(0, (0, w))
+        start, batches = self._start, self._batches
+        self._begin(start)
+        self._batches = batches
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its start (kept right after a resume into it). Epochs
+        after the current one assume the current weights throughout."""
+        if self._restored and epoch == self._epoch:
+            return
+        self._close_active()
+        self._restored = False
+        if epoch < self._epoch:
+            self._start_run()
+        if epoch == self._epoch:
+            self._begin(0)
+        while self._epoch < epoch:
+            self._next_epoch()
+
+    # ------------------------------------------------------------------ batches
+
+    def _gather(self, first: int, last: int) -> tuple[dict[str, Any], np.ndarray]:
+        codes = self._schedule.sources(first, last)
+        picks = self._schedule.samples(codes, first)
+        parts: dict[str, list[tuple[np.ndarray, Any]]] = {}
+        samples = np.bincount(codes, minlength=len(self.sources))
+        tokens = np.zeros(len(self.sources), np.int64)
+        for s, idx in enumerate(picks):
+            if not len(idx):
+                continue
+            got = self._sessions[s].gather(idx)
+            where = codes == s
+            for name, values in got.items():
+                parts.setdefault(name, []).append((where, values))
+                if isinstance(values, np.ndarray) and values.dtype.kind == "O" and len(values) \
+                        and isinstance(values[0], np.ndarray | list):  # fmt: skip
+                    tokens[s] += sum(len(v) for v in values)
+        data: dict[str, Any] = {}
+        for name, pieces in parts.items():
+            if len(pieces) != sum(1 for p in picks if len(p)):
+                missing = [n for n, p in zip(self.sources, picks, strict=True) if len(p)]
+                raise ConfigurationError(
+                    f"fl.mix: column {name!r} is not in every source drawn ({missing}). Fix: "
+                    "pass columns=[...] that every source has."
+                )
+            data[name] = _interleave(name, pieces, len(codes), self.sources)
+        data["source"] = codes
+        self._counts[(self._epoch, first)] = (samples, tokens)
+        return data, codes
+
+    def _pipeline(self) -> Node:
+        node: Node = _MixedSource(self, self._epoch, self._batches)
+        if self.transform is not None:
+            node = Map(node, self.transform, batched=self.batched, seed=self.seed,
+                       workers=self._workers)  # fmt: skip
+        node = Format(node, self.format)
+        if self.prefetch:
+            node = Prefetch(node, depth=self.prefetch)
+        return node
+
+    def _close_active(self) -> None:
+        node, self._active = self._active, None
+        if node is not None:
+            node.close()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """The rest of the current epoch (a complete epoch: the next one, except right after
+        a resume, when a complete epoch yields nothing once)."""
+        self._close_active()
+        if self._span(self._batches) is None and not self._restored:
+            self._next_epoch()
+        self._restored = False
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[dict[str, Any]]:
+        node = self._active = self._pipeline()
+        epoch, names = self._epoch, self.sources
+        m = self._metrics.setdefault(epoch, {"batches": 0, "samples": 0, "seconds": 0.0,
+                                             "per_source": {n: {"samples": 0, "tokens": 0}
+                                                            for n in names}})  # fmt: skip
+        started = time.perf_counter()
+        try:
+            while True:
+                try:
+                    item = node.next()
+                except StopIteration:
+                    break
+                if self._active is not node:
+                    break
+                self._batches = item.number + 1
+                first = int(item.indices[0]) if len(item.indices) else -1
+                samples, tokens = self._counts.pop((epoch, first), (None, None))
+                if samples is not None and tokens is not None:
+                    for s, name in enumerate(names):
+                        m["per_source"][name]["samples"] += int(samples[s])
+                        m["per_source"][name]["tokens"] += int(tokens[s])
+                m["batches"] += 1
+                m["samples"] += len(item.indices)
+                m["seconds"] += time.perf_counter() - started
+                yield item.data
+                started = time.perf_counter()
+        finally:
+            node.close()
+            if self._active is node:
+                self._active = None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position: tiny and JSON-safe (one int per source and per weight change)."""
+        return {"version": MIX_STATE_VERSION, "sources": list(self.sources),
+                "sizes": list(self.sizes), "window": self.window, "seed": self.seed,
+                "stop": self.stop, "epoch": self._epoch, "offsets": list(self._offsets),
+                "segments": [[p, list(w)] for p, w in self._segments], "start": self._start,
+                "batches": self._batches, "world_size": self.world_size,
+                "batch_size": self.batch_size}  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *,
+                        weights: Sequence[float] | Mapping[str, float] | None = None) -> None:
+        """Resume from ``state_dict()`` (one rank's, or every rank's in a list), on any
+        ``world_size`` and ``batch_size``; ``weights`` changes the weights from there on."""
+        states = [state] if isinstance(state, Mapping) else list(state)
+        if not states:
+            raise _fail("got no state")
+        for s in states:
+            if not isinstance(s, Mapping) or set(s) != set(_KEYS):
+                raise _fail(f"expected a dict with keys {list(_KEYS)}, got {str(s)[:120]!r}")
+        s = states[0]
+        if s["version"] != MIX_STATE_VERSION:
+            raise _fail(f"version {s['version']!r} is not {MIX_STATE_VERSION}")
+        for key, mine in (("sources", self.sources), ("sizes", self.sizes),
+                          ("window", self.window), ("stop", self.stop)):  # fmt: skip
+            if s[key] != mine:
+                raise ConfigurationError(
+                    f"Mixed loader state: {key} is {s[key]!r}, this mix has {mine!r}. Fix: "
+                    "resume with the checkpoint's sources (same data, order and names), "
+                    "window and stop."
+                )
+        step = int(s["batch_size"]) * int(s["world_size"])
+        ends = {int(x["start"]) + int(x["batches"]) * step for x in states}
+        if len(ends) != 1 or any(dict(x, batches=0) != dict(s, batches=0) for x in states):
+            raise _fail("the ranks' states stand at different positions (the mixed stream "
+                        "resumes from one global position: checkpoint every rank at the "
+                        "same step)")  # fmt: skip
+        self._close_active()
+        self.seed, self._epoch = int(s["seed"]), int(s["epoch"])
+        self._offsets = [int(x) for x in s["offsets"]]
+        self._segments = [(int(p), tuple(float(x) for x in w)) for p, w in s["segments"]]
+        self._sessions = [b.session(shuffle=True, seed=self.seed, epoch=0)
+                          for b in self._backends]  # fmt: skip
+        self._begin(int(s["start"]))
+        if (int(s["world_size"]), int(s["batch_size"])) == self._layout:
+            self._batches = int(s["batches"])
+        else:  # elastic: the split restarts at the global position consumed
+            self._begin(min(self._length, ends.pop()))
+        if weights is not None:
+            self.set_weights(weights)
+        self._restored = True
+
+    # ------------------------------------------------------------------ reports
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Per epoch: ``batches``, ``samples``, ``seconds``, ``samples_per_s`` and
+        ``per_source``: ``{name: {"samples": n, "tokens": t}}`` (tokens: the lengths of list
+        columns' values, before the transform)."""
+        out = []
+        for epoch, m in sorted(self._metrics.items()):
+            rate = m["samples"] / m["seconds"] if m["seconds"] else 0.0
+            per = {n: dict(v) for n, v in m["per_source"].items()}
+            out.append({"epoch": epoch, "batches": m["batches"], "samples": m["samples"],
+                        "seconds": m["seconds"], "samples_per_s": rate, "per_source": per})
+        return out
+
+    def close(self) -> None:
+        """Stop the current iteration and the transform's workers."""
+        self._close_active()
+        if self._workers is not None:
+            self._workers.close()
+
+    def __enter__(self) -> MixedLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"MixedLoader(sources={self.sources}, weights={self.weights}, "
+                f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size}, "
+                f"epoch={self._epoch})")  # fmt: skip
+
+
+def _interleave(name: str, pieces: list[tuple[np.ndarray, Any]], size: int,
+                sources: list[str]) -> Any:  # fmt: skip
+    """One column of the mixed batch: each source's values at its positions."""
+    arrays = [np.asarray(v) if not isinstance(v, np.ndarray) else v for _, v in pieces]
+    if any(isinstance(v, list) for _, v in pieces) or any(a.dtype.kind == "O" for a in arrays):
+        out_list: list[Any] = [None] * size
+        for where, values in pieces:
+            for at, value in zip(np.flatnonzero(where).tolist(), list(values), strict=True):
+                out_list[at] = value
+        return out_list
+    shapes = {a.shape[1:] for a in arrays}
+    if len(shapes) != 1:
+        raise ConfigurationError(
+            f"fl.mix: column {name!r} has sample shapes {sorted(shapes)} in the sources "
+            f"{sources}. Fix: make them equal (e.g. resize images in a transform at write "
+            "time, or store them encoded and decode in transform=)."
+        )
+    out = np.empty((size, *arrays[0].shape[1:]), np.result_type(*arrays))
+    for (where, _), a in zip(pieces, arrays, strict=True):
+        out[where] = a
+    return out
