@@ -36,7 +36,6 @@ _logging.getLogger("feedline").addHandler(_logging.NullHandler())
 if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from feedline import charts, preprocess, tracking
     from feedline.dataset.dataset import Dataset
-    from feedline.dataset.mix import mix
     from feedline.dataset.from_memory import (
         from_arrow,
         from_dict,
@@ -47,6 +46,7 @@ if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         from_ray,
         from_spark,
     )
+    from feedline.dataset.mix import mix
     from feedline.dataset.readers import (
         open,  # noqa: A004
         range,  # noqa: A004

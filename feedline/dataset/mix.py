@@ -37,7 +37,8 @@ class Mix:
         self.seed, self.stop, self.window = seed, check_stop(stop), window
 
     def loader(self, batch_size: int = 256, *, rank: int | None = None,
-               world_size: int | None = None, drop_last: bool = True, format: str = "torch",
+               world_size: int | None = None, drop_last: bool = True,
+               format: str = "torch",  # noqa: A002 (the loaders' option name)
                transform: Callable[..., Any] | None = None, batched: bool = False,
                num_workers: int = 0, worker_type: str = "thread", prefetch: int = 2,
                pack: Packing | None = None, **source_options: Any) -> Any:  # fmt: skip
@@ -60,26 +61,25 @@ class Mix:
         [[0, 0, 0, 1], [0, 0, 0, 1]]
         """
         if pack is not None:
-            return self._packed(pack, batch_size=batch_size, rank=rank, world_size=world_size,
-                                drop_last=drop_last, format=format, transform=transform,
-                                batched=batched, num_workers=num_workers,
-                                worker_type=worker_type, source_options=source_options)
+            return self._packed(pack, batch_size, rank, world_size, drop_last, format,
+                                transform, batched, num_workers, worker_type,
+                                source_options)  # fmt: skip
         if transform is not None:
             source_options.setdefault("strings", "list")
         names = list(self.sources)
         loaders = [Loader(_opened(self.sources[n]), batch_size=batch_size, rank=rank,
                           world_size=world_size, seed=self.seed, format="numpy", prefetch=0,
-                          **source_options) for n in names]  # fmt: skip
+                          drop_last=False, **source_options) for n in names]  # fmt: skip
         return MixedLoader(names, loaders, _weights(self.weights, names), seed=self.seed,
                            stop=self.stop, window=self.window, batch_size=batch_size,
-                           drop_last=drop_last, format=format, transform=transform,
+                           drop_last=drop_last, fmt=format, transform=transform,
                            batched=batched, num_workers=num_workers, worker_type=worker_type,
                            prefetch=prefetch)  # fmt: skip
 
-    def _packed(self, pack: Packing, *, batch_size: int, rank: int | None,
-                world_size: int | None, drop_last: bool, format: str,
-                transform: Callable[..., Any] | None, batched: bool, num_workers: int,
-                worker_type: str, source_options: dict[str, Any]) -> PackedLoader:  # fmt: skip
+    def _packed(self, pack: Packing, batch_size: int, rank: int | None, world_size: int | None,
+                drop_last: bool, fmt: str, transform: Callable[..., Any] | None, batched: bool,
+                num_workers: int, worker_type: str,
+                source_options: dict[str, Any]) -> PackedLoader:  # fmt: skip
         ragged = source_options.pop("ragged", {})
         ragged = ragged if isinstance(ragged, Mapping) else {}
         if transform is None:
@@ -94,7 +94,7 @@ class Mix:
 
         docs = make_docs(rank, world_size)
         return PackedLoader(docs, make_docs, pack, batch_size=batch_size, drop_last=drop_last,
-                            fmt=format)  # fmt: skip
+                            fmt=fmt)  # fmt: skip
 
 
 def _opened(source: Any) -> Any:
@@ -102,6 +102,7 @@ def _opened(source: Any) -> Any:
 
 
 def _weights(weights: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:
+    """Every source's weight (an unknown name is refused by the loader, naming it)."""
     missing = [n for n in names if n not in weights]
     if missing:
         raise ConfigurationError(f"fl.mix: no weight for source(s) {missing}. Fix: give every "

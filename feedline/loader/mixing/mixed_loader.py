@@ -70,8 +70,13 @@ class _MixedSource(Node):
         if span is None:
             raise StopIteration
         first, last = span
-        data, codes = o._gather(first, last)
-        item = Batch(self.epoch, self.batch, np.arange(first, last, dtype=np.int64), data=data)
+        data, _ = o._gather(first, last)
+        repeat = first < o._start + self.batch * o.batch_size * o.world_size + (
+            o.rank * o.batch_size)  # fmt: skip
+        item = Batch(self.epoch, self.batch, np.arange(first, last, dtype=np.int64), data=data,
+                     padded=np.full(last - first, repeat))  # fmt: skip
+        if repeat:
+            o._counts.pop((self.epoch, first), None)  # a repeat is not counted
         self.batch += 1
         return item
 
@@ -98,18 +103,19 @@ class MixedLoader:
     seed, stop, window:
         The mix's seed; an epoch's end (samples, ``"first_exhausted"``,
         ``"all_exhausted"``); positions per window of the schedule.
-    batch_size, drop_last, format, transform, batched, num_workers, worker_type, prefetch:
-        As for :class:`~feedline.loader.Loader`.
+    batch_size, drop_last, fmt, transform, batched, num_workers, worker_type, prefetch:
+        As for (``fmt``: ``format``) :class:`~feedline.loader.Loader`.
     """
 
-    def __init__(self, names: Sequence[str], loaders: Sequence[Any], weights: Sequence[float],
+    def __init__(self, names: Sequence[str], loaders: Sequence[Any],
+                 weights: Sequence[float] | Mapping[str, float],
                  *, seed: int, stop: int | str, window: int, batch_size: int, drop_last: bool,
-                 format: str, transform: Callable[..., Any] | None, batched: bool,
+                 fmt: str, transform: Callable[..., Any] | None, batched: bool,
                  num_workers: int, worker_type: str, prefetch: int) -> None:  # fmt: skip
         self.sources, self._loaders = list(names), list(loaders)
         self.rank, self.world_size = self._loaders[0].rank, self._loaders[0].world_size
         self.seed, self.stop, self.window = int(seed), check_stop(stop), int(window)
-        self.batch_size, self.drop_last, self.format = int(batch_size), bool(drop_last), format
+        self.batch_size, self.drop_last, self.format = int(batch_size), bool(drop_last), fmt
         self.transform, self.batched, self.prefetch = transform, batched, int(prefetch)
         self._workers = None if transform is None else make_workers(
             transform, num_workers, worker_type, None)  # fmt: skip
@@ -161,8 +167,14 @@ class MixedLoader:
     def _begin(self, start: int) -> None:
         """This layout's split starts at global position ``start``."""
         self._start, self._batches, self._layout = start, 0, (self.world_size, self.batch_size)
-        self._schedule = MixSchedule(self.sizes, self._segments, window=self.window,
-                                     seed=self.seed, epoch=self._epoch, offsets=self._offsets)
+        self._schedule = MixSchedule(
+            self.sizes,
+            self._segments,
+            window=self.window,
+            seed=self.seed,
+            epoch=self._epoch,
+            offsets=self._offsets,
+        )
         self._length = self._schedule.length(self.stop)
 
     def _next_epoch(self) -> None:
@@ -178,13 +190,17 @@ class MixedLoader:
         return min(self._length, self._start + self._batches * step)
 
     def _span(self, k: int) -> tuple[int, int] | None:
-        """Global positions of this rank's ``k``-th batch since the split's start."""
+        """Global positions of this rank's ``k``-th batch since the split's start. Every rank
+        has as many batches: with ``drop_last=False`` a rank with no position left in the
+        last step gets the epoch's last position once more (as the one-dataset loader
+        does), so ranks in lock step (DDP) never wait on one another."""
         step = self.batch_size * self.world_size
-        first = self._start + k * step + self.rank * self.batch_size
-        if self.drop_last and self._start + (k + 1) * step > self._length:
+        base = self._start + k * step
+        if base >= self._length or (self.drop_last and base + step > self._length):
             return None
+        first = base + self.rank * self.batch_size
         if first >= self._length:
-            return None
+            return self._length - 1, self._length
         return first, min(first + self.batch_size, self._length)
 
     def __len__(self) -> int:
@@ -309,7 +325,8 @@ class MixedLoader:
                         m["per_source"][name]["samples"] += int(samples[s])
                         m["per_source"][name]["tokens"] += int(tokens[s])
                 m["batches"] += 1
-                m["samples"] += len(item.indices)
+                m["samples"] += len(item.indices) if item.padded is None else int(
+                    (~item.padded).sum())  # fmt: skip
                 m["seconds"] += time.perf_counter() - started
                 yield item.data
                 started = time.perf_counter()
@@ -322,15 +339,22 @@ class MixedLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position: tiny and JSON-safe (one int per source and per weight change)."""
+        start, batches = self._start, self._batches
+        if self._span(batches) is None:  # this rank's epoch is done: the same on every rank
+            start, batches = self._length, 0
         return {"version": MIX_STATE_VERSION, "sources": list(self.sources),
                 "sizes": list(self.sizes), "window": self.window, "seed": self.seed,
                 "stop": self.stop, "epoch": self._epoch, "offsets": list(self._offsets),
-                "segments": [[p, list(w)] for p, w in self._segments], "start": self._start,
-                "batches": self._batches, "world_size": self.world_size,
+                "segments": [[p, list(w)] for p, w in self._segments], "start": start,
+                "batches": batches, "world_size": self.world_size,
                 "batch_size": self.batch_size}  # fmt: skip
 
-    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *,
-                        weights: Sequence[float] | Mapping[str, float] | None = None) -> None:
+    def load_state_dict(
+        self,
+        state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        weights: Sequence[float] | Mapping[str, float] | None = None,
+    ) -> None:
         """Resume from ``state_dict()`` (one rank's, or every rank's in a list), on any
         ``world_size`` and ``batch_size``; ``weights`` changes the weights from there on."""
         states = [state] if isinstance(state, Mapping) else list(state)
@@ -381,8 +405,16 @@ class MixedLoader:
         for epoch, m in sorted(self._metrics.items()):
             rate = m["samples"] / m["seconds"] if m["seconds"] else 0.0
             per = {n: dict(v) for n, v in m["per_source"].items()}
-            out.append({"epoch": epoch, "batches": m["batches"], "samples": m["samples"],
-                        "seconds": m["seconds"], "samples_per_s": rate, "per_source": per})
+            out.append(
+                {
+                    "epoch": epoch,
+                    "batches": m["batches"],
+                    "samples": m["samples"],
+                    "seconds": m["seconds"],
+                    "samples_per_s": rate,
+                    "per_source": per,
+                }
+            )
         return out
 
     def close(self) -> None:

@@ -1,0 +1,221 @@
+"""fl.mix: weighted mixing, deterministic and exactly resumable (also on another world_size)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import feedline as fl
+from feedline.errors import ConfigurationError
+from feedline.loader.mixing.schedule import MixSchedule, window_counts
+
+SIZES = {"a": 13, "b": 5, "c": 8}
+
+
+def _mix(weights=None, *, seed=0, stop="all_exhausted", window=8, sizes=SIZES):
+    # each source's ids are offset by 1000 * its code, so a sample names its source
+    sources = {n: fl.from_dict({"id": np.arange(k) + 1000 * i}) for i, (n, k) in
+               enumerate(sizes.items())}  # fmt: skip
+    return fl.mix(sources, weights or dict.fromkeys(sizes, 1.0), seed=seed, stop=stop,
+                  window=window)  # fmt: skip
+
+
+def _rows(batches):
+    return [(int(s), int(i)) for b in batches for s, i in zip(b["source"], b["id"], strict=True)]
+
+
+def _take(loader, n):
+    out = []
+    for batch in loader:
+        out.append({k: np.asarray(v).copy() for k, v in batch.items()})
+        if len(out) == n:
+            break
+    return out
+
+
+weights_st = st.lists(st.integers(0, 5), min_size=3, max_size=3).filter(lambda w: sum(w) > 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(weights=weights_st, window=st.integers(1, 40), seed=st.integers(0, 2**31),
+       windows=st.integers(1, 6))  # fmt: skip
+def test_proportions_per_window_within_one_sample(weights, window, seed, windows):
+    """Tolerance: each window of W positions holds W*w_s/sum(w) samples of source s, +-1."""
+    s = MixSchedule([13, 5, 8], [(0, weights)], window=window, seed=seed, epoch=0)
+    codes = s.sources(0, window * windows)
+    want = window * np.asarray(weights) / sum(weights)
+    for k in range(windows):
+        got = np.bincount(codes[k * window : (k + 1) * window], minlength=3)
+        assert np.all(np.abs(got - want) < 1), (got, want)
+        assert got.sum() == window
+    assert window_counts(weights, window).tolist() == np.bincount(
+        codes[:window], minlength=3).tolist()  # fmt: skip
+
+
+@settings(max_examples=15, deadline=None)
+@given(weights=weights_st, seed=st.integers(0, 1000), batch=st.integers(1, 7))
+def test_no_sample_repeats_within_a_source_pass(weights, seed, batch):
+    """Each source's draws, cut into passes of its size, are permutations of its samples, across
+    epochs too (a small source reshuffles and goes on)."""
+    loader = _mix(dict(zip(SIZES, weights, strict=True)), seed=seed).loader(
+        batch, format="numpy", drop_last=False, prefetch=0)  # fmt: skip
+    rows = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        rows += _rows(list(loader))
+    for code, (name, n) in enumerate(SIZES.items()):
+        ids = [i for s, i in rows if s == code]
+        assert all(i // 1000 == code for i in ids)
+        for start in range(0, len(ids) - n + 1, n):
+            assert sorted(ids[start : start + n]) == [1000 * code + j for j in range(n)], name
+        tail = ids[len(ids) - len(ids) % n :]
+        assert len(set(tail)) == len(tail)
+
+
+def test_all_exhausted_reads_every_sample_and_first_exhausted_stops_early():
+    rows = _rows(list(_mix(stop="all_exhausted").loader(3, format="numpy", drop_last=False)))
+    for code, n in enumerate(SIZES.values()):
+        assert {i for s, i in rows if s == code} == {1000 * code + j for j in range(n)}
+    first = _rows(list(_mix(stop="first_exhausted").loader(1, format="numpy")))
+    counts = np.bincount([s for s, _ in first], minlength=3)
+    assert counts[1] == SIZES["b"] and counts[0] < SIZES["a"] and counts[2] < SIZES["c"]
+    assert [s for s, _ in first][-1] == 1  # the epoch ends at b's last sample
+    assert len(_rows(list(_mix(stop=10).loader(1, format="numpy")))) == 10
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 1000), batch=st.integers(1, 5), at=st.integers(0, 12),
+       drop_last=st.booleans())  # fmt: skip
+def test_exact_resume_at_any_batch_and_same_seed_same_batches(seed, batch, at, drop_last):
+    mix = _mix({"a": 3, "b": 1, "c": 2}, seed=seed)
+    whole = [_rows([b]) for b in _mix({"a": 3, "b": 1, "c": 2}, seed=seed).loader(
+        batch, format="numpy", drop_last=drop_last)]  # fmt: skip
+    assert whole == [_rows([b]) for b in mix.loader(batch, format="numpy", drop_last=drop_last)]
+    at = min(at, len(whole))
+    first = mix.loader(batch, format="numpy", drop_last=drop_last)
+    head = [_rows([b]) for b in _take(first, at)] if at else []
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = mix.loader(batch, format="numpy", drop_last=drop_last)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(state["epoch"])
+    assert head + [_rows([b]) for b in resumed] == whole
+
+
+def _global(mix, world, batch, steps=None, state=None):
+    """Run ``world`` ranks in lock step: (their rows step-major in rank order, rank 0's state)."""
+    loaders = [mix.loader(batch, rank=r, world_size=world, format="numpy", drop_last=False,
+                          prefetch=0) for r in range(world)]  # fmt: skip
+    if state is not None:
+        for loader in loaders:
+            loader.load_state_dict(state)
+    iters = [iter(loader) for loader in loaders]
+    rows, step = [], 0
+    while steps is None or step < steps:
+        got = [next(it, None) for it in iters]
+        if all(g is None for g in got):
+            break
+        rows += _rows([g for g in got if g is not None])
+        step += 1
+    states = [loader.state_dict() for loader in loaders]
+    return rows, states
+
+
+@pytest.mark.parametrize(("old", "new"), [(2, 3), (3, 2), (1, 4), (2, 2)])
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 1000), batch=st.integers(1, 4), steps=st.integers(0, 6))
+def test_elastic_resume_delivers_the_global_stream_once(old, new, seed, batch, steps):
+    mix = _mix({"a": 2, "b": 1, "c": 1}, seed=seed)
+    reference = _rows(list(mix.loader(1, format="numpy", drop_last=False)))
+    before, states = _global(mix, old, batch, steps)
+    assert len({json.dumps(s) for s in states}) == 1  # lock step: one position
+    after, _ = _global(mix, new, batch + 1, state=states[0])
+    _same_stream(before + after, reference, max(old, new))
+    # every old rank's state, in a list, works too
+    again, _ = _global(mix, new, batch, state=states)
+    _same_stream(before + again, reference, max(old, new))
+
+
+def _same_stream(delivered, reference, world):
+    """``delivered`` is ``reference``, plus at most ``world - 1`` repeats of its last sample
+    (ranks with no sample left in an epoch's last step get one again: lock step)."""
+    extra = len(delivered) - len(reference)
+    assert 0 <= extra < world
+    assert delivered == reference + [reference[-1]] * extra
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 1000), at=st.integers(0, 8))
+def test_weights_changed_at_a_checkpoint_apply_from_there(seed, at):
+    mix = _mix({"a": 1, "b": 1, "c": 1}, seed=seed, stop=60)
+    first = mix.loader(2, format="numpy")
+    head = _rows(_take(first, at)) if at else []
+    state = first.state_dict()
+    resumed = mix.loader(2, format="numpy")
+    resumed.load_state_dict(state, weights={"a": 0, "b": 0, "c": 1})
+    tail = _rows(list(resumed))
+    assert head == _rows(list(mix.loader(2, format="numpy")))[: len(head)]  # nothing replayed
+    assert tail and {s for s, _ in tail} == {2}
+    assert len(head) + len(tail) == 60
+    # the same change made in a running loader (set_weights) gives the same batches
+    live = mix.loader(2, format="numpy")
+    assert _rows(_take(live, at)) == head if at else True
+    live.set_weights({"a": 0, "b": 0, "c": 1})
+    assert _rows(list(live)) == tail
+    # and the new weights survive the next checkpoint
+    assert resumed.state_dict()["segments"][-1][1] == [0.0, 0.0, 1.0]
+
+
+def test_batches_name_their_source_and_metrics_count_samples_and_tokens():
+    web = fl.from_dict({"tokens": [[1, 2, 3], [4], [5, 6]]})
+    code = fl.from_dict({"tokens": [[7, 8], [9, 10, 11, 12]]})
+    loader = fl.mix(
+        {"web": web, "code": code}, {"web": 1, "code": 1}, stop="all_exhausted", window=2
+    ).loader(1, format="numpy", drop_last=False, ragged="list")
+    rows = [(int(b["source"][0]), list(b["tokens"][0])) for b in loader]
+    assert sorted(t for s, t in rows if s == 0)[:3] == [[1, 2, 3], [4], [5, 6]]
+    per = loader.metrics()[0]["per_source"]
+    assert per["web"]["samples"] == sum(1 for s, _ in rows if s == 0)
+    assert per["code"]["samples"] == sum(1 for s, _ in rows if s == 1)
+    assert per["web"]["tokens"] == sum(len(t) for s, t in rows if s == 0)
+    assert per["code"]["tokens"] == sum(len(t) for s, t in rows if s == 1)
+    assert loader.sources == ["web", "code"]
+
+
+def test_transform_sees_the_source_and_runs_in_workers():
+    def double(sample, rng):
+        return {"id": sample["id"] * 2, "source": sample["source"]}
+
+    mix = _mix(seed=3)
+    plain = _rows(list(mix.loader(4, format="numpy")))
+    mapped = mix.loader(4, format="numpy", transform=double, num_workers=2)
+    assert _rows(list(mapped)) == [(s, 2 * i) for s, i in plain]
+
+
+def test_state_is_tiny_and_json_safe():
+    loader = _mix().loader(2, format="numpy")
+    _take(loader, 3)
+    state = loader.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert len(json.dumps(state)) < 400
+
+
+def test_mistakes_raise_configuration_errors_that_say_how_to_fix():
+    with pytest.raises(ConfigurationError, match="unknown source"):
+        _mix({"a": 1, "b": 1, "c": 1, "d": 1}).loader(2)
+    with pytest.raises(ConfigurationError, match="stop="):
+        _mix(stop="never")
+    with pytest.raises(ConfigurationError, match="weight"):
+        _mix({"a": -1, "b": 1, "c": 1}).loader(2)
+    with pytest.raises(ConfigurationError, match="Fix:"):
+        _mix().loader(2).load_state_dict({"epoch": 0})
+    other = _mix(window=4).loader(2)
+    with pytest.raises(ConfigurationError, match="window"):
+        other.load_state_dict(_mix(window=8).loader(2).state_dict())
+    a, b = (_mix().loader(2, rank=r, world_size=2, format="numpy") for r in range(2))
+    _take(a, 1)
+    with pytest.raises(ConfigurationError, match="same step"):
+        a.load_state_dict([a.state_dict(), b.state_dict()])
