@@ -30,6 +30,8 @@ def _rows(batches):
 
 def _take(loader, n):
     out = []
+    if n == 0:
+        return out
     for batch in loader:
         out.append({k: np.asarray(v).copy() for k, v in batch.items()})
         if len(out) == n:
@@ -219,3 +221,38 @@ def test_mistakes_raise_configuration_errors_that_say_how_to_fix():
     _take(a, 1)
     with pytest.raises(ConfigurationError, match="same step"):
         a.load_state_dict([a.state_dict(), b.state_dict()])
+
+
+def _token_mix():
+    rng = np.random.default_rng(0)
+    web = fl.from_dict({"tokens": [list(range(1, 1 + int(n))) for n in rng.integers(1, 12, 40)]})
+    code = fl.from_dict({"tokens": [list(range(100, 100 + int(n))) for n in
+                                    rng.integers(1, 12, 30)]})  # fmt: skip
+    return fl.mix({"web": web, "code": code}, {"web": 2, "code": 1}, seed=0, window=6)
+
+
+def test_packing_applies_to_the_mix_and_resumes_exactly():
+    pack = fl.Packing(seq_len=16, buffer_size=8, column="tokens")
+    whole = list(_token_mix().loader(4, format="numpy", pack=pack))
+    assert whole and all(b["input_ids"].shape == (4, 16) for b in whole)
+    # every token of the mixed documents is in exactly one packed row (pad_id 0, tokens >= 1)
+    docs = [t for b in _token_mix().loader(8, format="numpy", drop_last=False, ragged="list")
+            for d in b["tokens"] for t in d]  # fmt: skip
+    kept = list(_token_mix().loader(4, format="numpy", pack=pack, drop_last=False))
+    flat = np.concatenate([b["input_ids"].ravel() for b in kept])
+    assert sorted(flat[flat > 0].tolist()) == sorted(docs)
+    for at in (0, 2, 5):
+        first = _token_mix().loader(4, format="numpy", pack=pack)
+        _take(first, at)
+        resumed = _token_mix().loader(4, format="numpy", pack=pack)
+        resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        rest = list(resumed)
+        assert len(rest) == len(whole) - at
+        for a, b in zip(whole[at:], rest, strict=True):
+            assert np.array_equal(a["input_ids"], b["input_ids"])
+
+
+def test_torch_batches():
+    torch = pytest.importorskip("torch")
+    batch = next(iter(_mix().loader(4)))
+    assert isinstance(batch["source"], torch.Tensor) and batch["source"].shape == (4,)

@@ -379,7 +379,8 @@ class MixedLoader:
         if len(ends) != 1 or any(dict(x, batches=0) != dict(s, batches=0) for x in states):
             raise _fail("the ranks' states stand at different positions (the mixed stream "
                         "resumes from one global position: checkpoint every rank at the "
-                        "same step)")  # fmt: skip
+                        "same step; with pack=, resume on as many ranks: an elastic "
+                        "resume of packed mixed rows is not supported yet)")  # fmt: skip
         self._close_active()
         self.seed, self._epoch = int(s["seed"]), int(s["epoch"])
         self._offsets = [int(x) for x in s["offsets"]]
