@@ -16,6 +16,7 @@ Each batch carries a ``source`` column (int codes; ``loader.sources`` names them
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -57,32 +58,43 @@ def check_stop(stop: Any) -> int | str:
 
 
 class _MixedSource(Node):
-    """The first node: this rank's mixed batches (gathered from each source's session)."""
+    """The first node: this rank's mixed batches, gathered ``group`` batches at a time (one
+    gather per source per group: the batches are the same whatever the group)."""
 
-    def __init__(self, owner: MixedLoader, epoch: int, batch: int) -> None:
-        self.owner, self.epoch, self.batch = owner, epoch, batch
+    def __init__(self, owner: MixedLoader, epoch: int, batch: int, group: int) -> None:
+        self.owner, self.epoch, self.batch, self.group = owner, epoch, batch, group
+        self._ready: deque[Batch] = deque()
+        self._next = batch  # the next batch number to gather
+
+    def _fill(self) -> None:
+        if self.epoch != self.owner._epoch:
+            raise StopIteration
+        items = self.owner._gather_group(self.epoch, self._next, self.group)
+        if not items:
+            raise StopIteration
+        self._next = items[-1].number + 1
+        self._ready.extend(items)
 
     def next(self) -> Batch:
-        o = self.owner
-        if self.epoch != o._epoch:
-            raise StopIteration
-        span = o._span(self.batch)
-        if span is None:
-            raise StopIteration
-        first, last = span
-        data, _ = o._gather(first, last)
-        repeat = first < o._start + self.batch * o.batch_size * o.world_size + (
-            o.rank * o.batch_size)  # fmt: skip
-        item = Batch(self.epoch, self.batch, np.arange(first, last, dtype=np.int64), data=data,
-                     padded=np.full(last - first, repeat))  # fmt: skip
-        if repeat:
-            o._counts.pop((self.epoch, first), None)  # a repeat is not counted
-        self.batch += 1
+        if not self._ready:
+            self._fill()
+        item = self._ready.popleft()
+        self.batch = item.number + 1
         return item
+
+    def next_group(self) -> list[Batch]:
+        if not self._ready:
+            self._fill()
+        items = list(self._ready)
+        self._ready.clear()
+        self.batch = items[-1].number + 1
+        return items
 
     def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
         position = parse_position(initial_state, "MixedSource")
         self.epoch, self.batch = (self.epoch, 0) if position is None else position
+        self._next = self.batch
+        self._ready.clear()
 
     def get_state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batches": self.batch}
@@ -249,43 +261,77 @@ class MixedLoader:
 
     # ------------------------------------------------------------------ batches
 
-    def _gather(self, first: int, last: int) -> tuple[dict[str, Any], np.ndarray]:
-        codes = self._schedule.sources(first, last)
-        picks = self._schedule.samples(codes, first)
-        parts: dict[str, list[tuple[np.ndarray, Any]]] = {}
-        samples = np.bincount(codes, minlength=len(self.sources))
-        tokens = np.zeros(len(self.sources), np.int64)
-        for s, idx in enumerate(picks):
-            if not len(idx):
-                continue
-            got = self._sessions[s].gather(idx)
+    def _gather_group(self, epoch: int, k: int, group: int) -> list[Batch]:
+        """This rank's batches ``k`` to ``k + group - 1`` (fewer at the epoch's end)."""
+        spans = []
+        for number in range(k, k + group):
+            span = self._span(number)
+            if span is None:
+                break
+            step = self._start + number * self.batch_size * self.world_size
+            spans.append((number, *span, span[0] < step + self.rank * self.batch_size))
+        if not spans:
+            return []
+        s0, e0 = spans[0][1], max(last for _, _, last, _ in spans)
+        codes, draws = self._schedule.draws(s0, e0)
+        if self.world_size > 1 or any(repeat for *_, repeat in spans):
+            rel = np.concatenate([np.arange(a - s0, b - s0) for _, a, b, _ in spans])
+            codes, draws = codes[rel], draws[rel]
+        n, names = len(codes), self.sources
+        columns: dict[str, Any] = {}
+        tokens = np.zeros(n, np.int64)
+        drawn = 0
+        for s in range(len(names)):
             where = codes == s
+            count = int(np.count_nonzero(where))
+            if not count:
+                continue
+            drawn += 1
+            got = self._sessions[s].gather(self._schedule.rows(s, draws[where]))
             for name, values in got.items():
-                parts.setdefault(name, []).append((where, values))
-                if isinstance(values, np.ndarray) and values.dtype.kind == "O" and len(values) \
-                        and isinstance(values[0], np.ndarray | list):  # fmt: skip
-                    tokens[s] += sum(len(v) for v in values)
-        data: dict[str, Any] = {}
-        for name, pieces in parts.items():
-            if len(pieces) != sum(1 for p in picks if len(p)):
-                missing = [n for n, p in zip(self.sources, picks, strict=True) if len(p)]
-                raise ConfigurationError(
-                    f"fl.mix: column {name!r} is not in every source drawn ({missing}). Fix: "
-                    "pass columns=[...] that every source has."
-                )
-            data[name] = _interleave(name, pieces, len(codes), self.sources)
-        data["source"] = codes
-        self._counts[(self._epoch, first)] = (samples, tokens)
-        return data, codes
+                if name not in columns:
+                    if drawn > 1:
+                        raise _missing(name, names, codes)
+                    columns[name] = _column(values, n)
+                elif columns[name].dtype.kind != "O" and (
+                    not isinstance(values, np.ndarray) or values.shape[1:] !=
+                        columns[name].shape[1:]):  # fmt: skip
+                    raise _shapes(name, names)
+                target = columns[name]
+                if target.dtype.kind == "O":
+                    seq = list(values)
+                    target[where] = _objects(seq)
+                    if seq and isinstance(seq[0], np.ndarray | list):
+                        tokens[where] += np.fromiter((len(v) for v in seq), np.int64, len(seq))
+                else:
+                    target[where] = values
+            if len(got) != len(columns):
+                raise _missing(sorted(set(columns) - set(got))[0], names, codes)
+        items, at = [], 0
+        for number, a, b, repeat in spans:
+            end = at + (b - a)
+            data = {name: (col[at:end].tolist() if col.dtype.kind == "O" else col[at:end])
+                    for name, col in columns.items()}  # fmt: skip
+            data["source"] = codes[at:end]
+            if not repeat:
+                self._counts[(epoch, number)] = (
+                    np.bincount(codes[at:end], minlength=len(names)),
+                    np.bincount(codes[at:end], tokens[at:end], minlength=len(names)),
+                )  # fmt: skip
+            items.append(Batch(epoch, number, np.arange(a, b, dtype=np.int64), data=data,
+                               padded=np.full(b - a, repeat)))  # fmt: skip
+            at = end
+        return items
 
     def _pipeline(self) -> Node:
-        node: Node = _MixedSource(self, self._epoch, self._batches)
+        group = 1 if self.transform is not None else max(1, min(64, 8192 // self.batch_size))
+        node: Node = _MixedSource(self, self._epoch, self._batches, group)
         if self.transform is not None:
             node = Map(node, self.transform, batched=self.batched, seed=self.seed,
                        workers=self._workers)  # fmt: skip
         node = Format(node, self.format)
         if self.prefetch:
-            node = Prefetch(node, depth=self.prefetch)
+            node = Prefetch(node, depth=self.prefetch if group == 1 else 1, group=group)
         return node
 
     def _close_active(self) -> None:
@@ -318,8 +364,7 @@ class MixedLoader:
                 if self._active is not node:
                     break
                 self._batches = item.number + 1
-                first = int(item.indices[0]) if len(item.indices) else -1
-                samples, tokens = self._counts.pop((epoch, first), (None, None))
+                samples, tokens = self._counts.pop((epoch, item.number), (None, None))
                 if samples is not None and tokens is not None:
                     for s, name in enumerate(names):
                         m["per_source"][name]["samples"] += int(samples[s])
@@ -436,24 +481,33 @@ class MixedLoader:
                 f"epoch={self._epoch})")  # fmt: skip
 
 
-def _interleave(name: str, pieces: list[tuple[np.ndarray, Any]], size: int,
-                sources: list[str]) -> Any:  # fmt: skip
-    """One column of the mixed batch: each source's values at its positions."""
-    arrays = [np.asarray(v) if not isinstance(v, np.ndarray) else v for _, v in pieces]
-    if any(isinstance(v, list) for _, v in pieces) or any(a.dtype.kind == "O" for a in arrays):
-        out_list: list[Any] = [None] * size
-        for where, values in pieces:
-            for at, value in zip(np.flatnonzero(where).tolist(), list(values), strict=True):
-                out_list[at] = value
-        return out_list
-    shapes = {a.shape[1:] for a in arrays}
-    if len(shapes) != 1:
-        raise ConfigurationError(
-            f"fl.mix: column {name!r} has sample shapes {sorted(shapes)} in the sources "
-            f"{sources}. Fix: make them equal (e.g. resize images in a transform at write "
-            "time, or store them encoded and decode in transform=)."
-        )
-    out = np.empty((size, *arrays[0].shape[1:]), np.result_type(*arrays))
-    for (where, _), a in zip(pieces, arrays, strict=True):
-        out[where] = a
+def _column(values: Any, n: int) -> np.ndarray:
+    """An empty column of ``n`` rows for ``values`` (object for lists and strings)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind != "O":
+        return np.empty((n, *values.shape[1:]), values.dtype)
+    return np.empty(n, object)
+
+
+def _objects(values: list[Any]) -> np.ndarray:
+    """``values`` as a 1-D object array (each value one element, even a sequence)."""
+    out = np.empty(len(values), object)
+    out[:] = [None] * len(values)
+    for i, v in enumerate(values):
+        out[i] = v
     return out
+
+
+def _missing(name: str, sources: list[str], codes: np.ndarray) -> ConfigurationError:
+    drawn = [sources[s] for s in np.unique(codes).tolist()]
+    return ConfigurationError(
+        f"fl.mix: column {name!r} is not in every source drawn ({drawn}). Fix: pass "
+        "columns=[...] that every source has."
+    )
+
+
+def _shapes(name: str, sources: list[str]) -> ConfigurationError:
+    return ConfigurationError(
+        f"fl.mix: column {name!r} has different sample shapes or kinds in the sources "
+        f"{sources}. Fix: make them equal (e.g. resize images when writing, or store them "
+        "encoded and decode in transform=)."
+    )

@@ -34,6 +34,8 @@ __all__ = ["MixSchedule", "source_permutation", "window_counts"]
 
 #: keeps the window layouts' and the sources' generators apart from the loader's shuffles
 _LAYOUT, _PASS = 0x4D49584C, 0x4D495850
+#: about this many positions are laid out at once
+_BLOCK_POSITIONS = 1 << 14
 
 
 def window_counts(weights: Sequence[float], window: int) -> np.ndarray:
@@ -93,12 +95,21 @@ class MixSchedule:
                     f"Mixing: {len(w)} weights for {len(self.sizes)} sources. Fix: give one "
                     "weight per source."
                 )
-        self._layout = lru_cache(maxsize=8)(self._make_layout)
+        #: windows laid out together (one generator and one vectorized shuffle per block)
+        self.block = max(1, _BLOCK_POSITIONS // self.window)
+        self._blocks = lru_cache(maxsize=4)(self._make_block)
 
-    def _make_layout(self, segment: int, index: int) -> np.ndarray:
+    def _make_block(self, segment: int, block: int) -> np.ndarray:
+        """Windows ``block * self.block ...`` of a segment, flat: each window's codes shuffled
+        by a generator keyed by ``(seed, epoch, segment, block)``."""
         codes = np.repeat(np.arange(len(self.sizes), dtype=np.int64), self.counts[segment])
-        rng = np.random.default_rng([self.seed, _LAYOUT, self.epoch, segment, index])
-        return rng.permutation(codes)
+        rng = np.random.default_rng([self.seed, _LAYOUT, self.epoch, segment, block])
+        return rng.permuted(np.tile(codes, (self.block, 1)), axis=1).ravel()
+
+    def _layout(self, segment: int, index: int) -> np.ndarray:
+        """Window ``index`` of a segment: its source codes."""
+        block, row = divmod(index, self.block)
+        return self._blocks(segment, block)[row * self.window : (row + 1) * self.window]
 
     def _segment(self, position: int) -> int:
         return int(np.searchsorted(self.starts, position, side="right")) - 1
@@ -110,11 +121,12 @@ class MixSchedule:
         while p < stop:
             seg = self._segment(p)
             q = p - self.starts[seg]
-            index, at = divmod(q, self.window)
-            end = min(stop, p + self.window - at)
+            span = self.block * self.window
+            block, at = divmod(q, span)
+            end = min(stop, p + span - at)
             if seg + 1 < len(self.starts):
                 end = min(end, self.starts[seg + 1])
-            out[p - start : end - start] = self._layout(seg, index)[at : at + end - p]
+            out[p - start : end - start] = self._blocks(seg, block)[at : at + end - p]
             p = end
         return out
 
@@ -169,6 +181,32 @@ class MixSchedule:
                 "source with samples a weight > 0, or stop after a number of samples."
             )
         return min(ends) if stop == "first_exhausted" else max(ends)
+
+    def draws(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions ``start`` to ``stop``: their source codes, and each one's draw number in
+        its source (counted from the run's start, ``offsets`` included)."""
+        codes = self.sources(start, stop)
+        before = self.offsets + self.drawn_before(start)
+        draw = np.empty(len(codes), np.int64)
+        for s in range(len(self.sizes)):
+            mask = codes == s
+            draw[mask] = before[s] + np.arange(int(np.count_nonzero(mask)), dtype=np.int64)
+        return codes, draw
+
+    def rows(self, source: int, draws: np.ndarray) -> np.ndarray:
+        """The sample indices that ``source``'s draws numbered ``draws`` read."""
+        n = self.sizes[source]
+        passes, rows = np.divmod(draws, n)
+        if not len(draws):
+            return rows
+        first = int(passes[0])
+        if int(passes[-1]) == first and (len(passes) < 2 or int(passes.max()) == first):
+            return _permutation(n, self.seed, source, first)[rows]
+        idx = np.empty(len(draws), np.int64)
+        for j in np.unique(passes):
+            sel = passes == j
+            idx[sel] = _permutation(n, self.seed, source, int(j))[rows[sel]]
+        return idx
 
     def samples(self, codes: np.ndarray, start: int) -> list[np.ndarray]:
         """Per source: the sample indices read by the positions ``start, start+1, ...`` whose
