@@ -256,3 +256,44 @@ def test_torch_batches():
     torch = pytest.importorskip("torch")
     batch = next(iter(_mix().loader(4)))
     assert isinstance(batch["source"], torch.Tensor) and batch["source"].shape == (4,)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 1000), at=st.integers(0, 30), stop=st.sampled_from(
+    ["first_exhausted", "all_exhausted", 7]))  # fmt: skip
+def test_exact_resume_across_epochs(seed, at, stop):
+    """A checkpoint in any epoch (the sources' draws carried over) resumes exactly, in a loop
+    that calls set_epoch; len() counts what is left."""
+    mix = _mix({"a": 1, "b": 2, "c": 1}, seed=seed, stop=stop)
+
+    def run(loader, start=0):
+        out = []
+        for epoch in range(start, 3):
+            loader.set_epoch(epoch)
+            assert len(loader) == len(list(_peek(loader)))
+            out += [_rows([b]) for b in loader]
+        return out
+
+    whole = run(mix.loader(2, format="numpy"))
+    at = min(at, len(whole))
+    first, done = mix.loader(2, format="numpy"), []
+    for epoch in range(3):
+        first.set_epoch(epoch)
+        it = iter(first)
+        while len(done) < at and (b := next(it, None)) is not None:
+            done.append(_rows([b]))
+        if len(done) == at:
+            break
+    state = first.state_dict()
+    resumed = mix.loader(2, format="numpy")
+    resumed.load_state_dict(state)
+    assert done + run(resumed, state["epoch"]) == whole
+
+
+def _peek(loader):
+    """The batches left in ``loader``'s epoch, without moving it (a copy from its state)."""
+    spans, k = [], loader._batches
+    while (span := loader._span(k)) is not None:
+        spans.append(span)
+        k += 1
+    return spans

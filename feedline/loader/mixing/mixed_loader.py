@@ -216,11 +216,11 @@ class MixedLoader:
         return first, min(first + self.batch_size, self._length)
 
     def __len__(self) -> int:
-        """Batches still to come in this epoch on this rank."""
-        count = 0
-        while self._span(self._batches + count) is not None:
-            count += 1
-        return count
+        """Batches still to come in this epoch on this rank (the same on every rank)."""
+        step = self.batch_size * self.world_size
+        left = max(0, self._length - self._start)
+        steps = left // step if self.drop_last else -(-left // step)
+        return max(0, steps - self._batches)
 
     @property
     def epoch(self) -> int:
