@@ -297,3 +297,27 @@ def _peek(loader):
         spans.append(span)
         k += 1
     return spans
+
+
+def test_sources_of_other_layouts_are_gathered_one_by_one_with_the_same_order():
+    """Sources whose caches differ (int32 vs int64 ids) are gathered per source; the batches
+    are those of sources of one layout (one combined cache)."""
+    same = {n: fl.from_dict({"id": np.arange(k) + 1000 * i}) for i, (n, k) in
+            enumerate(SIZES.items())}  # fmt: skip
+    mixed = dict(same, b=fl.from_numpy({"id": (np.arange(5) + 1000).astype(np.int32)}))
+    one = fl.mix(same, dict.fromkeys(SIZES, 1.0), seed=4, window=8).loader(3, format="numpy")
+    two = fl.mix(mixed, dict.fromkeys(SIZES, 1.0), seed=4, window=8).loader(3, format="numpy")
+    assert one._combined is not None and two._combined is None
+    assert _rows(list(one)) == _rows(list(two))
+
+
+def test_a_column_missing_in_a_source_is_named():
+    a = fl.from_dict({"id": np.arange(4), "x": np.arange(4)})
+    b = fl.from_dict({"id": np.arange(4)})
+    loader = fl.mix({"a": a, "b": b}, {"a": 1, "b": 1}, window=2).loader(2, format="numpy")
+    with pytest.raises(ConfigurationError, match="'x' is not in every source"):
+        list(loader)
+    ok = fl.mix({"a": a, "b": b}, {"a": 1, "b": 1}, window=2, stop="all_exhausted").loader(
+        2, format="numpy", columns=["id"])  # fmt: skip
+    assert sorted(_rows(list(ok))) == [(s, i) for s in (0, 1) for i in range(4)]
+    assert ok._combined is not None

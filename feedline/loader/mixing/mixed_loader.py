@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.data.buffers import BufferPool
+from feedline.loader.mixing.combined_cache import combine_caches
 from feedline.loader.mixing.schedule import MixSchedule
 from feedline.loader.nodes.collate import Format
 from feedline.loader.nodes.map import Map
@@ -34,6 +36,8 @@ __all__ = ["MIX_STATE_VERSION", "STOPS", "MixedLoader"]
 
 MIX_STATE_VERSION = 1
 STOPS = ("first_exhausted", "all_exhausted")
+#: a group's columns (in the batches' order) and each row's tokens
+_Taken = tuple[dict[str, Any], np.ndarray]
 _KEYS = ("version", "sources", "sizes", "window", "seed", "stop", "epoch", "offsets",
          "segments", "start", "batches", "world_size", "batch_size")  # fmt: skip
 
@@ -146,6 +150,16 @@ class MixedLoader:
             raise ConfigurationError(f"fl.mix: source(s) {empty} have no samples. Fix: leave "
                                      "them out of the mix.")  # fmt: skip
         self._sessions = [b.session(shuffle=True, seed=self.seed, epoch=0) for b in self._backends]
+        # one cache over every source when they share a layout (one take per block per group)
+        self._combined = combine_caches([b.source for b in self._backends])
+        # gathers go into reused buffers (a set is reused once no batch refers to it)
+        self._buffer_shapes = self._backends[0].buffer_shapes()
+        self._pool: BufferPool | None = None
+        self._scratch: dict[str, np.ndarray] = {}
+        if self._combined is not None:  # the sources' own caches are released
+            for loader in self._loaders:
+                loader._backend = None
+            self._backends, self._sessions = [], []
         self._weights0 = self._check_weights(weights)
         self._start_run()
         self._active: Node | None = None
@@ -272,19 +286,61 @@ class MixedLoader:
             spans.append((number, *span, span[0] < step + self.rank * self.batch_size))
         if not spans:
             return []
-        s0, e0 = spans[0][1], max(last for _, _, last, _ in spans)
+        s0, e0 = min(a for _, a, _, _ in spans), max(b for _, _, b, _ in spans)
         codes, draws = self._schedule.draws(s0, e0)
         if self.world_size > 1 or any(repeat for *_, repeat in spans):
             rel = np.concatenate([np.arange(a - s0, b - s0) for _, a, b, _ in spans])
             codes, draws = codes[rel], draws[rel]
+        names = self.sources
+        if self._combined is not None:
+            columns, tokens = self._take_combined(codes, draws)
+        else:
+            columns, tokens = self._take_each(codes, draws)
+        # per batch and source: samples and tokens (one bincount for the group)
+        sizes = [b - a for _, a, b, _ in spans]
+        key = np.repeat(np.arange(len(spans)) * len(names), sizes) + codes
+        count = np.bincount(key, minlength=len(spans) * len(names)).reshape(len(spans), -1)
+        toks = (np.bincount(key, tokens, minlength=len(spans) * len(names)).reshape(
+            len(spans), -1).astype(np.int64) if tokens.any() else np.zeros_like(count))  # fmt: skip
+        positions = np.concatenate([np.arange(a, b, dtype=np.int64) for _, a, b, _ in spans])
+        objects = [name for name, col in columns.items() if col.dtype.kind == "O"]
+        items, at = [], 0
+        for j, (number, a, b, repeat) in enumerate(spans):
+            end = at + (b - a)
+            data = {name: col[at:end] for name, col in columns.items()}
+            for name in objects:
+                data[name] = data[name].tolist()
+            data["source"] = codes[at:end]
+            if not repeat:
+                self._counts[(epoch, number)] = (count[j], toks[j])
+            items.append(Batch(epoch, number, positions[at:end], data=data,
+                               padded=np.ones(b - a, bool) if repeat else None))  # fmt: skip
+            at = end
+        return items
+
+    def _take_combined(self, codes: np.ndarray, draws: np.ndarray) -> _Taken:
+        """The rows of these draws from the combined cache: one take per block."""
+        assert self._combined is not None
+        cache, bases = self._combined
+        idx = np.empty(len(codes), np.int64)
+        for s in range(len(self.sources)):
+            where = codes == s
+            if where.any():
+                idx[where] = bases[s] + self._schedule.rows(s, draws[where])
+        n = len(codes)
+        if self._pool is None or self._pool.rows < n:
+            self._pool = BufferPool(self._buffer_shapes, n, keep=4)
+        columns = dict(cache.gather(idx, self._pool.get(n), self._scratch))
+        return columns, _lengths(columns, n)
+
+    def _take_each(self, codes: np.ndarray, draws: np.ndarray) -> _Taken:
+        """The rows of these draws, gathered per source and placed at their positions."""
         n, names = len(codes), self.sources
         columns: dict[str, Any] = {}
-        tokens = np.zeros(n, np.int64)
         drawn = 0
         for s in range(len(names)):
             where = codes == s
-            count = int(np.count_nonzero(where))
-            if not count:
+            if not where.any():
                 continue
             drawn += 1
             got = self._sessions[s].gather(self._schedule.rows(s, draws[where]))
@@ -298,30 +354,10 @@ class MixedLoader:
                         columns[name].shape[1:]):  # fmt: skip
                     raise _shapes(name, names)
                 target = columns[name]
-                if target.dtype.kind == "O":
-                    seq = list(values)
-                    target[where] = _objects(seq)
-                    if seq and isinstance(seq[0], np.ndarray | list):
-                        tokens[where] += np.fromiter((len(v) for v in seq), np.int64, len(seq))
-                else:
-                    target[where] = values
+                target[where] = _objects(list(values)) if target.dtype.kind == "O" else values
             if len(got) != len(columns):
                 raise _missing(sorted(set(columns) - set(got))[0], names, codes)
-        items, at = [], 0
-        for number, a, b, repeat in spans:
-            end = at + (b - a)
-            data = {name: (col[at:end].tolist() if col.dtype.kind == "O" else col[at:end])
-                    for name, col in columns.items()}  # fmt: skip
-            data["source"] = codes[at:end]
-            if not repeat:
-                self._counts[(epoch, number)] = (
-                    np.bincount(codes[at:end], minlength=len(names)),
-                    np.bincount(codes[at:end], tokens[at:end], minlength=len(names)),
-                )  # fmt: skip
-            items.append(Batch(epoch, number, np.arange(a, b, dtype=np.int64), data=data,
-                               padded=np.full(b - a, repeat)))  # fmt: skip
-            at = end
-        return items
+        return columns, _lengths(columns, n)
 
     def _pipeline(self) -> Node:
         group = 1 if self.transform is not None else max(1, min(64, 8192 // self.batch_size))
@@ -430,8 +466,6 @@ class MixedLoader:
         self.seed, self._epoch = int(s["seed"]), int(s["epoch"])
         self._offsets = [int(x) for x in s["offsets"]]
         self._segments = [(int(p), tuple(float(x) for x in w)) for p, w in s["segments"]]
-        self._sessions = [b.session(shuffle=True, seed=self.seed, epoch=0)
-                          for b in self._backends]  # fmt: skip
         self._begin(int(s["start"]))
         if (int(s["world_size"]), int(s["batch_size"])) == self._layout:
             self._batches = int(s["batches"])
@@ -479,6 +513,16 @@ class MixedLoader:
         return (f"MixedLoader(sources={self.sources}, weights={self.weights}, "
                 f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size}, "
                 f"epoch={self._epoch})")  # fmt: skip
+
+
+def _lengths(columns: Mapping[str, Any], n: int) -> np.ndarray:
+    """Per row: the total length of its list values (the tokens of list columns)."""
+    tokens = np.zeros(n, np.int64)
+    for values in columns.values():
+        if isinstance(values, np.ndarray) and values.dtype.kind == "O" and n and isinstance(
+                values[0], np.ndarray | list):  # fmt: skip
+            tokens += np.fromiter((len(v) for v in values), np.int64, n)
+    return tokens
 
 
 def _column(values: Any, n: int) -> np.ndarray:
