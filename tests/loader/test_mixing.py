@@ -321,3 +321,24 @@ def test_a_column_missing_in_a_source_is_named():
         2, format="numpy", columns=["id"])  # fmt: skip
     assert sorted(_rows(list(ok))) == [(s, i) for s in (0, 1) for i in range(4)]
     assert ok._combined is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(weights=st.lists(weights_st, min_size=1, max_size=3), window=st.integers(1, 20),
+       cuts=st.lists(st.integers(1, 60), min_size=2, max_size=2), seed=st.integers(0, 99),
+       start=st.integers(0, 150), length=st.integers(0, 150))  # fmt: skip
+def test_draw_numbers_match_a_brute_force_count(weights, window, cuts, seed, start, length):
+    """Each position's draw number is the count of earlier positions of its source (offsets
+    added), across weight changes; drawn_before and position_of agree."""
+    starts = [0, cuts[0], cuts[0] + cuts[1]][: len(weights)]
+    offsets = [3, 0, 7]
+    s = MixSchedule([13, 5, 8], list(zip(starts, weights, strict=True)), window=window,
+                    seed=seed, epoch=1, offsets=offsets)  # fmt: skip
+    codes, draws = s.draws(start, start + length)
+    every = s.sources(0, start + length)
+    assert codes.tolist() == every[start:].tolist()
+    for k, (c, d) in enumerate(zip(codes.tolist(), draws.tolist(), strict=True)):
+        p = start + k
+        assert d == offsets[c] + int((every[:p] == c).sum())
+        assert s.position_of(c, d - offsets[c]) == p
+    assert s.drawn_before(start).tolist() == np.bincount(every[:start], minlength=3).tolist()

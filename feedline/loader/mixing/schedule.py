@@ -22,7 +22,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -99,17 +99,36 @@ class MixSchedule:
         self.block = max(1, _BLOCK_POSITIONS // self.window)
         self._blocks = lru_cache(maxsize=4)(self._make_block)
 
-    def _make_block(self, segment: int, block: int) -> np.ndarray:
+    def _make_block(self, segment: int, block: int) -> tuple[np.ndarray, np.ndarray]:
         """Windows ``block * self.block ...`` of a segment, flat: each window's codes shuffled
-        by a generator keyed by ``(seed, epoch, segment, block)``."""
+        by a generator keyed by ``(seed, epoch, segment, block)``, and each position's rank
+        among its window's positions of the same source."""
         codes = np.repeat(np.arange(len(self.sizes), dtype=np.int64), self.counts[segment])
         rng = np.random.default_rng([self.seed, _LAYOUT, self.epoch, segment, block])
-        return rng.permuted(np.tile(codes, (self.block, 1)), axis=1).ravel()
+        layout = rng.permuted(np.tile(codes, (self.block, 1)), axis=1)
+        ranks = np.zeros(layout.shape, np.int64)
+        for s in range(len(self.sizes)):
+            mask = layout == s
+            ranks[mask] = (np.cumsum(mask, axis=1) - 1)[mask]
+        return layout.ravel(), ranks.ravel()
 
     def _layout(self, segment: int, index: int) -> np.ndarray:
         """Window ``index`` of a segment: its source codes."""
         block, row = divmod(index, self.block)
-        return self._blocks(segment, block)[row * self.window : (row + 1) * self.window]
+        return self._blocks(segment, block)[0][row * self.window : (row + 1) * self.window]
+
+    def _chunks(self, start: int, stop: int) -> Iterator[tuple[int, int, int, int, int]]:
+        """``(p, end, segment, block, at)``: runs of positions in one block of one segment."""
+        p = start
+        span = self.block * self.window
+        while p < stop:
+            seg = self._segment(p)
+            block, at = divmod(p - self.starts[seg], span)
+            end = min(stop, p + span - at)
+            if seg + 1 < len(self.starts):
+                end = min(end, self.starts[seg + 1])
+            yield p, end, seg, block, at
+            p = end
 
     def _segment(self, position: int) -> int:
         return int(np.searchsorted(self.starts, position, side="right")) - 1
@@ -117,17 +136,8 @@ class MixSchedule:
     def sources(self, start: int, stop: int) -> np.ndarray:
         """Source codes of positions ``start`` to ``stop`` (exclusive)."""
         out = np.empty(max(0, stop - start), np.int64)
-        p = start
-        while p < stop:
-            seg = self._segment(p)
-            q = p - self.starts[seg]
-            span = self.block * self.window
-            block, at = divmod(q, span)
-            end = min(stop, p + span - at)
-            if seg + 1 < len(self.starts):
-                end = min(end, self.starts[seg + 1])
-            out[p - start : end - start] = self._blocks(seg, block)[at : at + end - p]
-            p = end
+        for p, end, seg, block, at in self._chunks(start, stop):
+            out[p - start : end - start] = self._blocks(seg, block)[0][at : at + end - p]
         return out
 
     def _drawn_in(self, seg: int, length: int) -> np.ndarray:
@@ -185,13 +195,18 @@ class MixSchedule:
     def draws(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Positions ``start`` to ``stop``: their source codes, and each one's draw number in
         its source (counted from the run's start, ``offsets`` included)."""
-        codes = self.sources(start, stop)
-        before = self.offsets + self.drawn_before(start)
-        draw = np.empty(len(codes), np.int64)
-        for s in range(len(self.sizes)):
-            mask = codes == s
-            draw[mask] = before[s] + np.arange(int(np.count_nonzero(mask)), dtype=np.int64)
-        return codes, draw
+        codes = np.empty(max(0, stop - start), np.int64)
+        draws = np.empty(len(codes), np.int64)
+        for p, end, seg, block, at in self._chunks(start, stop):
+            layout, ranks = self._blocks(seg, block)
+            c = layout[at : at + end - p]
+            first = self.starts[seg]
+            base = self.offsets + self.drawn_before(first)
+            window = np.arange(p - first, end - first, dtype=np.int64) // self.window
+            codes[p - start : end - start] = c
+            draws[p - start : end - start] = (base[c] + window * self.counts[seg][c]
+                                              + ranks[at : at + end - p])  # fmt: skip
+        return codes, draws
 
     def rows(self, source: int, draws: np.ndarray) -> np.ndarray:
         """The sample indices that ``source``'s draws numbered ``draws`` read."""
