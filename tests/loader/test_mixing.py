@@ -167,6 +167,15 @@ def test_weights_changed_at_a_checkpoint_apply_from_there(seed, at):
     assert _rows(_take(live, at)) == head if at else True
     live.set_weights({"a": 0, "b": 0, "c": 1})
     assert _rows(list(live)) == tail
+    # inside a running loop too (batches read ahead are gathered again)
+    looped = mix.loader(2, format="numpy", prefetch=3)
+    got = []
+    for k, b in enumerate(looped):
+        got.append(_rows([b]))
+        if k + 1 == at:
+            looped.set_weights({"a": 0, "b": 0, "c": 1})
+    if at:
+        assert [r for b in got for r in b] == head + tail
     # and the new weights survive the next checkpoint
     assert resumed.state_dict()["segments"][-1][1] == [0.0, 0.0, 1.0]
 

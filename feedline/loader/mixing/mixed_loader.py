@@ -163,6 +163,7 @@ class MixedLoader:
         self._weights0 = self._check_weights(weights)
         self._start_run()
         self._active: Node | None = None
+        self._token: object = None  # the running iteration's
         self._counts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._metrics: dict[int, dict[str, Any]] = {}
 
@@ -248,7 +249,9 @@ class MixedLoader:
 
     def set_weights(self, weights: Sequence[float] | Mapping[str, float]) -> None:
         """Use ``weights`` from the position reached (a curriculum): batches already
-        delivered keep their sources; every rank must call it at the same step."""
+        delivered keep their sources; every rank must call it at the same step. Inside a
+        running ``for batch in loader`` loop the iteration goes on with the new weights
+        (batches read ahead are dropped and gathered again)."""
         w = self._check_weights(weights)
         self._close_active()
         position = self._position()
@@ -265,6 +268,7 @@ class MixedLoader:
         if self._restored and epoch == self._epoch:
             return
         self._close_active()
+        self._token = None
         self._restored = False
         if epoch < self._epoch:
             self._start_run()
@@ -386,6 +390,7 @@ class MixedLoader:
 
     def _iterate(self) -> Iterator[dict[str, Any]]:
         node = self._active = self._pipeline()
+        self._token = token = object()
         epoch, names = self._epoch, self.sources
         m = self._metrics.setdefault(epoch, {"batches": 0, "samples": 0, "seconds": 0.0,
                                              "per_source": {n: {"samples": 0, "tokens": 0}
@@ -393,11 +398,14 @@ class MixedLoader:
         started = time.perf_counter()
         try:
             while True:
+                if self._active is not node:  # set_weights: go on from the position reached
+                    if self._token is not token or self._epoch != epoch:
+                        break  # another iteration, or a resume, took over
+                    node.close()
+                    node = self._active = self._pipeline()
                 try:
                     item = node.next()
                 except StopIteration:
-                    break
-                if self._active is not node:
                     break
                 self._batches = item.number + 1
                 samples, tokens = self._counts.pop((epoch, item.number), (None, None))
@@ -463,6 +471,7 @@ class MixedLoader:
                         "same step; with pack=, resume on as many ranks: an elastic "
                         "resume of packed mixed rows is not supported yet)")  # fmt: skip
         self._close_active()
+        self._token = None
         self.seed, self._epoch = int(s["seed"]), int(s["epoch"])
         self._offsets = [int(x) for x in s["offsets"]]
         self._segments = [(int(p), tuple(float(x) for x in w)) for p, w in s["segments"]]
