@@ -8,6 +8,9 @@ global position (``start`` plus ``batches`` steps of the layout that recorded it
 weights' segments of the epoch and each source's draws before the epoch (``offsets``): one
 int per source and per weight change. A resume on another ``world_size`` (or ``batch_size``)
 restarts the split at the global position consumed: every position is delivered once.
+Given every old rank's state at its own step (a packing loader pulls documents at its own
+pace), the positions only some ranks delivered are left as ``pending`` ranges, delivered
+first (at most ``world_size`` ranges per step apart).
 
 Each batch carries a ``source`` column (int codes; ``loader.sources`` names them), and
 :meth:`MixedLoader.metrics` counts samples (and tokens of list columns) per source.
@@ -39,7 +42,7 @@ STOPS = ("first_exhausted", "all_exhausted")
 #: a group's columns (in the batches' order) and each row's tokens
 _Taken = tuple[dict[str, Any], np.ndarray]
 _KEYS = ("version", "sources", "sizes", "window", "seed", "stop", "epoch", "offsets",
-         "segments", "start", "batches", "world_size", "batch_size")  # fmt: skip
+         "segments", "pending", "start", "batches", "rank", "world_size", "batch_size")  # fmt: skip
 
 
 def _fail(what: str) -> ConfigurationError:
@@ -191,9 +194,12 @@ class MixedLoader:
         self._begin(0)
         self._restored = False
 
-    def _begin(self, start: int) -> None:
-        """This layout's split starts at global position ``start``."""
+    def _begin(self, start: int, pending: Sequence[tuple[int, int]] = ()) -> None:
+        """This layout's split starts with the ``pending`` ranges of positions (left over by
+        an elastic resume), then goes on at global position ``start``."""
         self._start, self._batches, self._layout = start, 0, (self.world_size, self.batch_size)
+        self._pending = [(int(a), int(b)) for a, b in pending if b > a]
+        self._held = sum(b - a for a, b in self._pending)  # positions in the pending ranges
         self._schedule = MixSchedule(
             self.sizes,
             self._segments,
@@ -211,30 +217,50 @@ class MixedLoader:
         self._segments = [(0, self._segments[-1][1])]
         self._begin(0)
 
+    def _total(self) -> int:
+        """Positions in this split's stream: the pending ones, then ``start`` to the end."""
+        return self._held + max(0, self._length - self._start)
+
     def _position(self) -> int:
-        """The global position after the batches delivered (every rank's, lock-step)."""
+        """The global position of the main stream reached (every rank's, lock-step)."""
         step = self.batch_size * self.world_size
-        return min(self._length, self._start + self._batches * step)
+        consumed = min(self._total(), self._batches * step)
+        return min(self._length, self._start + max(0, consumed - self._held))
 
     def _span(self, k: int) -> tuple[int, int] | None:
-        """Global positions of this rank's ``k``-th batch since the split's start. Every rank
+        """Stream indices (see :meth:`_positions`) of this rank's ``k``-th batch. Every rank
         has as many batches: with ``drop_last=False`` a rank with no position left in the
-        last step gets the epoch's last position once more (as the one-dataset loader
+        last step gets the stream's last position once more (as the one-dataset loader
         does), so ranks in lock step (DDP) never wait on one another."""
-        step = self.batch_size * self.world_size
-        base = self._start + k * step
-        if base >= self._length or (self.drop_last and base + step > self._length):
+        step, total = self.batch_size * self.world_size, self._total()
+        base = k * step
+        if base >= total or (self.drop_last and base + step > total):
             return None
         first = base + self.rank * self.batch_size
-        if first >= self._length:
-            return self._length - 1, self._length
-        return first, min(first + self.batch_size, self._length)
+        if first >= total:
+            return total - 1, total
+        return first, min(first + self.batch_size, total)
+
+    def _positions(self, a: int, b: int) -> np.ndarray:
+        """Global positions of stream indices ``a`` to ``b``: the pending ranges' first."""
+        parts, at = [], 0
+        for lo, hi in self._pending:
+            if at >= b:
+                break
+            n = hi - lo
+            x, y = max(a, at), min(b, at + n)
+            if x < y:
+                parts.append(np.arange(lo + x - at, lo + y - at, dtype=np.int64))
+            at += n
+        if b > self._held:
+            x = max(a, self._held) - self._held + self._start
+            parts.append(np.arange(x, b - self._held + self._start, dtype=np.int64))
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
     def __len__(self) -> int:
         """Batches still to come in this epoch on this rank (the same on every rank)."""
-        step = self.batch_size * self.world_size
-        left = max(0, self._length - self._start)
-        steps = left // step if self.drop_last else -(-left // step)
+        step, total = self.batch_size * self.world_size, self._total()
+        steps = total // step if self.drop_last else -(-total // step)
         return max(0, steps - self._batches)
 
     @property
@@ -258,8 +284,8 @@ class MixedLoader:
         self._segments = [s for s in self._segments if s[0] < position] + [(position, w)]
         if self._segments[0][0] != 0:
             self._segments.insert(0, (0, w))
-        start, batches = self._start, self._batches
-        self._begin(start)
+        start, batches, pending = self._start, self._batches, self._pending
+        self._begin(start, pending)
         self._batches = batches
 
     def set_epoch(self, epoch: int) -> None:
@@ -286,15 +312,19 @@ class MixedLoader:
             span = self._span(number)
             if span is None:
                 break
-            step = self._start + number * self.batch_size * self.world_size
+            step = number * self.batch_size * self.world_size
             spans.append((number, *span, span[0] < step + self.rank * self.batch_size))
         if not spans:
             return []
-        s0, e0 = min(a for _, a, _, _ in spans), max(b for _, _, b, _ in spans)
+        positions = self._positions(spans[0][1], spans[-1][2])
+        if self.world_size > 1 or spans[-1][3]:  # this rank's parts of the steps
+            v0 = spans[0][1]
+            rel = np.concatenate([np.arange(a - v0, b - v0) for _, a, b, _ in spans])
+            positions = positions[rel]
+        s0, e0 = int(positions.min()), int(positions.max()) + 1
         codes, draws = self._schedule.draws(s0, e0)
-        if self.world_size > 1 or any(repeat for *_, repeat in spans):
-            rel = np.concatenate([np.arange(a - s0, b - s0) for _, a, b, _ in spans])
-            codes, draws = codes[rel], draws[rel]
+        if e0 - s0 != len(positions) or int(positions[0]) != s0:
+            codes, draws = codes[positions - s0], draws[positions - s0]
         names = self.sources
         if self._combined is not None:
             columns, tokens = self._take_combined(codes, draws)
@@ -306,7 +336,6 @@ class MixedLoader:
         count = np.bincount(key, minlength=len(spans) * len(names)).reshape(len(spans), -1)
         toks = (np.bincount(key, tokens, minlength=len(spans) * len(names)).reshape(
             len(spans), -1).astype(np.int64) if tokens.any() else np.zeros_like(count))  # fmt: skip
-        positions = np.concatenate([np.arange(a, b, dtype=np.int64) for _, a, b, _ in spans])
         objects = [name for name, col in columns.items() if col.dtype.kind == "O"]
         items, at = [], 0
         for j, (number, a, b, repeat) in enumerate(spans):
@@ -428,14 +457,13 @@ class MixedLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position: tiny and JSON-safe (one int per source and per weight change)."""
-        start, batches = self._start, self._batches
-        if self._span(batches) is None:  # this rank's epoch is done: the same on every rank
-            start, batches = self._length, 0
+        start, batches, pending = self._start, self._batches, self._pending
         return {"version": MIX_STATE_VERSION, "sources": list(self.sources),
                 "sizes": list(self.sizes), "window": self.window, "seed": self.seed,
                 "stop": self.stop, "epoch": self._epoch, "offsets": list(self._offsets),
-                "segments": [[p, list(w)] for p, w in self._segments], "start": start,
-                "batches": batches, "world_size": self.world_size,
+                "segments": [[p, list(w)] for p, w in self._segments],
+                "pending": [[a, b] for a, b in pending], "start": start,
+                "batches": batches, "rank": self.rank, "world_size": self.world_size,
                 "batch_size": self.batch_size}  # fmt: skip
 
     def load_state_dict(
@@ -463,26 +491,53 @@ class MixedLoader:
                     "resume with the checkpoint's sources (same data, order and names), "
                     "window and stop."
                 )
-        step = int(s["batch_size"]) * int(s["world_size"])
-        ends = {int(x["start"]) + int(x["batches"]) * step for x in states}
-        if len(ends) != 1 or any(dict(x, batches=0) != dict(s, batches=0) for x in states):
-            raise _fail("the ranks' states stand at different positions (the mixed stream "
-                        "resumes from one global position: checkpoint every rank at the "
-                        "same step; with pack=, resume on as many ranks: an elastic "
-                        "resume of packed mixed rows is not supported yet)")  # fmt: skip
+        world, size = int(s["world_size"]), int(s["batch_size"])
+        if any(dict(x, batches=0, rank=0) != dict(s, batches=0, rank=0) for x in states):
+            raise _fail("the states are of different runs or positions in them (pass the "
+                        "states of one checkpoint)")  # fmt: skip
         self._close_active()
         self._token = None
         self.seed, self._epoch = int(s["seed"]), int(s["epoch"])
         self._offsets = [int(x) for x in s["offsets"]]
         self._segments = [(int(p), tuple(float(x) for x in w)) for p, w in s["segments"]]
-        self._begin(int(s["start"]))
-        if (int(s["world_size"]), int(s["batch_size"])) == self._layout:
-            self._batches = int(s["batches"])
-        else:  # elastic: the split restarts at the global position consumed
-            self._begin(min(self._length, ends.pop()))
+        self._layout = (world, size)
+        old = [(int(a), int(b)) for a, b in s["pending"]]
+        self._begin(int(s["start"]), old)
+        done = sorted({int(x["batches"]) for x in states})
+        if len(done) == 1 and (world, size) == (self.world_size, self.batch_size):
+            self._batches = done[0]
+        else:  # the stream left, split again from its start (elastic, or ranks apart)
+            self._begin(*self._left(states, world, size))
         if weights is not None:
             self.set_weights(weights)
         self._restored = True
+
+    def _left(self, states: list[Mapping[str, Any]], world: int,
+              size: int) -> tuple[int, list[tuple[int, int]]]:  # fmt: skip
+        """The stream no old rank delivered, as ``(start, pending ranges)``: each old rank
+        ``r`` delivered its batches before ``states[r]["batches"]`` (one state: every rank
+        the same); what only some ranks delivered is left as pending ranges."""
+        counts = [int(states[0]["batches"])] * world  # one state: every rank alike
+        if len(states) > 1:
+            by_rank = {int(x["rank"]): int(x["batches"]) for x in states}
+            if sorted(by_rank) != list(range(world)):
+                raise _fail(f"got the states of ranks {sorted(by_rank)}; pass one state, or "
+                            f"all {world} ranks' states")  # fmt: skip
+            counts = [by_rank[r] for r in range(world)]
+        step, total = size * world, self._total()
+        low, high = min(counts), max(counts)
+        ranges: list[tuple[int, int]] = []
+        for g in range(low, high):  # steps some ranks delivered: the others' parts are left
+            for r in range(world):
+                a, b = g * step + r * size, min(g * step + (r + 1) * size, total)
+                if counts[r] <= g and a < b:
+                    ranges += _runs(self._positions(a, b))
+        end = min(total, high * step)
+        if end < total:
+            ranges += _runs(self._positions(end, min(total, self._held)) if end < self._held
+                            else np.empty(0, np.int64))  # fmt: skip
+        start = self._start + max(0, end - self._held)
+        return min(start, self._length), ranges
 
     # ------------------------------------------------------------------ reports
 
@@ -522,6 +577,14 @@ class MixedLoader:
         return (f"MixedLoader(sources={self.sources}, weights={self.weights}, "
                 f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size}, "
                 f"epoch={self._epoch})")  # fmt: skip
+
+
+def _runs(positions: np.ndarray) -> list[tuple[int, int]]:
+    """``positions`` (ascending) as ranges ``[a, b)`` of consecutive positions."""
+    if not len(positions):
+        return []
+    cuts = np.flatnonzero(np.diff(positions) != 1) + 1
+    return [(int(p[0]), int(p[-1]) + 1) for p in np.split(positions, cuts)]
 
 
 def _lengths(columns: Mapping[str, Any], n: int) -> np.ndarray:
