@@ -60,6 +60,13 @@ class Mix:
         >>> [sorted(b["source"].tolist()) for b in loader]
         [[0, 0, 0, 1], [0, 0, 0, 1]]
         """
+        refused = sorted({"seed", "shuffle", "windows"} & set(source_options))
+        if refused:
+            raise ConfigurationError(
+                f"fl.mix(...).loader: {refused} cannot be set per loader of a mix (the mix is "
+                "always shuffled, by fl.mix's seed; windows= does not mix). Fix: pass "
+                "seed= to fl.mix and leave these out."
+            )
         if pack is not None:
             return self._packed(pack, batch_size, rank, world_size, drop_last, format,
                                 transform, batched, num_workers, worker_type,

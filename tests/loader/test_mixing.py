@@ -240,6 +240,8 @@ def test_state_is_tiny_and_json_safe():
 def test_mistakes_raise_configuration_errors_that_say_how_to_fix():
     with pytest.raises(ConfigurationError, match="unknown source"):
         _mix({"a": 1, "b": 1, "c": 1, "d": 1}).loader(2)
+    with pytest.raises(ConfigurationError, match=r"seed= to fl\.mix"):
+        _mix().loader(2, seed=3)
     with pytest.raises(ConfigurationError, match="stop="):
         _mix(stop="never")
     with pytest.raises(ConfigurationError, match="weight"):
