@@ -46,6 +46,7 @@ if _typing.TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         from_ray,
         from_spark,
     )
+    from feedline.dataset.mix import mix
     from feedline.dataset.readers import (
         open,  # noqa: A004
         range,  # noqa: A004
@@ -136,6 +137,7 @@ _LAZY: dict[str, str] = {
     "from_spark": "feedline.dataset.from_memory",
     "get_engine": "feedline.engines.protocol",
     "history": "feedline.store.versions",
+    "mix": "feedline.dataset.mix",
     "open": "feedline.dataset.readers",
     "preprocess": "feedline.preprocess",
     "range": "feedline.dataset.readers",
@@ -218,6 +220,7 @@ __all__ = [
     "from_spark",
     "get_engine",
     "history",
+    "mix",
     "open",
     "preprocess",
     "range",

@@ -1,0 +1,247 @@
+"""The mixed stream's order: a pure function of (sizes, weights, seed, epoch, position).
+
+The stream is cut into windows of ``window`` positions. In each window source ``s`` takes
+``counts[s]`` positions: the largest-remainder rounding of ``window * weights[s]`` (so each
+count is within 1 of ``window * weights[s]``), laid out in an order shuffled by a generator
+keyed by ``(seed, epoch, segment, window index)``. A *segment* is a run of positions with one
+set of weights: a curriculum appends a segment where the weights change, and the positions
+before it keep their sources.
+
+Source ``s``'s ``k``-th draw (counted from the start of the run: ``offsets[s]`` draws were
+made in earlier epochs) reads sample ``perm[j][k % n]`` where ``j = k // n`` is the source's
+own pass over its ``n`` samples and ``perm[j]`` that pass's permutation (keyed by
+``(seed, source, j)``): no sample repeats within a pass, and a small source starts its next
+pass, reshuffled, while the others go on.
+
+Examples
+--------
+>>> s = MixSchedule([10, 10], [(0, (0.75, 0.25))], window=4, seed=0, epoch=0)
+>>> sorted(s.sources(0, 4).tolist()), s.drawn_before(8).tolist()
+([0, 0, 0, 1], [6, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from feedline.errors import ConfigurationError
+from feedline.loader.order.sample_order import global_order
+
+__all__ = ["MixSchedule", "source_permutation", "window_counts"]
+
+#: keeps the window layouts' and the sources' generators apart from the loader's shuffles
+_LAYOUT, _PASS = 0x4D49584C, 0x4D495850
+#: about this many positions are laid out at once
+_BLOCK_POSITIONS = 1 << 14
+
+
+def window_counts(weights: Sequence[float], window: int) -> np.ndarray:
+    """Positions per source in a window: the largest-remainder rounding of ``window*weights``.
+
+    Examples
+    --------
+    >>> window_counts([0.6, 0.3, 0.1], 10).tolist(), window_counts([1, 1, 1], 4).tolist()
+    ([6, 3, 1], [2, 1, 1])
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or not len(w) or not np.all(np.isfinite(w)) or (w < 0).any() or w.sum() <= 0:
+        raise ConfigurationError(
+            f"Mixing weights {list(weights)!r}: expected one finite weight >= 0 per source, "
+            "at least one > 0. Fix: pass weights such as {'web': 0.7, 'code': 0.3}."
+        )
+    exact = window * w / w.sum()
+    counts = np.floor(exact).astype(np.int64)
+    left = int(window - counts.sum())
+    # ties go to the first source: stable sort of the remainders, largest first
+    order = np.argsort(-(exact - counts), kind="stable")
+    counts[order[:left]] += 1
+    return counts
+
+
+def source_permutation(size: int, seed: int, source: int, npass: int) -> np.ndarray:
+    """Source ``source``'s ``npass``-th pass over its ``size`` samples (a permutation)."""
+    key = np.random.SeedSequence([seed, _PASS, source]).generate_state(1)[0]
+    return global_order([size], shuffle=True, seed=int(key), epoch=npass, window=None)
+
+
+class MixSchedule:
+    """The sources of the positions of one epoch of the mixed stream (module docstring).
+
+    ``segments``: ``(start position, weights)`` pairs, the first at position 0, starts
+    increasing; ``offsets``: each source's draws in the epochs before this one.
+    """
+
+    def __init__(self, sizes: Sequence[int], segments: Sequence[tuple[int, Sequence[float]]],
+                 *, window: int, seed: int, epoch: int,
+                 offsets: Sequence[int] | None = None) -> None:  # fmt: skip
+        self.sizes = [int(n) for n in sizes]
+        self.window, self.seed, self.epoch = int(window), int(seed), int(epoch)
+        self.offsets = np.zeros(len(self.sizes), np.int64) if offsets is None else (
+            np.asarray(offsets, dtype=np.int64))  # fmt: skip
+        if not segments or segments[0][0] != 0:
+            raise ConfigurationError("Mixing: the first weights must start at position 0.")
+        self.starts = [int(p) for p, _ in segments]
+        if any(b <= a for a, b in zip(self.starts, self.starts[1:], strict=False)):
+            raise ConfigurationError(f"Mixing: weight changes at positions {self.starts} must "
+                                     "increase. Fix: pass the state_dict() unchanged.")  # fmt: skip
+        self.weights = [tuple(float(x) for x in w) for _, w in segments]
+        self.counts = [window_counts(w, self.window) for w in self.weights]
+        for w in self.weights:
+            if len(w) != len(self.sizes):
+                raise ConfigurationError(
+                    f"Mixing: {len(w)} weights for {len(self.sizes)} sources. Fix: give one "
+                    "weight per source."
+                )
+        #: windows laid out together (one generator and one vectorized shuffle per block)
+        self.block = max(1, _BLOCK_POSITIONS // self.window)
+        self._blocks = lru_cache(maxsize=4)(self._make_block)
+
+    def _make_block(self, segment: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """Windows ``block * self.block ...`` of a segment, flat: each window's codes shuffled
+        by a generator keyed by ``(seed, epoch, segment, block)``, and each position's rank
+        among its window's positions of the same source."""
+        codes = np.repeat(np.arange(len(self.sizes), dtype=np.int64), self.counts[segment])
+        rng = np.random.default_rng([self.seed, _LAYOUT, self.epoch, segment, block])
+        layout = rng.permuted(np.tile(codes, (self.block, 1)), axis=1)
+        ranks = np.zeros(layout.shape, np.int64)
+        for s in range(len(self.sizes)):
+            mask = layout == s
+            ranks[mask] = (np.cumsum(mask, axis=1) - 1)[mask]
+        return layout.ravel(), ranks.ravel()
+
+    def _layout(self, segment: int, index: int) -> np.ndarray:
+        """Window ``index`` of a segment: its source codes."""
+        block, row = divmod(index, self.block)
+        return self._blocks(segment, block)[0][row * self.window : (row + 1) * self.window]
+
+    def _chunks(self, start: int, stop: int) -> Iterator[tuple[int, int, int, int, int]]:
+        """``(p, end, segment, block, at)``: runs of positions in one block of one segment."""
+        p = start
+        span = self.block * self.window
+        while p < stop:
+            seg = self._segment(p)
+            block, at = divmod(p - self.starts[seg], span)
+            end = min(stop, p + span - at)
+            if seg + 1 < len(self.starts):
+                end = min(end, self.starts[seg + 1])
+            yield p, end, seg, block, at
+            p = end
+
+    def _segment(self, position: int) -> int:
+        return int(np.searchsorted(self.starts, position, side="right")) - 1
+
+    def sources(self, start: int, stop: int) -> np.ndarray:
+        """Source codes of positions ``start`` to ``stop`` (exclusive)."""
+        out = np.empty(max(0, stop - start), np.int64)
+        for p, end, seg, block, at in self._chunks(start, stop):
+            out[p - start : end - start] = self._blocks(seg, block)[0][at : at + end - p]
+        return out
+
+    def _drawn_in(self, seg: int, length: int) -> np.ndarray:
+        full, rest = divmod(length, self.window)
+        drawn = full * self.counts[seg]
+        if rest:
+            drawn = drawn + np.bincount(self._layout(seg, full)[:rest], minlength=len(self.sizes))
+        return drawn
+
+    def drawn_before(self, position: int) -> np.ndarray:
+        """Draws of each source at positions before ``position`` (this epoch only)."""
+        drawn = np.zeros(len(self.sizes), np.int64)
+        for seg, start in enumerate(self.starts):
+            if start >= position:
+                break
+            end = self.starts[seg + 1] if seg + 1 < len(self.starts) else position
+            drawn += self._drawn_in(seg, min(end, position) - start)
+        return drawn
+
+    def position_of(self, source: int, k: int) -> int | None:
+        """The position of this epoch's ``k``-th draw (from 0) of ``source``; ``None``: never."""
+        for seg, start in enumerate(self.starts):
+            last = seg + 1 == len(self.starts)
+            c = int(self.counts[seg][source])
+            if not last:
+                d = int(self._drawn_in(seg, self.starts[seg + 1] - start)[source])
+                if k >= d:
+                    k -= d
+                    continue
+            if c == 0:
+                return None
+            index, j = divmod(k, c)
+            at = int(np.flatnonzero(self._layout(seg, index) == source)[j])
+            return start + index * self.window + at
+        return None
+
+    def length(self, stop: int | str) -> int:
+        """Positions in this epoch: ``stop`` samples, or up to the end of the first (or the
+        last) source's current pass, ``"first_exhausted"`` (``"all_exhausted"``)."""
+        if isinstance(stop, int):
+            return stop
+        ends = []
+        for s, n in enumerate(self.sizes):
+            left = n - int(self.offsets[s]) % n if n else 0
+            at = self.position_of(s, left - 1) if left else None
+            if at is not None:
+                ends.append(at + 1)
+        if not ends:
+            raise ConfigurationError(
+                f"Mixing: no source is ever drawn to its end (stop={stop!r}). Fix: give a "
+                "source with samples a weight > 0, or stop after a number of samples."
+            )
+        return min(ends) if stop == "first_exhausted" else max(ends)
+
+    def draws(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions ``start`` to ``stop``: their source codes, and each one's draw number in
+        its source (counted from the run's start, ``offsets`` included)."""
+        codes = np.empty(max(0, stop - start), np.int64)
+        draws = np.empty(len(codes), np.int64)
+        for p, end, seg, block, at in self._chunks(start, stop):
+            layout, ranks = self._blocks(seg, block)
+            c = layout[at : at + end - p]
+            first = self.starts[seg]
+            base = self.offsets + self.drawn_before(first)
+            window = np.arange(p - first, end - first, dtype=np.int64) // self.window
+            codes[p - start : end - start] = c
+            draws[p - start : end - start] = (base[c] + window * self.counts[seg][c]
+                                              + ranks[at : at + end - p])  # fmt: skip
+        return codes, draws
+
+    def rows(self, source: int, draws: np.ndarray) -> np.ndarray:
+        """The sample indices that ``source``'s draws numbered ``draws`` read."""
+        n = self.sizes[source]
+        passes, rows = np.divmod(draws, n)
+        if not len(draws):
+            return rows
+        first = int(passes[0])
+        if int(passes[-1]) == first and (len(passes) < 2 or int(passes.max()) == first):
+            return _permutation(n, self.seed, source, first)[rows]
+        idx = np.empty(len(draws), np.int64)
+        for j in np.unique(passes):
+            sel = passes == j
+            idx[sel] = _permutation(n, self.seed, source, int(j))[rows[sel]]
+        return idx
+
+    def samples(self, codes: np.ndarray, start: int) -> list[np.ndarray]:
+        """Per source: the sample indices read by the positions ``start, start+1, ...`` whose
+        source codes are ``codes`` (each source's draws in position order)."""
+        before = self.offsets + self.drawn_before(start)
+        out = []
+        for s, n in enumerate(self.sizes):
+            k = int(before[s]) + np.arange(int((codes == s).sum()), dtype=np.int64)
+            if not len(k):
+                out.append(k)
+                continue
+            passes, rows = np.divmod(k, n)
+            idx = np.empty(len(k), np.int64)
+            for j in np.unique(passes):
+                sel = passes == j
+                idx[sel] = _permutation(n, self.seed, s, int(j))[rows[sel]]
+            out.append(idx)
+        return out
+
+
+@lru_cache(maxsize=16)
+def _permutation(size: int, seed: int, source: int, npass: int) -> np.ndarray:
+    return source_permutation(size, seed, source, npass)
