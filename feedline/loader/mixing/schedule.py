@@ -64,7 +64,9 @@ def window_counts(weights: Sequence[float], window: int) -> np.ndarray:
 def source_permutation(size: int, seed: int, source: int, npass: int) -> np.ndarray:
     """Source ``source``'s ``npass``-th pass over its ``size`` samples (a permutation)."""
     key = np.random.SeedSequence([seed, _PASS, source]).generate_state(1)[0]
-    return global_order([size], shuffle=True, seed=int(key), epoch=npass, window=None)
+    # a source over LAZY_ROWS gets a lazy permutation: drawn whole here (sources are in memory)
+    order = global_order([size], shuffle=True, seed=int(key), epoch=npass, window=None)
+    return np.asarray(order, dtype=np.int64)
 
 
 class MixSchedule:
