@@ -3,8 +3,9 @@
 Every operator runs on Ray Data's own operators (feedline/engines/ray/relational.py) and is
 compared with the local engine on the same data: byte-equal tables after a sort on a unique
 key and for ``random_shuffle``; equal sorted rows otherwise (``sum``/``mean``/``std`` of
-floats bit for bit: both engines sum exactly, feedline/plan/exact_aggregates.py). The data has nulls in every column, NaN, a skewed key
-(70% of the rows share one value) and comes from three Parquet files (three Ray blocks).
+floats bit for bit: both engines sum exactly, feedline/plan/exact_aggregates.py). The data
+has nulls in every column, NaN, a skewed key (70% of the rows share one value) and comes
+from three Parquet files (three Ray blocks).
 
 One local Ray (2 CPUs) serves the module. Most tests run with Ray's pull-based sort shuffle
 and one hash partition (set on the caller's ``DataContext``, which the engine honours): Ray's
