@@ -41,8 +41,10 @@ def _exact_std(values: list[Fraction]) -> float:
 
 def test_sum_and_mean_are_the_correctly_rounded_exact_values() -> None:
     table = _data()
-    out = fl.from_arrow(table).groupby("k").agg(
-        s=("x", "sum"), m=("x", "mean"), sd=("x", "std"), mi=("i", "mean"), si=("i", "std")
+    out = (
+        fl.from_arrow(table)
+        .groupby("k")
+        .agg(s=("x", "sum"), m=("x", "mean"), sd=("x", "std"), mi=("i", "mean"), si=("i", "std"))
     )
     rows = out.to_arrow().sort_by("k").to_pylist()
     keys, x, ints = (table[c].to_numpy() for c in ("k", "x", "i"))
@@ -69,8 +71,10 @@ def test_the_same_bits_for_any_files_batching_and_parallelism(tmp_path: Path) ->
         for number, piece in enumerate(np.array_split(np.arange(table.num_rows), files)):
             part = table.take(pa.array(piece))
             pq.write_table(part, folder / f"p{number}.parquet", row_group_size=333)
-        grouped = fl.read_parquet(folder).groupby("k").agg(
-            s=("x", "sum"), m=("x", "mean"), sd=("x", "std")
+        grouped = (
+            fl.read_parquet(folder)
+            .groupby("k")
+            .agg(s=("x", "sum"), m=("x", "mean"), sd=("x", "std"))
         )
         engine = fl.LocalEngine(parallelism=parallelism, memory_budget="8MB")
         results.append(grouped.to_arrow(engine=engine).sort_by("k"))
@@ -103,8 +107,10 @@ def test_special_values_follow_sql() -> None:
             "x": [nan, 1.0, inf, 2.0, inf, -inf, -inf, 3.0, 4.0, None, 1e308, 1e308],
         }
     )
-    out = fl.from_arrow(table).groupby("g").agg(
-        s=("x", "sum"), m=("x", "mean"), sd=("x", "std"), n=("x", "count")
+    out = (
+        fl.from_arrow(table)
+        .groupby("g")
+        .agg(s=("x", "sum"), m=("x", "mean"), sd=("x", "std"), n=("x", "count"))
     )
     got = {r["g"]: r for r in out.to_arrow().to_pylist()}
     assert all(math.isnan(got[1][c]) for c in ("s", "m", "sd"))  # NaN wins
@@ -127,8 +133,10 @@ def test_booleans_decimals_and_float32_take_the_exact_path() -> None:
             "f": pa.array([0.1, 0.2, 0.3, 0.5], pa.float32()),
         }
     )
-    out = fl.from_arrow(table).groupby("k").agg(
-        share=("flag", "mean"), avg=("price", "mean"), total=("f", "sum")
+    out = (
+        fl.from_arrow(table)
+        .groupby("k")
+        .agg(share=("flag", "mean"), avg=("price", "mean"), total=("f", "sum"))
     )
     got = {r["k"]: r for r in out.to_arrow().to_pylist()}
     f32 = [Fraction(float(np.float32(v))) for v in (0.1, 0.2, 0.3)]
