@@ -217,10 +217,11 @@ def test_image_pipeline_with_actor_class_and_skipped_image(engine, inputs, tmp_p
         marker.unlink()
 
     info_ray = upstream.transform(chain_ray).write(tmp_path / "ray", engine=engine)
-    # the class ran in an actor pool of one actor: constructed once there for the write
-    # (and once on the driver, where the output schema is learned from 16 rows)
+    # the class ran in an actor pool of one actor: constructed once there for the write,
+    # and once in a Ray task where the output schema is learned from 16 rows (never on the
+    # driver: issue 24, item 12)
     pids = [int(marker.read_text()) for marker in markers.iterdir()]
-    assert len([pid for pid in pids if pid != os.getpid()]) == 1
+    assert len(pids) == 2 and os.getpid() not in pids
     info_local = image_pipeline(inputs).transform(chain_local).write(tmp_path / "local")
 
     a, b = sorted_table(tmp_path / "ray", "path"), sorted_table(tmp_path / "local", "path")
