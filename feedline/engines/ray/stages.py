@@ -56,8 +56,10 @@ __all__ = [
 
 #: hidden column carrying each row's read-task index between stages
 TASK_COLUMN = "__feedline_task__"
-#: columns of a read stage's input item that shares a read task among actors
-PART_COLUMN, PARTS_COLUMN = "part", "parts"
+#: column of a read stage's input item that shares a read task among actors: its share
+PART_COLUMN = "part"
+#: column of a read stage's input item that shares a read task among actors: the shares
+PARTS_COLUMN = "parts"
 #: attribute set on a FeedlineError raised in a worker: its formatted traceback
 REMOTE_TRACEBACK = "feedline_remote_traceback"
 #: attribute set on a FeedlineError raised in a worker: its message as raised
