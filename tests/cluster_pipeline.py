@@ -95,3 +95,41 @@ def pipeline(source: str | Path, tokenizer: str) -> fl.Dataset:
         .transform(fl.StringIndexer("category"))
         .transform(fl.Tokenize("text", tokenizer, max_length=16))
     )
+
+
+def make_catalog(folder: Path, files: int = 8, rows: int = 4000, categories: int = 200) -> Path:
+    """``files`` Parquet files of ``rows`` items: ``id``, ``category`` (``categories``
+    values) and a lognormal ``price`` (so float sums depend on their order)."""
+    folder.mkdir()
+    rng = np.random.default_rng(24)
+    for i in range(files):
+        table = pa.table(
+            {
+                "id": np.arange(i * rows, (i + 1) * rows, dtype=np.int64),
+                "category": rng.integers(0, categories, rows).astype(np.int64),
+                "price": rng.lognormal(3.0, 1.5, rows),
+            }
+        )
+        pq.write_table(table, folder / f"part-{i}.parquet", row_group_size=rows // 4)
+    return folder
+
+
+def with_log_price(batch: pa.RecordBatch) -> dict[str, Any]:
+    """A map_batches function of the user's module: adds ``log_price``."""
+    return {
+        "id": batch["id"],
+        "category": batch["category"],
+        "price": batch["price"],
+        "log_price": np.log(batch["price"].to_numpy()),
+    }
+
+
+def relational_pipeline(source: str | Path) -> fl.Dataset:
+    """Per-category float aggregates joined back to the items, then the training piece of a
+    seeded split (which hashes every column, the aggregates too)."""
+    items = fl.read_parquet(source).map_batches(with_log_price)
+    stats = items.groupby("category").agg(
+        mean_price=("price", "mean"), total=("price", "sum"), spread=("log_price", "std")
+    )
+    train, _ = items.join(stats, on="category").train_test_split(0.2, seed=3)
+    return train

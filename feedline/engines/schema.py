@@ -14,9 +14,11 @@ from feedline.engines.batch.column_edits import edit_schema
 from feedline.engines.batch.fusion import BatchPipeline
 from feedline.errors import ConfigurationError
 from feedline.io.source import check_columns
+from feedline.plan.exact_aggregates import partial_column
 from feedline.plan.plan import (
     Cast,
     Drop,
+    ExactPartials,
     Filter,
     Limit,
     MapBatches,
@@ -70,6 +72,9 @@ def infer_schema(plan: Plan, sample: Sampler) -> pa.Schema:
             schema = edit_schema(op, schema)
         elif isinstance(op, RowHash):
             schema = schema.append(pa.field(op.column, pa.int64(), nullable=False))
+        elif isinstance(op, ExactPartials):
+            for column, _ in op.columns:
+                schema = schema.append(pa.field(partial_column(column), pa.binary()))
         elif isinstance(op, MapBatches | Transform) or (
             isinstance(op, Filter) and not op.is_expression
         ):

@@ -18,6 +18,7 @@ from feedline.io.source import Source, fingerprint_of
 __all__ = [
     "Cast",
     "Drop",
+    "ExactPartials",
     "Filter",
     "Limit",
     "MapBatches",
@@ -178,9 +179,26 @@ class RowHash:
         return f"RowHash(seed={self.seed})"
 
 
+@dataclass(frozen=True)
+class ExactPartials:
+    """Append the exact partial sums of each group of ``keys`` per ``(column, with
+    squares)`` (binary columns, :mod:`feedline.plan.exact_aggregates`).
+
+    Engines add it to the input of a ``groupby().agg`` with a float ``sum`` or a
+    ``mean``/``std`` (never users), so those aggregates give the same bits everywhere.
+    """
+
+    keys: tuple[str, ...]
+    columns: tuple[tuple[str, bool], ...]
+
+    def describe(self) -> str:
+        return f"ExactPartials({', '.join(c for c, _ in self.columns)})"
+
+
 Operator = Union[  # noqa: UP007
-    Select, Filter, MapBatches, Transform, Limit, Sample, WithColumns, Rename, Drop, Cast, RowHash
-]
+    Select, Filter, MapBatches, Transform, Limit, Sample, WithColumns, Rename, Drop, Cast, RowHash,
+    ExactPartials,
+]  # fmt: skip
 
 
 def only_selects(ops: Sequence[Operator]) -> TypeGuard[Sequence[Select]]:

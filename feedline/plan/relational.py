@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError
 from feedline.io.source import ReadTask, Source, fingerprint_of
-from feedline.plan.plan import Plan, RowHash
+from feedline.plan.exact_aggregates import exact_columns
+from feedline.plan.plan import ExactPartials, Plan, RowHash
 from feedline.plan.relational_schema import output_schema
 from feedline.plan.rowhash import ROW_HASH_COLUMN
 
@@ -109,12 +110,18 @@ class RelationalSource(Source):
         #: the schema of an input plan (injected: learning one may run a sample of it)
         self.schema_of = schema_of
         self._schema: pa.Schema | None = None
+        self._input_schemas: list[pa.Schema] | None = None
 
     def schema(self) -> pa.Schema:
         if self._schema is None:
-            schemas = [self.schema_of(plan) for plan in self.inputs]
-            self._schema = output_schema(self.relational, schemas)
+            self._schema = output_schema(self.relational, self.input_schemas())
         return self._schema
+
+    def input_schemas(self) -> list[pa.Schema]:
+        """The schemas of the input plans (learnt once)."""
+        if self._input_schemas is None:
+            self._input_schemas = [self.schema_of(plan) for plan in self.inputs]
+        return self._input_schemas
 
     def read_tasks(
         self, columns: Sequence[str] | None, predicate: pc.Expression | None
@@ -144,11 +151,25 @@ class RelationalSource(Source):
     def engine_inputs(self) -> tuple[Plan, ...]:
         """The input plans an engine runs: ``random_shuffle`` and ``split`` get the row key
         column ``ROW_HASH_COLUMN`` (int64) appended by the batch stage, so every engine
-        computes it with the same code (:mod:`feedline.plan.rowhash`)."""
+        computes it with the same code (:mod:`feedline.plan.rowhash`); an ``aggregate``
+        with exact aggregates (a float ``sum``, a ``mean``, a ``std``) gets their partials
+        (:mod:`feedline.plan.exact_aggregates`), for the same reason."""
         if self.relational.op in ("random_shuffle", "split"):
             seed = int(self.relational.param("seed", 0))
             return tuple(plan.then(RowHash(seed, ROW_HASH_COLUMN)) for plan in self.inputs)
+        if self.relational.op == "aggregate":
+            columns = self.exact_columns()
+            if columns:
+                keys = tuple(self.relational.param("keys"))
+                return (self.inputs[0].then(ExactPartials(keys, columns)),)
         return self.inputs
+
+    def exact_columns(self) -> tuple[tuple[str, bool], ...]:
+        """``(column, with squares)`` of an aggregate's exact aggregates (none for other
+        operators), see :func:`feedline.plan.exact_aggregates.exact_columns`."""
+        if self.relational.op != "aggregate":
+            return ()
+        return exact_columns(self.relational.param("aggs"), self.input_schemas()[0])
 
 
 def split_bounds(fractions: Sequence[float]) -> list[tuple[float, float]]:

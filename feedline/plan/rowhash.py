@@ -23,6 +23,11 @@ The hash, precisely (all arithmetic on unsigned 64-bit integers, wrapping):
 Identical rows share a key (they are interchangeable). The key is stored as int64 (the
 same 64 bits) because Spark and Ray have no unsigned 64-bit column type.
 
+Every column counts, floats by their bits: the key is stable across engines as long as the
+rows are, which feedline guarantees for its own operators (a ``groupby().agg`` float
+``sum``/``mean``/``std`` is exact, :mod:`feedline.plan.exact_aggregates`; the fused batch
+stage is the same code everywhere). A user function must be deterministic for that too.
+
 Examples
 --------
 >>> import pyarrow as pa

@@ -118,3 +118,52 @@ def test_a_failing_constructor_names_the_class(engine) -> None:
     )
     with pytest.raises(UserFunctionError, match=r"Constructing .*BadInit\(\) raised OSError"):
         ds.to_arrow(engine=engine)
+
+
+class Called(TorchPredictor):
+    """The torch model, leaving one file per construction (``built-<pid>-<uuid>``)."""
+
+    def __init__(self, folder: str, device: str | None = None) -> None:
+        Path(folder, f"built-{os.getpid()}-{uuid.uuid4().hex}").touch()
+        super().__init__(make_linear, ["a", "b", "c"], "y", device)
+
+
+def test_one_shard_feeds_every_replica_and_no_model_is_built_on_the_driver(
+    engine, tmp_path
+) -> None:
+    """A one-shard dataset is one read task: it is read in 2 shares, one input per actor of
+    ``concurrency=2`` (before: one input, one busy actor, "the operator only received 1
+    input"), with the same rows in the same order; the write learns its schema in a Ray
+    task, so the model is never built in the driver's process (before: once, for a 16-row
+    sample)."""
+    fl.range(600, rows_per_task=600).map_batches(features).write(tmp_path / "one")
+    assert len(fl.open(tmp_path / "one").manifest.shards) == 1
+    built = tmp_path / "built"
+    built.mkdir()
+    ds = fl.open(tmp_path / "one").map_batches(
+        Called,
+        batch_size=16,
+        concurrency=2,
+        device="cpu",
+        passthrough=["id"],
+        fn_constructor_kwargs={"folder": str(built)},
+    )
+    rds = ds.to_ray(engine=engine).materialize()
+    stats = rds.stats()
+    line = next(row for row in stats.splitlines() if "ActorStage" in row and "executed" in row)
+    assert int(line.split(":", 1)[1].split("tasks executed")[0].strip()) >= 2, stats
+    assert rds.count() == 600
+
+    for name in os.listdir(built):
+        os.remove(built / name)
+    info = ds.write(tmp_path / "out", engine=engine)
+    pids = {name.split("-")[1] for name in os.listdir(built)}
+    assert pids and str(os.getpid()) not in pids  # built in Ray's workers only
+    back = fl.open(tmp_path / "out").to_arrow().sort_by("id")
+    assert info.rows == 600 and back["id"].to_pylist() == list(range(600))
+    local = ds.to_arrow(engine="local")
+    np.testing.assert_allclose(
+        back["y"].combine_chunks().to_numpy_ndarray(),
+        local["y"].combine_chunks().to_numpy_ndarray(),
+        rtol=1e-6,
+    )

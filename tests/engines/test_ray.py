@@ -217,10 +217,11 @@ def test_image_pipeline_with_actor_class_and_skipped_image(engine, inputs, tmp_p
         marker.unlink()
 
     info_ray = upstream.transform(chain_ray).write(tmp_path / "ray", engine=engine)
-    # the class ran in an actor pool of one actor: constructed once there for the write
-    # (and once on the driver, where the output schema is learned from 16 rows)
+    # the class ran in an actor pool of one actor: constructed once there for the write,
+    # and once in a Ray task where the output schema is learned from 16 rows (never on the
+    # driver: issue 24, item 12)
     pids = [int(marker.read_text()) for marker in markers.iterdir()]
-    assert len([pid for pid in pids if pid != os.getpid()]) == 1
+    assert len(pids) == 2 and os.getpid() not in pids
     info_local = image_pipeline(inputs).transform(chain_local).write(tmp_path / "local")
 
     a, b = sorted_table(tmp_path / "ray", "path"), sorted_table(tmp_path / "local", "path")
@@ -301,7 +302,8 @@ def test_failed_or_interrupted_write_leaves_no_manifest(engine, inputs, tmp_path
         )
     assert fl.open(out).to_arrow()["id"].to_pylist() == [0, 1, 2, 3, 4]
     old_shards = [s.path for s in fl.open(out).manifest.shards]
-    assert sorted(p.name for p in out.iterdir()) == ["_feedline.json", *old_shards]
+    # the manifest, its version history and the old shards: nothing of the failed write
+    assert sorted(p.name for p in out.iterdir()) == ["_feedline.json", "_versions", *old_shards]
 
     from feedline.store import dataset_files as fmt
 

@@ -209,6 +209,60 @@ def test_from_spark_write_twice_computes_once(spark, tmp_path):
     assert calls.value == 60
 
 
+def test_lineage_names_the_spark_source_through_a_split(spark, engine, tmp_path):
+    """The manifest's lineage names the DataFrame, not the ``split(...)`` over it (issue
+    24, item 15), on the local and the Spark engine."""
+    df = spark.range(40, numPartitions=2).selectExpr("id", "id % 3 AS k")
+    for name, on in (("local", "local"), ("spark", engine)):
+        train, _ = from_spark(df, cache_dir=str(tmp_path / "cache")).train_test_split(0.25)
+        train.write(tmp_path / name, engine=on)
+        lineage = fl.open(tmp_path / name).manifest.lineage
+        assert lineage["source"].startswith("spark DataFrame [id, k]"), lineage
+        assert lineage["plan"][0].startswith("split(") and "spark DataFrame" in lineage["plan"][1]
+
+
+SESSION_SCRIPT = """
+import sys
+import feedline as fl
+from feedline.engines.spark.bridge import default_cache_dir
+from feedline.engines.spark.engine import spark_session
+
+spark = spark_session("local[1]")
+ds = fl.from_spark(spark.range(30).selectExpr("id", "id * 2 AS twice"))
+print("ROWS", ds.write(sys.argv[1]).rows, flush=True)
+print("CACHE", default_cache_dir(), flush=True)
+import os
+print("ENTRIES", len(os.listdir(default_cache_dir())), flush=True)
+spark.stop()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_from_spark_cache_is_removed_when_the_session_ends(tmp_path):
+    """The default cache is a folder of the process, removed at exit (before: a shared
+    ``/tmp/feedline-spark-cache`` that outlived every session)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "session.py"
+    script.write_text(SESSION_SCRIPT)
+    root = str(Path(fl.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=root)
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    found = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+    assert run.returncode == 0 and found.get("ROWS") == "30", run.stderr[-3000:]
+    assert found["ENTRIES"] == "1"  # the materialized DataFrame was there while it ran
+    cache = Path(found["CACHE"])
+    assert cache.name.startswith("feedline-spark-cache-") and not cache.exists()
+    assert fl.open(tmp_path / "out").count() == 30  # the written copy stays
+
+
 def test_dataframe_bridges_and_limits(spark, engine):
     df = spark.range(20, numPartitions=4).selectExpr("id", "id % 3 AS k")
     native = from_spark(df, cache=False).filter(pc.field("k") == 1)

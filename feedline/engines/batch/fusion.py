@@ -20,10 +20,12 @@ from feedline.arrow.python_columns import arrays_from_columns
 from feedline.engines.batch.column_edits import apply_edit
 from feedline.errors import FeedlineError, SchemaError, UserFunctionError
 from feedline.io.source import ExecutionReport
+from feedline.plan.exact_aggregates import add_partials
 from feedline.plan.inference import add_passthrough, check_device
 from feedline.plan.plan import (
     Cast,
     Drop,
+    ExactPartials,
     Filter,
     Limit,
     MapBatches,
@@ -296,6 +298,8 @@ class BatchPipeline:
             return (apply_edit(op, b, label) for b in stream)
         if isinstance(op, RowHash):
             return (b.append_column(op.column, row_hash(b, op.seed)) for b in stream)
+        if isinstance(op, ExactPartials):
+            return (add_partials(b, op.keys, op.columns) for b in stream)
         raise TypeError(f"unknown operator {op!r}")
 
     def _filter(

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from feedline.plan.exact_aggregates import is_exact, partial_column
 from feedline.plan.relational import split_bounds
 from feedline.plan.rowhash import ROW_HASH_COLUMN
 
@@ -87,6 +88,10 @@ def _agg(fn: str, column: str | None, schema: pa.Schema) -> str:
         return "count(*)"
     col = quote(column)
     kind = schema.field(column).type
+    helper = partial_column(column)
+    if is_exact(fn, kind) and schema.get_field_index(helper) >= 0:
+        # the exact partials of each group (feedline.plan.exact_aggregates), finished after
+        return f"list({quote(helper)}) FILTER (WHERE {quote(helper)} IS NOT NULL)"
     if fn == "count":
         return f"count({col})"
     if fn == "sum":

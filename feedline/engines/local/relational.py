@@ -41,6 +41,7 @@ from feedline.errors import (
     StorageError,
 )
 from feedline.io.source import ExecutionReport, ReadTask, check_columns
+from feedline.plan.exact_aggregates import exact_outputs, finish_columns, partial_column
 from feedline.plan.plan import Limit, Select
 from feedline.plan.split_sizes import stratum_bounds
 
@@ -236,6 +237,7 @@ def _inputs(source: RelationalSource) -> list[Plan]:
     relational = source.relational
     if relational.op == "aggregate":
         used = [*relational.param("keys"), *(c for _, c, _ in relational.param("aggs") if c)]
+        used += [partial_column(column) for column, _ in source.exact_columns()]
         if used:
             plans[0] = plans[0].then(Select(tuple(dict.fromkeys(used))))
     elif relational.op == "join" and relational.param("how") in ("semi", "anti"):
@@ -267,9 +269,12 @@ def _query(
         result = con.sql("SELECT * FROM feedline_result").arrow()
         yield from _cut(result, rows, source.relational.param("n"), target)
         return
+    exact: tuple[tuple[str, str, str], ...] = ()
+    if source.relational.op == "aggregate":
+        exact = exact_outputs(source.relational.param("aggs"), source.input_schemas()[0])
     for batch in con.sql(sql).arrow():
         if batch.num_rows:
-            yield conform(batch, target, source.describe())
+            yield conform(finish_columns(batch, exact), target, source.describe())
 
 
 def _stratified_split(

@@ -2,7 +2,8 @@
 
 :func:`build_dataset` turns a plan's source and its first segment of operators (up to the
 first ``limit``) into ``ray.data`` stages for :class:`~feedline.engines.ray.engine.RayEngine`:
-``ray.data.from_items`` of the read-task indices (one block per task), a read stage in Ray
+``ray.data.from_items`` of the read-task indices (one block per task; a task in shares
+when there are fewer tasks than actors in the first actor stage), a read stage in Ray
 tasks, then one actor stage per model or tokenizer (see :mod:`feedline.engines.ray.stages`),
 each actor pool sized by the operator's ``concurrency=`` (else autoscaling from 1 to the
 cluster's CPUs) and given a GPU for ``device="cuda..."`` when the cluster has one.
@@ -16,10 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from feedline.engines.ray.logs import configure_context
 from feedline.engines.ray.relational import relational_dataset
 from feedline.engines.ray.runtime import ship_user_modules
 from feedline.engines.ray.source import RaySource
-from feedline.engines.ray.stages import ActorStage, StageRunner, StageSpec, split_stages
+from feedline.engines.ray.stages import (
+    PART_COLUMN,
+    PARTS_COLUMN,
+    ActorStage,
+    StageRunner,
+    StageSpec,
+    split_stages,
+)
 from feedline.plan.plan import Operator, Plan, Pushdown
 from feedline.plan.relational import RelationalSource
 
@@ -70,6 +79,7 @@ def build_dataset(
             merge=merge,
             count_output=count_output,
         )
+    shares = 1  # see _shares
     if isinstance(source, RaySource):
         rds = source.private_copy()
         labels: tuple[str, ...] = (source.describe(),)
@@ -79,13 +89,14 @@ def build_dataset(
         if not tasks:
             return None
         labels = tuple(task.label for task in tasks)
-        rds = ray.data.from_items(
-            [{"task": i} for i in range(len(tasks))], override_num_blocks=len(tasks)
-        )
+        shares = _shares(len(tasks), ops, partial)
+        items = _items(len(tasks), shares)
+        rds = ray.data.from_items(items, override_num_blocks=len(items))
         first = {"read_tasks": tuple(tasks)}
     context = rds.context  # the dataset's own copy: the global context is left alone
     context.execution_options.preserve_order = preserve_order
     context.raise_original_map_exception = True
+    configure_context(context)  # no progress output unless fl.config.verbosity asks
     stages = split_stages(ops)
     for number, (offset, stage_ops) in enumerate(stages):
         last = number == len(stages) - 1
@@ -106,23 +117,66 @@ def build_dataset(
         if number == 0:
             rds = rds.map_batches(StageRunner(spec), **common)
         else:
+            shared = number == 1 and shares > 1
             rds = rds.map_batches(
                 ActorStage,
                 fn_constructor_args=(spec,),
-                concurrency=_pool_size(stage_ops[0]),
+                compute=_actor_pool(stage_ops[0], shared),
                 **_gpus(stage_ops[0]),
                 **common,
             )
     return rds
 
 
-def _pool_size(op: Operator) -> int | tuple[int, int]:
+def _pool_size(op: Operator) -> tuple[int, int]:
+    """``(min, max)`` actors of an actor stage: ``concurrency`` when the operator gives it,
+    else 1 to the cluster's CPUs."""
     concurrency = getattr(op, "concurrency", None)
     if concurrency:
-        return concurrency
+        return concurrency, concurrency
     import ray
 
-    return (1, max(1, int(ray.cluster_resources().get("CPU", 1))))
+    return 1, max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def _actor_pool(op: Operator, shared: bool = False) -> Any:
+    """Ray's ``ActorPoolStrategy`` for an actor stage (:func:`_pool_size`; Ray's current
+    API: ``map_batches(concurrency=)`` is deprecated since Ray 2.51). With shared read
+    tasks, one input at a time per actor: the first actor to start must not take the
+    shares meant for the others."""
+    from ray.data import ActorPoolStrategy
+
+    low, high = _pool_size(op)
+    in_flight = 1 if shared else None
+    if low == high:
+        return ActorPoolStrategy(size=high, max_tasks_in_flight_per_actor=in_flight)
+    return ActorPoolStrategy(min_size=low, max_size=high, max_tasks_in_flight_per_actor=in_flight)
+
+
+def _shares(tasks: int, ops: tuple[Operator, ...], partial: Any) -> int:
+    """In how many shares each read task is read: more than one when the first actor stage
+    asks for more actors (``concurrency=``) than there are read tasks (one shard would
+    otherwise feed one actor while the others wait: Ray hands an actor whole inputs, and
+    runs the reads in the actors). Each share reads the whole task again (see
+    :meth:`~feedline.engines.ray.stages.StageRunner._share`): worth it where the model is
+    the cost. Never for an autoscaling pool or an aggregate's partials (one per task)."""
+    stages = split_stages(ops)
+    if partial is not None or len(stages) < 2 or tasks == 0:
+        return 1
+    actors = getattr(stages[1][1][0], "concurrency", None) or 1
+    return -(-actors // tasks) if tasks < actors else 1
+
+
+def _items(tasks: int, shares: int) -> list[dict[str, int]]:
+    """The read stage's input items: one per read task, or per share of one (see
+    :meth:`feedline.engines.ray.stages.StageRunner._share`)."""
+    if shares == 1:
+        return [{"task": i} for i in range(tasks)]
+    return [
+        {"task": i, PART_COLUMN: j, PARTS_COLUMN: shares}
+        for i in range(tasks)
+        for j in range(shares)
+    ]
 
 
 def _gpus(op: Operator) -> dict[str, Any]:

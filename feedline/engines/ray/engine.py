@@ -21,17 +21,21 @@ operator, else autoscaling from 1 to the cluster's CPUs), where the class is con
 once per actor, when the actor starts (see :mod:`feedline.engines.ray.stages`); a model
 with ``device="cuda..."`` asks for one GPU per actor when the cluster has GPUs. Ray's
 optimizer may fuse the read stage into the first actor stage (the reads then run in the
-actors too); :mod:`feedline.engines.ray.dataset` builds these stages. Operators after a
-``limit`` run on the driver over the limited stream, as on the local engine.
-``preserve_order`` is set on the dataset's own copy of Ray's ``DataContext`` (with
-``raise_original_map_exception``); the process-wide context is never changed.
+actors too); with fewer read tasks than the ``concurrency`` of the first actor stage, each
+task is read in shares, one per actor, so every actor gets work;
+:mod:`feedline.engines.ray.dataset` builds these stages. Operators after a ``limit`` run
+on the driver over the limited stream, as on the local engine. ``preserve_order`` is set
+on the dataset's own copy of Ray's ``DataContext`` (with ``raise_original_map_exception``,
+and progress output off unless ``fl.config.verbosity`` asks for it:
+:mod:`feedline.engines.ray.logs`); the process-wide context is never changed.
 
 **Writes**: Ray tasks write feedline shards (the local engine's writer) into the staging
 folder and send back only their descriptions (rows, row groups, sha256 checksum, footer
 digest); the driver renames them in parallel and commits the manifest last (see
-``feedline.engines.ray.write``). The output schema is learned first on the driver, as on
-Spark: user functions run on 16 rows there unless a ``map_batches`` gives
-``output_schema=``.
+``feedline.engines.ray.write``). The output schema is learned first: user functions run
+on 16 rows unless a ``map_batches`` gives ``output_schema=``; on the driver, except where a
+model class must run, which happens in a Ray task (the model is never built in the
+driver's process).
 
 **Fitting** (``aggregate``): one partial per read task, merged in Ray tasks in the fixed
 tree of :mod:`feedline.engines.batch.partials` (see ``feedline.engines.ray.merge``): the driver
@@ -57,7 +61,9 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,6 +77,7 @@ from feedline.engines.ray.errors import (
     release_failed_executions,
     surface_errors,
 )
+from feedline.engines.ray.logs import quiet_ray, ray_log_level
 from feedline.engines.ray.merge import merge_in_tasks
 from feedline.engines.ray.runtime import check_workers, feedline_runtime_env
 from feedline.engines.ray.stages import ReportCollector, merge_report
@@ -98,13 +105,20 @@ class RayEngine:
     Parameters
     ----------
     address:
-        A Ray cluster to connect to (``"auto"``, ``"ray://host:10001"``); ``None`` starts a
-        local Ray when none is running. An already initialized Ray is always used as is.
+        A Ray cluster to connect to (``"auto"`` for the one ``ray start`` runs on this
+        machine, ``"ray://host:10001"``, a GCS address). ``None``: the cluster named by the
+        ``RAY_ADDRESS`` environment variable when it is set (Ray's convention, e.g. in a
+        Ray job), else a private local Ray started for this process (``address="local"``),
+        even when another Ray instance runs on the machine: feedline never joins a
+        cluster it was not asked to join. A Ray already initialized in this process is
+        always used as is.
     num_cpus:
-        CPUs of a locally started Ray (default: all).
+        CPUs of the private local Ray (default: all). Ignored, with a warning, when
+        ``RAY_ADDRESS`` names a cluster to join (its resources are the cluster's).
     init_kwargs:
         More arguments for ``ray.init`` (they override feedline's defaults
-        ``include_dashboard=False, log_to_driver=False``), e.g. a ``runtime_env`` with the
+        ``include_dashboard=False, log_to_driver=False``, ``logging_level=WARNING`` unless
+        ``fl.config.verbosity`` is ``"info"``/``"debug"``), e.g. a ``runtime_env`` with the
         ``working_dir`` the workers need; feedline adds itself to its ``py_modules`` when a
         node cannot import it.
 
@@ -132,10 +146,11 @@ class RayEngine:
             raise ConfigurationError(
                 f"num_cpus={num_cpus!r} must be a positive int. Fix: pass e.g. num_cpus=4."
             )
-        if address is not None and num_cpus is not None:
+        if address not in (None, "local") and num_cpus is not None:
             raise ConfigurationError(
                 "num_cpus only applies to a Ray started here, not to the cluster at "
-                f"{address!r}. Fix: drop num_cpus, or address to start a local Ray."
+                f"{address!r}. Fix: drop num_cpus, or the address to start a private local "
+                "Ray."
             )
         self.address = address
         self.num_cpus = num_cpus
@@ -159,8 +174,9 @@ class RayEngine:
             owned = ray.get_runtime_context().get_job_id() == _OWNED_JOB
             check_workers(self._reconnect if owned else None)
             return
-        logger.info("Starting Ray (address=%s)", self.address or "a local cluster")
-        ray.init(**self._init_args())
+        kwargs = self._init_args()
+        logger.info("Starting Ray (address=%s)", kwargs["address"])
+        _init(kwargs)
         _OWNED_JOB = ray.get_runtime_context().get_job_id()
         check_workers(self._reconnect)
 
@@ -169,11 +185,23 @@ class RayEngine:
             "ignore_reinit_error": True,
             "include_dashboard": False,
             "log_to_driver": False,
+            "logging_level": ray_log_level(),
         }
-        if self.address is not None:
-            kwargs["address"] = self.address
+        joined = self.address or os.environ.get("RAY_ADDRESS") or None
+        if joined == "local":
+            joined = None
+        kwargs["address"] = joined or "local"
         if self.num_cpus is not None:
-            kwargs["num_cpus"] = self.num_cpus
+            if joined is None:
+                kwargs["num_cpus"] = self.num_cpus
+            else:  # only RAY_ADDRESS gets here: __init__ refuses address= with num_cpus=
+                warnings.warn(
+                    f"RayEngine(num_cpus={self.num_cpus}) is ignored: RAY_ADDRESS={joined!r} "
+                    "names a Ray cluster to join, and a cluster's resources are its own. "
+                    "Fix: unset RAY_ADDRESS (or pass address='local') for a private local "
+                    "Ray with these CPUs, or drop num_cpus.",
+                    stacklevel=4,
+                )
         return kwargs | self.init_kwargs
 
     def _reconnect(self) -> None:
@@ -185,7 +213,7 @@ class RayEngine:
         kwargs["runtime_env"] = feedline_runtime_env(kwargs.get("runtime_env"))
         logger.info("Restarting Ray with feedline shipped to the workers (runtime_env)")
         ray.shutdown()
-        ray.init(**kwargs)
+        _init(kwargs)
         _OWNED_JOB = ray.get_runtime_context().get_job_id()
 
     def _collector(self) -> Any:
@@ -225,16 +253,17 @@ class RayEngine:
         report = report if report is not None else ExecutionReport()
         pushed = pushdown(plan)
         segments = split_at_limits(pushed.remaining)
-        self.ensure_ray()
-        collector, run_id = self._collector(), uuid.uuid4().hex
-        rds = self.dataset(
-            plan,
-            pushed,
-            segments[0][0],
-            preserve_order=preserve_order,
-            collector=collector,
-            run_id=run_id,
-        )
+        with quiet_ray():  # a relational input may run here (a split's counts)
+            self.ensure_ray()
+            collector, run_id = self._collector(), uuid.uuid4().hex
+            rds = self.dataset(
+                plan,
+                pushed,
+                segments[0][0],
+                preserve_order=preserve_order,
+                collector=collector,
+                run_id=run_id,
+            )
         return self._stream(rds, segments, report, collector, run_id)
 
     def _stream(
@@ -248,17 +277,18 @@ class RayEngine:
         instances = InstancePool()
         first_limit = segments[0][1]
         try:
-            stream = _blocks(rds, first_limit)
-            if first_limit is not None:
-                stream = apply_limit(stream, first_limit)
-            for ops, limit in segments[1:]:
-                stream = BatchPipeline(ops, report, instances)(stream, "the limited stream")
-                if limit is not None:
-                    stream = apply_limit(stream, limit)
-            for batch in stream:
-                if batch.num_rows:
-                    report.add(rows_out=batch.num_rows, batches_out=1)
-                    yield batch
+            with quiet_ray():
+                stream = _blocks(rds, first_limit)
+                if first_limit is not None:
+                    stream = apply_limit(stream, first_limit)
+                for ops, limit in segments[1:]:
+                    stream = BatchPipeline(ops, report, instances)(stream, "the limited stream")
+                    if limit is not None:
+                        stream = apply_limit(stream, limit)
+                for batch in stream:
+                    if batch.num_rows:
+                        report.add(rows_out=batch.num_rows, batches_out=1)
+                        yield batch
         finally:
             self._collect(collector, run_id, report)
 
@@ -278,6 +308,15 @@ class RayEngine:
         commutative (the same contract as the local engine).
         """
 
+        with quiet_ray():
+            return self._aggregate(plan, partial, merge)
+
+    def _aggregate(
+        self,
+        plan: Plan,
+        partial: Callable[[pa.RecordBatch], Any],
+        merge: Callable[[Any, Any], Any],
+    ) -> Any:
         pushed = pushdown(plan)
         segments = split_at_limits(pushed.remaining)
         if len(segments) > 1:  # a limit needs the merged stream: fold it in order
@@ -318,17 +357,36 @@ class RayEngine:
         """Materialize the plan; Ray tasks write the shards (``feedline.engines.ray.write``),
         committed only if the dataset is still at ``base``, when given."""
 
-        return write_plan(
-            self,
-            plan,
-            target,
-            options,
-            preserve_order=preserve_order,
-            on_rows=on_rows,
-            report=report if report is not None else ExecutionReport(),
-            preprocessors=preprocessors,
-            base=base,
-        )
+        with quiet_ray():
+            return write_plan(
+                self,
+                plan,
+                target,
+                options,
+                preserve_order=preserve_order,
+                on_rows=on_rows,
+                report=report if report is not None else ExecutionReport(),
+                preprocessors=preprocessors,
+                base=base,
+            )
+
+
+def _init(kwargs: dict[str, Any]) -> None:
+    """``ray.init(**kwargs)``; Ray's own errors (a cluster that cannot be reached, arguments
+    it refuses) become a :class:`~feedline.errors.ConfigurationError` naming the fix."""
+    import ray
+
+    try:
+        ray.init(**kwargs)
+    except (ValueError, TypeError, ConnectionError, RuntimeError, TimeoutError) as exc:
+        address = kwargs.get("address")
+        where = "a private local Ray" if address == "local" else f"the Ray at {address!r}"
+        raise ConfigurationError(
+            f"feedline could not start or connect to {where}: {type(exc).__name__}: {exc}. "
+            "Fix: check the address (RayEngine(address=...) or RAY_ADDRESS) and that the "
+            "cluster runs; for a private local Ray pass RayEngine(num_cpus=...) without an "
+            "address; arguments given in init_kwargs must be ones ray.init accepts."
+        ) from exc
 
 
 def _tables(rds: Any) -> Iterator[pa.Table]:

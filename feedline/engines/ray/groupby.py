@@ -1,13 +1,15 @@
 """Ray's ``groupby().aggregate`` for feedline's ``groupby(keys).agg(...)`` (the Ray engine).
 
-The functions map to Ray Data's aggregations: ``count`` -> ``Count``, ``sum`` -> ``Sum``,
-``mean`` -> ``Mean``, ``min``/``max`` -> ``Min``/``Max``, ``std`` -> ``Std(ddof=1)``,
-``n_unique`` -> ``CountDistinct`` (exact), ``list`` -> ``AsList``, and ``first`` -> a small
-``AggregateFnV2`` (Ray has none). Where Ray's answers differ from SQL's (the local engine's,
-see :mod:`feedline.plan.relational_schema`), helper aggregations fix them in a ``map_batches``
-after the groupby: Ray's ``Sum``/``Mean``/``Std``/``Max`` skip NaN like a null, while NaN
-wins in SQL (``min`` is NaN only when every value is); ``std`` of one value is null (Ray:
-NaN); a group without values gets null. ``n_unique`` of a float column counts the values'
+The functions map to Ray Data's aggregations: ``count`` -> ``Count``, ``sum`` of integers
+and decimals -> ``Sum``, ``min``/``max`` -> ``Min``/``Max``, ``n_unique`` ->
+``CountDistinct`` (exact), ``list`` -> ``AsList``, and ``first`` -> a small ``AggregateFnV2``
+(Ray has none). ``mean``, ``std`` and ``sum`` of floats are exact
+(:mod:`feedline.plan.exact_aggregates`): an ``AggregateFnV2`` adds the partials the input's
+batch stage computed, so they have the local engine's bits. Where Ray's answers differ
+from SQL's (the local engine's, see :mod:`feedline.plan.relational_schema`), helper
+aggregations fix them in a ``map_batches`` after the groupby: Ray's ``Max`` skips NaN like
+a null, while NaN wins in SQL (``min`` is NaN only when every value is); a group without
+values gets null. ``n_unique`` of a float column counts the values'
 row hashes (one NaN, ``-0.0 == 0.0``). A global aggregate (no keys) is Ray's
 ``Dataset.aggregate``: one row, computed when the plan starts.
 """
@@ -21,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from feedline.engines.local.engine import plan_schema
+from feedline.plan.exact_aggregates import Partial, exact_outputs, partial_column
 from feedline.plan.relational import RelationalSource
 from feedline.plan.rowhash import column_hash
 
@@ -54,14 +56,15 @@ def _helper(kind: str, column: str) -> str:
     return f"{HIDDEN}{kind}_{column}"
 
 
-#: functions that need a group's non-null count (null without values) and NaN count
-_COUNTED = ("sum", "mean", "min", "max", "std", "first")
-_NAN_AWARE = ("sum", "mean", "min", "max", "std")
+#: functions that need a group's non-null count (null without values) and NaN count (the
+#: exact ones, float ``sum``, ``mean`` and ``std``, need neither)
+_COUNTED = ("sum", "min", "max", "first")
+_NAN_AWARE = ("min", "max")
 
 
 def aggregate(rds: Any, source: RelationalSource) -> Any:
     """``groupby(keys).aggregate`` with Ray's aggregations plus helper counts (non-null
-    values; NaN, which Ray's ``Sum``/``Mean``/``Std``/``Max`` skip like nulls); a global
+    values; NaN, which Ray's ``Max`` skips like a null) and the exact aggregates; a global
     aggregate (no keys) is Ray's ``Dataset.aggregate``: one row, on the driver.
     ``n_unique`` of a float column counts the values' row hashes (one NaN, ``-0.0 == 0.0``,
     as SQL). The result has helper columns (prefix :data:`HIDDEN`) for the caller to drop.
@@ -74,27 +77,31 @@ def aggregate(rds: Any, source: RelationalSource) -> Any:
     4
     """
     import ray.data
-    from ray.data.aggregate import AsList, Count, CountDistinct, Max, Mean, Min, Std, Sum
+    from ray.data.aggregate import AsList, Count, CountDistinct, Max, Min, Sum
 
     relational = source.relational
     keys, aggs = tuple(relational.param("keys")), relational.param("aggs")
     schema = _input_schema(source)
-    floats = {c for _, c, _ in aggs if c is not None and pa.types.is_floating(schema.field(c).type)}
+    exact = {out for out, _, _ in exact_outputs(aggs, schema)}
+    floats = {
+        c
+        for out, c, _ in aggs
+        if c is not None and out not in exact and pa.types.is_floating(schema.field(c).type)
+    }
     fns: list[Any] = []
     helpers: list[str] = []
     for out, column, fn in aggs:
+        if out in exact:  # summed exactly from the input stage's partials: nothing to fix
+            fns.append(_exact_value(partial_column(column), out, fn))
+            continue
         if fn == "count":
             fns.append(Count(column, ignore_nulls=True, alias_name=out))
-        elif fn == "sum":
+        elif fn == "sum":  # integers and decimals (exact already)
             fns.append(Sum(column, alias_name=out))
-        elif fn == "mean":
-            fns.append(Mean(column, alias_name=out))
         elif fn == "min":
             fns.append(Min(column, alias_name=out))
         elif fn == "max":
             fns.append(Max(column, alias_name=out))
-        elif fn == "std":
-            fns.append(Std(column, ddof=1, alias_name=out))
         elif fn == "n_unique":
             on = _helper("hash", column) if column in floats else column
             fns.append(CountDistinct(on, ignore_nulls=True, alias_name=out))
@@ -113,7 +120,9 @@ def aggregate(rds: Any, source: RelationalSource) -> Any:
         rds = rds.map_batches(_float_helpers, fn_args=(used,), **ARROW_BATCHES)
     target = source.schema()
     specs = tuple(
-        (out, column, fn, column in floats, target.field(out).type) for out, column, fn in aggs
+        (out, column, fn, column in floats, target.field(out).type)
+        for out, column, fn in aggs
+        if out not in exact
     )
     if keys:
         result = rds.groupby(list(keys), num_partitions=hash_partitions()).aggregate(*fns)
@@ -141,7 +150,7 @@ def _global_row(rds: Any, fns: list[Any], aggs: Sequence[tuple[str, str | None, 
 
 def _input_schema(source: RelationalSource) -> pa.Schema:
 
-    return plan_schema(source.inputs[0])
+    return source.input_schemas()[0]
 
 
 def _float_helpers(table: pa.Table, columns: Sequence[str]) -> pa.Table:
@@ -158,8 +167,8 @@ def _float_helpers(table: pa.Table, columns: Sequence[str]) -> pa.Table:
 
 
 def _fix_groups(table: pa.Table, specs: Sequence[tuple[Any, ...]]) -> pa.Table:
-    """SQL's answers where Ray's differ: NaN wins in ``sum``/``mean``/``std``/``max`` (and in
-    ``min`` when every value is NaN); null without values (``std``: fewer than two)."""
+    """SQL's answers where Ray's differ: NaN wins in ``max`` (and in ``min`` when every
+    value is NaN); null without values."""
     for out, column, fn, is_float, kind in specs:
         if fn not in _COUNTED or _helper("count", column) not in table.column_names:
             continue  # a global aggregate over no rows is already SQL's row
@@ -202,3 +211,35 @@ def _first_value(column: str, name: str) -> Any:
             return accumulator[0]
 
     return First()
+
+
+def _exact_value(helper: str, name: str, fn: str) -> Any:
+    """A Ray ``AggregateFnV2`` adding a group's exact partials (the binary column ``helper``
+    of the input stage, :mod:`feedline.plan.exact_aggregates`) and finishing ``fn``: the
+    accumulator is an encoded :class:`~feedline.plan.exact_aggregates.Partial`, so any order
+    of combining gives the same bits."""
+    from ray.data.aggregate import AggregateFnV2
+    from ray.data.block import BlockAccessor
+
+    class Exact(AggregateFnV2):
+        def __init__(self) -> None:
+            super().__init__(name, zero_factory=lambda: None, on=helper, ignore_nulls=True)
+
+        def aggregate_block(self, block: Any) -> Any:
+            values = BlockAccessor.for_block(block).to_arrow().column(helper).drop_null()
+            total = None
+            for data in values.to_pylist():
+                part = Partial.decode(data)
+                total = part if total is None else total.merge(part)
+            return None if total is None else total.encode()
+
+        def combine(self, current: Any, new: Any) -> Any:
+            if current is None or new is None:
+                return new if current is None else current
+            return Partial.decode(current).merge(Partial.decode(new)).encode()
+
+        # Ray's AggregateFn declares finalize an attribute, AggregateFnV2 a method (as here)
+        def finalize(self, accumulator: Any) -> Any:  # type: ignore[override]
+            return None if accumulator is None else Partial.decode(accumulator).value(fn)
+
+    return Exact()

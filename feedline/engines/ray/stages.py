@@ -44,6 +44,8 @@ from feedline.preprocess.text.tokenize import Tokenize
 from feedline.store.shards import conform
 
 __all__ = [
+    "PARTS_COLUMN",
+    "PART_COLUMN",
     "TASK_COLUMN",
     "ReportCollector",
     "StageSpec",
@@ -54,6 +56,10 @@ __all__ = [
 
 #: hidden column carrying each row's read-task index between stages
 TASK_COLUMN = "__feedline_task__"
+#: column of a read stage's input item that shares a read task among actors: its share
+PART_COLUMN = "part"
+#: column of a read stage's input item that shares a read task among actors: the shares
+PARTS_COLUMN = "parts"
 #: attribute set on a FeedlineError raised in a worker: its formatted traceback
 REMOTE_TRACEBACK = "feedline_remote_traceback"
 #: attribute set on a FeedlineError raised in a worker: its message as raised
@@ -224,8 +230,36 @@ class StageRunner:
     def _outputs(
         self, pipeline: BatchPipeline, block: pa.Table, report: ExecutionReport
     ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        if self.spec.read_tasks is not None and PART_COLUMN in block.column_names:
+            yield from self._share(block, report)
+            return
         for index, label, batches in self._inputs(block, report):
             for batch in pipeline(batches, label, index):
+                if batch.num_rows:
+                    yield index, batch
+
+    def _share(
+        self, block: pa.Table, report: ExecutionReport
+    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """Share ``part`` of ``parts`` of a read task's output (items of
+        :func:`feedline.engines.ray.dataset.build_dataset` when there are fewer read tasks
+        than actors): the whole task runs through the stage's operators, exactly as
+        unshared, and rows ``[floor(part·n/parts), floor((part+1)·n/parts))`` of its ``n``
+        output rows are kept, so the shares in order are the task's output. Only share 0
+        counts what it reads (the others read the same rows again)."""
+        spec = self.spec
+        assert spec.read_tasks is not None  # only read stages get shared items
+        columns = (block.column(c).to_pylist() for c in ("task", PART_COLUMN, PARTS_COLUMN))
+        for index, part, parts in zip(*columns, strict=True):
+            task = spec.read_tasks[index]
+            counted = report if part == 0 else ExecutionReport()
+            pipeline = _OffsetPipeline(spec.ops, counted, self.instances, spec.offset)
+            outputs = [b for b in pipeline(task.read(counted), task.label, index) if b.num_rows]
+            whole = pa.Table.from_batches(outputs) if outputs else None
+            if whole is None:
+                continue
+            start, stop = whole.num_rows * part // parts, whole.num_rows * (part + 1) // parts
+            for batch in whole.slice(start, stop - start).to_batches():
                 if batch.num_rows:
                     yield index, batch
 

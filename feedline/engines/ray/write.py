@@ -43,10 +43,11 @@ from feedline.engines.batch.fusion import split_at_limits
 from feedline.engines.local.engine import lineage_of, plan_schema
 from feedline.engines.protocol import WriteInfo, WriteOptions
 from feedline.engines.ray.errors import surface_errors
+from feedline.engines.ray.runtime import ship_user_modules
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
-from feedline.plan.plan import Plan, pushdown
+from feedline.plan.plan import MapBatches, Plan, pushdown
 from feedline.store import dataset_files as fmt
 from feedline.store.commit import PendingWrite, WriteBase
 from feedline.store.shards import conform, writable_schema
@@ -54,7 +55,7 @@ from feedline.store.shards import conform, writable_schema
 if TYPE_CHECKING:
     from feedline.engines.ray.engine import RayEngine
 
-__all__ = ["ShardSink", "write_plan"]
+__all__ = ["ShardSink", "output_schema", "write_plan"]
 
 #: renames running at once on the driver (each one a copy on object stores)
 _RENAMES = 16
@@ -157,12 +158,12 @@ def write_plan(
     """Write ``plan`` as a feedline dataset at ``target``: shards written in Ray tasks."""
 
     start = time.perf_counter()
-    schema = writable_schema(plan_schema(plan), "the plan")
     for name in ("rows_per_shard", "row_group_rows"):
         value = getattr(options, name)
         if value is not None and value < 1:
             raise ConfigurationError(f"{name}={value} must be >= 1. Fix: pass a positive count.")
     engine.ensure_ray()
+    schema = writable_schema(output_schema(plan), "the plan")
     collector, run_id = engine._collector(), uuid.uuid4().hex
     with fmt.writing(target, base) as write:
         sink = ShardSink.create(write.staging, schema, options)
@@ -189,6 +190,31 @@ def write_plan(
     return WriteInfo.from_manifest(
         target.url, manifest, started=start, engine=engine.name, report=report
     )
+
+
+def output_schema(plan: Plan) -> pa.Schema:
+    """The schema the shards get, learnt before the write starts.
+
+    Where it must run a model class (a ``map_batches`` with a class and no
+    ``output_schema=``) on a sample, that runs in a Ray task, not on the driver: the model
+    is built where the actors run (their packages, their memory, their GPU), once more than
+    the actors. ``output_schema=`` on the ``map_batches`` skips it. Other plans learn it on
+    the driver (:func:`~feedline.engines.local.engine.plan_schema`).
+    """
+    if not any(isinstance(op, MapBatches) and op.is_class and op.output_schema is None
+               for op in plan.ops):  # fmt: skip
+        return plan_schema(plan)
+    import ray
+
+    ship_user_modules(plan.ops)
+    gpu = any(
+        isinstance(op, MapBatches) and op.is_class and (op.device or "").startswith("cuda")
+        for op in plan.ops
+    )
+    gpus = 1 if gpu and ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    task = ray.remote(max_retries=0, num_gpus=gpus)(plan_schema)
+    with surface_errors():
+        return ray.get(task.remote(plan))
 
 
 def _dataset(

@@ -12,16 +12,19 @@ new entry. Not detected: sources Spark cannot list (JDBC, tables changed in plac
 non-deterministic plans; pass ``cache=False`` for those (the DataFrame is then read
 natively by the Spark engine, and collected with ``toArrow()`` by the local engine).
 
-The cache folder must be visible to the driver and the executors under the same URL
-(default: ``<tmp>/feedline-spark-cache``, right for ``local[*]``; pass shared storage on a
-cluster). :func:`clear_spark_cache` deletes entries; ``source.cleanup()`` deletes one.
+The cache folder must be visible to the driver and the executors under the same URL. The
+default is a folder of this Python process, ``<tmp>/feedline-spark-cache-<random>``, removed
+with its entries when the process exits (right for ``local[*]`` and a one-host cluster;
+pass ``cache_dir=`` shared storage on a cluster, or to keep the entries across processes).
+:func:`clear_spark_cache` deletes entries; ``source.cleanup()`` deletes one.
 """
 
 from __future__ import annotations
 
-import os
+import atexit
 import posixpath
 import re
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
@@ -42,9 +45,31 @@ from feedline.store import dataset_files as fmt
 __all__ = ["SparkFrameSource", "clear_spark_cache", "plan_fingerprint", "to_spark"]
 
 
+#: this process's default cache folder (created on first use, removed at exit)
+_SESSION_CACHE: str | None = None
+_SESSION_LOCK = threading.Lock()
+
+
 def default_cache_dir() -> str:
-    """``<tmp>/feedline-spark-cache`` (local runs; use shared storage on a cluster)."""
-    return os.path.join(tempfile.gettempdir(), "feedline-spark-cache")
+    """This process's own cache folder, ``<tmp>/feedline-spark-cache-<random>``: created on
+    first use and removed with its entries when the Python process exits (``atexit``).
+
+    Pass ``cache_dir=`` to keep materialized DataFrames across processes (and on a
+    cluster: shared storage the executors can reach).
+
+    Examples
+    --------
+    >>> import os
+    >>> folder = default_cache_dir()
+    >>> os.path.basename(folder).startswith("feedline-spark-cache-"), folder == default_cache_dir()
+    (True, True)
+    """
+    global _SESSION_CACHE
+    with _SESSION_LOCK:
+        if _SESSION_CACHE is None:
+            _SESSION_CACHE = tempfile.mkdtemp(prefix="feedline-spark-cache-")
+            atexit.register(shutil.rmtree, _SESSION_CACHE, True)
+        return _SESSION_CACHE
 
 
 def plan_fingerprint(df: Any) -> str:

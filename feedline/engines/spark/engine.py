@@ -84,7 +84,7 @@ from feedline.io.storage.paths import Location
 from feedline.plan.plan import Plan
 from feedline.store.commit import WriteBase
 
-__all__ = ["SparkEngine", "spark_session"]
+__all__ = ["SHUFFLE_SIZING", "SparkEngine", "size_shuffles", "spark_session"]
 
 if TYPE_CHECKING:
     import pyspark.sql
@@ -141,10 +141,44 @@ def _session(master: str, app_name: str, conf: dict[str, Any]) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
-    for name, value in settings.items():
+    for name, value in (SHUFFLE_SIZING | settings).items():
         builder = builder.config(name, str(value))
     logger.info("Getting or creating the Spark session (master=%s, app=%s)", master, app_name)
     return builder.getOrCreate()
+
+
+#: Spark settings that size the shuffle partitions to the data: adaptive execution
+#: coalesces the ``spark.sql.shuffle.partitions`` (200) partitions of every shuffle into
+#: partitions of about ``spark.sql.adaptive.advisoryPartitionSizeInBytes`` (64 MB; at least
+#: ``minPartitionSize``, 1 MB, while that keeps every core busy), also inside the inputs that
+#: feedline persists (a sort's, shuffle's or split's input), which Spark otherwise leaves at
+#: 200 partitions (``canChangeCachedPlanOutputPartitioning``): a groupby -> join -> split of
+#: 100k rows on local[2] ran 1,436 tasks without it and 40 with it
+SHUFFLE_SIZING = {
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
+}
+
+
+def size_shuffles(spark: Any) -> None:
+    """Apply :data:`SHUFFLE_SIZING` to a session the user made, for each setting the user
+    left unset (a setting they chose is kept).
+
+    Examples
+    --------
+    >>> size_shuffles(spark)  # doctest: +SKIP
+    >>> key = "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"
+    >>> spark.conf.get(key)  # doctest: +SKIP
+    'true'
+    """
+    conf = spark.conf
+    for name, value in SHUFFLE_SIZING.items():
+        try:
+            if conf.get(name, None) is None:
+                conf.set(name, value)
+        except Exception:  # a session that refuses runtime settings: kept as it is
+            logger.debug("Could not set %s on the Spark session", name, exc_info=True)
 
 
 def _bytes(value: int | str) -> int:
@@ -222,6 +256,7 @@ class SparkEngine:
         self.writer = writer
         self.collect_bytes = None if collect_bytes is None else _bytes(collect_bytes)
         self._default_bound: tuple[Any, int] | None = None
+        self._sized: Any = None
 
     def __repr__(self) -> str:
         return f"SparkEngine(master={self.spark_master!r}, writer={self.writer!r})"
@@ -237,6 +272,9 @@ class SparkEngine:
         """The session, its executors checked and the user modules of ``plan`` shipped
         (cluster masters only; see :mod:`feedline.engines.spark.cluster`)."""
         spark = self.spark
+        if spark is not self._sized:
+            size_shuffles(spark)
+            self._sized = spark
         check_executors(spark)
         ship_user_modules(spark, plan.ops)
         return spark
@@ -384,6 +422,7 @@ class SparkEngine:
                 report=report,
                 preprocessors=preprocessors or [],
                 base=base,
+                source_plan=plan,  # the lineage names the inputs, not the computed frame
             )
         finally:
             prepared.finish(report)

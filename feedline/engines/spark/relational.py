@@ -54,6 +54,7 @@ from feedline.engines.spark.inputs import native_parquet
 from feedline.engines.spark.plan import build_job
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport, ReadTask, Source
+from feedline.plan.exact_aggregates import exact_outputs, finish, partial_column
 from feedline.plan.plan import Plan
 from feedline.plan.relational import RelationalSource, split_bounds
 from feedline.plan.rowhash import ROW_HASH_COLUMN
@@ -276,12 +277,42 @@ def _sort(frames: list[Any], relational: Any, source: Any) -> Any:
 
 
 def _aggregate(frames: list[Any], relational: Any, source: Any) -> Any:
+    """``groupBy().agg``; exact aggregates (a float ``sum``, ``mean``, ``std``) collect their
+    partials (``collect_list`` of the column the input's batch stage added) and a Python UDF
+    finishes them per group (:mod:`feedline.plan.exact_aggregates`): the same bits as on the
+    local engine, whatever the partitioning."""
+    from pyspark.sql import functions as F
+
     keys = [_col(k) for k in relational.param("keys", ())]
     frame = frames[0]
+    aggs = relational.param("aggs")
+    exact = {out: fn for out, _, fn in exact_outputs(aggs, source.input_schemas()[0])}
     exprs = [
-        _agg_expr(out, column, fn, frame).alias(out) for out, column, fn in relational.param("aggs")
+        F.collect_list(_col(partial_column(column))).alias(out)
+        if out in exact
+        else _agg_expr(out, column, fn, frame).alias(out)
+        for out, column, fn in aggs
     ]
-    return frame.groupBy(*keys).agg(*exprs)
+    grouped = frame.groupBy(*keys).agg(*exprs)
+    if not exact:
+        return grouped
+    return grouped.select(
+        *[
+            _finisher(exact[name])(_col(name)).alias(name) if name in exact else _col(name)
+            for name in grouped.columns
+        ]
+    )
+
+
+def _finisher(fn: str) -> Any:
+    """A Python UDF: a group's list of exact partials -> its ``fn`` value (double)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType
+
+    def finish_group(partials: Any) -> float | None:
+        return finish(partials, fn)
+
+    return F.udf(finish_group, DoubleType(), useArrow=True)
 
 
 def _agg_expr(out: str, column: str | None, fn: str, frame: Any) -> Any:

@@ -77,8 +77,12 @@ def write_with_feedline(
     report: ExecutionReport,
     preprocessors: list[dict[str, Any]],
     base: WriteBase | None = None,
+    source_plan: Plan | None = None,
 ) -> fmt.Manifest:
-    """Executors write feedline shards; the driver renames them and commits."""
+    """Executors write feedline shards; the driver renames them and commits.
+
+    ``source_plan``: the plan as the user built it (``plan`` may have its relational source
+    computed as a DataFrame already), for the manifest's lineage."""
     with fmt.writing(target, base) as write:
         staging = write.staging
         job = build_job(
@@ -108,7 +112,9 @@ def write_with_feedline(
             )
             for name, row in zip(names, rows, strict=True)
         ]
-        manifest = _manifest(engine, plan, job.schema, shards, options, report, preprocessors)
+        manifest = _manifest(
+            engine, source_plan or plan, job.schema, shards, options, report, preprocessors
+        )
         fmt.commit(write, manifest)
     return manifest
 
@@ -123,6 +129,7 @@ def write_with_spark(
     report: ExecutionReport,
     preprocessors: list[dict[str, Any]],
     base: WriteBase | None = None,
+    source_plan: Plan | None = None,
 ) -> fmt.Manifest:
     """Spark's Parquet writer writes the shards; the driver reads footers and commits."""
     job = build_job(engine.spark, plan, preserve_order=preserve_order, partitions=engine.partitions)
@@ -166,7 +173,9 @@ def write_with_spark(
             first = write.shard_folder.child(shards[0].path)
             footer = fmt.read_footer(first).schema.to_arrow_schema()
             schema = footer.remove_metadata()
-        manifest = _manifest(engine, plan, schema, shards, options, report, preprocessors)
+        manifest = _manifest(
+            engine, source_plan or plan, schema, shards, options, report, preprocessors
+        )
         fmt.commit(write, manifest)
     return manifest
 

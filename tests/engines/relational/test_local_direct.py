@@ -163,6 +163,10 @@ def test_only_the_columns_an_operator_uses_are_read() -> None:
     ds = fl.from_arrow(_facts())
     grouped = ds.groupby("k").agg(m=("v", "mean"), n=("*", "count"))
     (plan,) = _inputs(grouped.plan.source)
+    # the mean's exact partials (feedline.plan.exact_aggregates) travel with the columns
+    assert plan.ops[-1] == Select(("k", "v", "__feedline_exact_v"))
+    counted = ds.groupby("k").agg(top=("v", "max"), n=("*", "count"))
+    (plan,) = _inputs(counted.plan.source)
     assert plan.ops[-1] == Select(("k", "v"))
     semi = ds.join(ds, on="k", how="semi")
     left, right = _inputs(semi.plan.source)
