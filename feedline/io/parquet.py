@@ -25,7 +25,7 @@ from feedline.io.source import (
 )
 from feedline.io.storage.paths import Location, expand_paths
 
-__all__ = ["PARQUET_SUFFIXES", "ParquetSource", "read_footer", "same_schema"]
+__all__ = ["PARQUET_SUFFIXES", "ParquetSource", "read_footer", "same_schema", "scan_fragment"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
 #: page checksums (CRC-32), where a file has them, are verified on every read
@@ -180,27 +180,8 @@ def _file_reader(
                     f"Cannot read row groups {list(row_groups)} of {loc.url!r}: {exc}. The file "
                     "changed after its footer was read. Fix: re-run on the unchanged input."
                 ) from exc
-        if predicate is not None:
-            piece = piece.subset(filter=predicate, schema=scan_schema)
-        kept = piece.num_row_groups
-        report.add(
-            files_read=1,
-            row_groups_total=total,
-            row_groups_read=kept,
-            row_groups_skipped=total - kept,
-        )
-        if kept == 0:
-            return
         try:
-            batches = piece.to_batches(
-                schema=scan_schema,
-                columns=list(columns) if columns is not None else None,
-                filter=predicate,
-                batch_size=SCAN_BATCH_ROWS,
-                use_threads=True,
-            )
-            for batch in batches:
-                report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
+            for batch in scan_fragment(piece, total, scan_schema, columns, predicate, report):
                 yield batch if exact else restore_types(batch, schema, repr(loc.url))
         except (OSError, pa.ArrowException) as exc:
             raise DataError(
@@ -209,6 +190,43 @@ def _file_reader(
             ) from exc
 
     return read
+
+
+def scan_fragment(
+    piece: pads.ParquetFileFragment,
+    total: int,
+    schema: pa.Schema,
+    columns: Sequence[str] | None,
+    predicate: pc.Expression | None,
+    report: ExecutionReport,
+) -> Iterator[pa.RecordBatch]:
+    """The rows of one Parquet file's ``piece`` (a fragment, or a subset of its row groups).
+
+    Row groups whose statistics rule ``predicate`` out are skipped, and the file, the row
+    groups kept of its ``total`` and the rows and bytes read are counted in ``report``.
+    Arrow's errors pass through: each reader says what its file is.
+    """
+    if predicate is not None:
+        piece = piece.subset(filter=predicate, schema=schema)
+    kept = piece.num_row_groups
+    report.add(
+        files_read=1,
+        row_groups_total=total,
+        row_groups_read=kept,
+        row_groups_skipped=total - kept,
+    )
+    if kept == 0:
+        return
+    batches = piece.to_batches(
+        schema=schema,
+        columns=list(columns) if columns is not None else None,
+        filter=predicate,
+        batch_size=SCAN_BATCH_ROWS,
+        use_threads=True,
+    )
+    for batch in batches:
+        report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
+        yield batch
 
 
 def _short(schema: pa.Schema) -> str:

@@ -20,6 +20,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 from feedline.errors import DataError, FormatError
+from feedline.io.parquet import scan_fragment
 from feedline.io.source import (
     ExecutionReport,
     ReadFn,
@@ -259,28 +260,7 @@ def _file_reader(
                 _check_field_ids(fragment.physical_schema, field_ids, url, where)
             fragment.ensure_complete_metadata()
             total = fragment.num_row_groups
-            piece = fragment
-            if predicate is not None:
-                piece = fragment.subset(filter=predicate, schema=schema)
-            kept = piece.num_row_groups
-            report.add(
-                files_read=1,
-                row_groups_total=total,
-                row_groups_read=kept,
-                row_groups_skipped=total - kept,
-            )
-            if kept == 0:
-                return
-            batches = piece.to_batches(
-                schema=schema,
-                columns=list(columns) if columns is not None else None,
-                filter=predicate,
-                batch_size=SCAN_BATCH_ROWS,
-                use_threads=True,
-            )
-            for batch in batches:
-                report.add(rows_read=batch.num_rows, bytes_read=batch.nbytes)
-                yield batch
+            yield from scan_fragment(fragment, total, schema, columns, predicate, report)
         except FileNotFoundError as exc:
             raise DataError(
                 f"The data file {url!r} of {where} is gone: {exc}. The snapshot's files were "
