@@ -176,12 +176,17 @@ def test_a_small_result_is_collected_in_one_job(spark, tmp_path, caplog):
         with caplog.at_level(logging.DEBUG, logger=LOGGER):
             caplog.clear()
             got = case.to_arrow(engine=engine)
-        assert _said(caplog) == ["Collected a Spark result"]
         local = case.to_arrow(engine="local")
-        if "s" in local.column_names:  # float sums depend on the order of addition
-            assert got.select(["k", "n"]).equals(local.select(["k", "n"]))
-            assert np.allclose(got.column("s").to_numpy(), local.column("s").to_numpy())
+        if "s" in local.column_names:
+            # an exact float sum runs through feedline's batch stage, whose output size Spark
+            # cannot estimate: the result is streamed, still in one job (one partition)
+            assert _said(caplog) in (
+                ["Collected a Spark result"],
+                ["Streaming a Spark result", "Fetched partitions 0-0 of 1 in one collect"],
+            )
+            assert got.equals(local)  # exact sums: the same bits as the local engine
         else:
+            assert _said(caplog) == ["Collected a Spark result"]
             _same(got, local)
 
 

@@ -19,6 +19,7 @@ Each batch carries a ``source`` column (int codes; ``loader.sources`` names them
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -138,6 +139,8 @@ class MixedLoader:
         self.transform, self.batched, self.prefetch = transform, batched, int(prefetch)
         self._workers = None if transform is None else make_workers(
             transform, num_workers, worker_type, None)  # fmt: skip
+        if self._workers is not None:  # closed with the loader, as a one-dataset loader's
+            weakref.finalize(self, self._workers.close)
         self._backends = [loader._prepare() for loader in self._loaders]
         for name, backend in zip(self.sources, self._backends, strict=True):
             if backend.mode != "memory" or backend.arranged:

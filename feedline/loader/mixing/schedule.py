@@ -84,7 +84,10 @@ class MixSchedule:
         self.offsets = np.zeros(len(self.sizes), np.int64) if offsets is None else (
             np.asarray(offsets, dtype=np.int64))  # fmt: skip
         if not segments or segments[0][0] != 0:
-            raise ConfigurationError("Mixing: the first weights must start at position 0.")
+            raise ConfigurationError(
+                "Mixing: the first weights must start at position 0. "
+                "Fix: pass the state_dict() unchanged."
+            )
         self.starts = [int(p) for p, _ in segments]
         if any(b <= a for a, b in zip(self.starts, self.starts[1:], strict=False)):
             raise ConfigurationError(f"Mixing: weight changes at positions {self.starts} must "
