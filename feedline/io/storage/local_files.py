@@ -32,7 +32,14 @@ from typing import BinaryIO
 
 from feedline.errors import FeedlineError, FormatError, StorageError
 
-__all__ = ["file_kind", "open_regular", "read_capped", "regular_size"]
+__all__ = [
+    "NotRegularFileError",
+    "file_kind",
+    "open_regular",
+    "open_regular_fd",
+    "read_capped",
+    "regular_size",
+]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -112,7 +119,9 @@ def open_regular(
     """
     name = os.fspath(path)
     try:
-        fd = os.open(name, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = open_regular_fd(name, flags)
+    except NotRegularFileError as exc:
+        raise _refusal(name, what, exc.kind, error) from None
     except FileNotFoundError:
         raise
     except IsADirectoryError:
@@ -126,15 +135,45 @@ def open_regular(
             f"cannot open {what} {name!r}: {exc.strerror or exc}. "
             "Fix: check the path and its permissions."
         ) from exc
+    return os.fdopen(fd, "r+b" if flags & os.O_RDWR else "rb", buffering=0)
+
+
+class NotRegularFileError(OSError):
+    """What :func:`open_regular_fd` found is not a regular file; ``kind`` names it."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"it is {kind}, not a regular file")
+        self.kind = kind
+
+
+def open_regular_fd(name: str, flags: int, create_mode: int = 0o644) -> int:
+    """The descriptor of the regular file ``name``, opened with ``flags``, in blocking mode.
+
+    The mechanism under :func:`open_regular` and the loader's lock files: the file is opened
+    with ``O_NONBLOCK`` (so a FIFO never blocks the open), then ``fstat`` on that very
+    descriptor must say regular file. ``OSError`` s of the open pass through for the caller
+    to word; anything but a regular file raises :class:`NotRegularFileError`.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> os.mkfifo(os.path.join(folder, "fifo"))
+    >>> open_regular_fd(os.path.join(folder, "fifo"), os.O_RDONLY)
+    Traceback (most recent call last):
+    ...
+    feedline.io.storage.local_files.NotRegularFileError: it is a FIFO, not a regular file
+    """
+    fd = os.open(name, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), create_mode)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise _refusal(name, what, file_kind(mode), error)
+            raise NotRegularFileError(file_kind(mode))
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "r+b" if flags & os.O_RDWR else "rb", buffering=0)
     except BaseException:
         os.close(fd)
         raise
+    return fd
 
 
 def regular_size(

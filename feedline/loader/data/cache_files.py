@@ -33,7 +33,7 @@ import os
 import stat
 
 from feedline.errors import ConfigurationError
-from feedline.io.storage.local_files import file_kind
+from feedline.io.storage.local_files import NotRegularFileError, file_kind, open_regular_fd
 
 __all__ = ["open_lock", "remove_entry"]
 
@@ -61,21 +61,13 @@ def open_lock(path: str | os.PathLike[str], *, what: str) -> int:
     >>> os.close(fd)
     """
     name = os.fspath(path)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(name, flags, 0o644)
+        return open_regular_fd(name, os.O_RDWR | os.O_CREAT)
+    except NotRegularFileError as exc:
+        raise _lock_error(name, what, str(exc)) from None
     except OSError as exc:
         reason = _REASONS.get(exc.errno or 0, exc.strerror or str(exc))
         raise _lock_error(name, what, reason) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise _lock_error(name, what, f"it is {file_kind(mode)}, not a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _lock_error(path: str, what: str, reason: str) -> ConfigurationError:
