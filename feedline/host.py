@@ -68,7 +68,8 @@ def memory_available() -> int:
     >>> 0 <= memory_available() <= memory_room()
     True
     """
-    room = min(_meminfo_available(), memory_room())
+    # each limit less its usage is below the limit itself: one reading of the cgroups serves
+    room = min(_meminfo_available(), _physical())
     for group in cgroup_memory():
         if group.limit is not None:
             room = min(room, group.limit - group.used)
