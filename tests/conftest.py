@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -12,8 +13,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import settings
 
 import feedline as fl
+
+# The suite's property tests draw the same examples on every run ("derandomize"), so a
+# submission's CI cannot fail on an example no earlier run drew; a failing example found by
+# exploring is added to its test with ``@example``. Explore with new random examples:
+# ``HYPOTHESIS_PROFILE=explore make test`` (or ``pytest`` with that variable set).
+settings.register_profile("suite", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 @pytest.fixture

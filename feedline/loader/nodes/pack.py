@@ -166,7 +166,7 @@ class Pack(Node):
     def _replay(self, batches: int) -> None:
         """Move to the ``batches``-th packed batch of the epoch by packing lengths only."""
         skip = batches * self.batch_size  # rows delivered
-        while True:
+        while skip:
             try:
                 block = self.source.next()
             except StopIteration:
@@ -180,7 +180,9 @@ class Pack(Node):
                 self._queue = [(row, number, j) for j, row in enumerate(rows) if j >= skip]
                 break
             skip -= len(rows)
-        if self._exhausted:
+        if not self._queue:
+            # every delivered row is passed: stand at the next block boundary, before any
+            # blocks that pack to no row, as next() does when a batch empties its queue
             self._blocks, self._rows = self._read, 0
         self._batches = batches
 
