@@ -14,11 +14,17 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from lakehouse_tables import delta_table, iceberg_table, lance_dataset
+from lakehouse_tables import (
+    delta_table,
+    delta_table_with_deletion_vectors,
+    iceberg_table,
+    iceberg_table_with_position_deletes,
+    lance_dataset,
+)
 
 import feedline as fl
 from feedline.cli.main import main
-from feedline.errors import ConfigurationError, FormatError, MissingDependencyError
+from feedline.errors import ConfigurationError, DataError, FormatError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 
 
@@ -113,23 +119,58 @@ def test_delta_version_in_the_written_lineage(tmp_path: Path, capsys) -> None:
     assert v1 != fl.read_delta(path, version=2).plan.source.fingerprint()
 
 
-def test_delta_deletion_vectors_and_column_mapping_are_refused() -> None:
-    from feedline.io.lakehouse.delta import _refuse_unsupported
+def test_delta_deletion_vectors_are_honoured_at_every_version(tmp_path: Path) -> None:
+    deltalake = pytest.importorskip("deltalake")
+    pytest.importorskip("pyroaring")
+    path, live = delta_table_with_deletion_vectors(tmp_path)
+    with pytest.raises(deltalake.exceptions.DeltaProtocolError):  # delta-rs's own reader
+        deltalake.DeltaTable(path).to_pyarrow_table()
+    for version, want in live.items():
+        ds = fl.read_delta(path, version=version)
+        assert ids(ds) == want, version
+        assert ds.plan.source.count_rows() == len(want)
+        rows = ds.to_arrow().to_pylist()
+        assert all(r["part"] == ("even" if r["id"] % 2 == 0 else "odd") for r in rows)
+    # the same files, other vectors: other fingerprints (a written dataset's lineage differs)
+    prints = {fl.read_delta(path, version=v).plan.source.fingerprint() for v in live}
+    assert len(prints) == len(live)
+    # filter and columns after the deleted rows are dropped, on shipped tasks
+    source = fl.read_delta(path).plan.source
+    got = run_tasks(source.read_tasks(["id"], pc.field("id") >= 3))
+    assert got.column_names == ["id"]
+    assert sorted(got["id"].to_pylist()) == [i for i in live[2] if i >= 3]
+    even = fl.read_delta(path).filter(pc.field("part") == "even").select(["id"])
+    assert ids(even) == [i for i in live[2] if i % 2 == 0]
 
-    def table(config: dict[str, str], marked: pa.Table) -> SimpleNamespace:
-        return SimpleNamespace(
-            metadata=lambda: SimpleNamespace(configuration=config),
-            protocol=lambda: SimpleNamespace(reader_features=["deletionVectors"]),
-            deletion_vectors=lambda: marked,
-        )
 
-    marked = pa.table({"filepath": ["/t/part-0.parquet"], "selection_vector": [[True, False]]})
-    with pytest.raises(FormatError, match=r"deletion vectors.*REORG TABLE"):
-        _refuse_unsupported(table({}, marked), "the Delta table 't'")
-    none_marked = marked.slice(0, 0)
-    _refuse_unsupported(table({}, none_marked), "the Delta table 't'")  # feature, no DVs: fine
+def test_delta_unreadable_deletion_vectors_are_refused(tmp_path: Path) -> None:
+    pytest.importorskip("deltalake")
+    pytest.importorskip("pyroaring")
+    path, live = delta_table_with_deletion_vectors(tmp_path)
+    assert ids(fl.read_delta(path, version=0)) == live[0]  # before any vector: readable
+    for vector in Path(path).glob("deletion_vector_v2_*.bin"):
+        vector.unlink()
+    assert ids(fl.read_delta(path, version=1)) == live[1]
+    with pytest.raises(FormatError, match=r"version 2 has deletion vectors that cannot be read"):
+        fl.read_delta(path)
+
+
+def test_delta_unmatched_deletion_vector_and_column_mapping_are_refused() -> None:
+    from feedline.io.lakehouse.delta import _deleted_positions, _refuse_unsupported
+
+    table = SimpleNamespace(
+        table_uri="file:///t/",
+        protocol=lambda: SimpleNamespace(reader_features=["deletionVectors"]),
+        deletion_vectors=lambda: pa.table(
+            {"filepath": ["file:///t/elsewhere.parquet"], "selection_vector": [[True, False]]}
+        ),
+    )
+    with pytest.raises(FormatError, match=r"not one of the version's files.*PURGE"):
+        _deleted_positions(table, ["part-0.parquet"], "the Delta table 't'")
+    assert _deleted_positions(table, ["elsewhere.parquet"], "t") == {"elsewhere.parquet": (1,)}
+    config = SimpleNamespace(configuration={"delta.columnMapping.mode": "name"})
     with pytest.raises(FormatError, match="column mapping"):
-        _refuse_unsupported(table({"delta.columnMapping.mode": "name"}, none_marked), "t")
+        _refuse_unsupported(SimpleNamespace(metadata=lambda: config), "t")
 
 
 def test_delta_missing_table_and_missing_library(tmp_path: Path, monkeypatch) -> None:
@@ -184,16 +225,56 @@ def test_iceberg_filter_columns_lineage_and_errors(tmp_path: Path) -> None:
         fl.read_iceberg(tmp_path / "missing.metadata.json")
 
 
-def test_iceberg_delete_files_are_refused() -> None:
+def test_iceberg_position_deletes_are_honoured_at_every_snapshot(tmp_path: Path) -> None:
     pytest.importorskip("pyiceberg")
-    from feedline.io.lakehouse.iceberg import _table_file
+    pytest.importorskip("sqlalchemy")
+    table, live = iceberg_table_with_position_deletes(tmp_path)
+    for snapshot_id, want in live.items():
+        assert sorted(table.scan(snapshot_id=snapshot_id).to_arrow()["id"].to_pylist()) == want
+        ds = fl.read_iceberg(table, snapshot_id=snapshot_id)
+        assert ids(ds) == want, snapshot_id
+        assert ds.count() == len(want)
+    source = fl.read_iceberg(table).plan.source
+    assert all(f.deletes for f in source.files)  # both data files have rows deleted
+    got = run_tasks(source.read_tasks(["id", "part"], pc.field("id") >= 4))
+    assert got.column_names == ["id", "part"]
+    assert sorted(got["id"].to_pylist()) == [4, 5, 6, 7, 9]
+    prints = {fl.read_iceberg(table, snapshot_id=s).plan.source.fingerprint() for s in live}
+    assert len(prints) == len(live)
 
-    data = SimpleNamespace(file_path="file:///t/data/a.parquet")
-    task = SimpleNamespace(
-        file=data, delete_files=[SimpleNamespace(file_path="file:///t/data/del.parquet")]
-    )
-    with pytest.raises(FormatError, match=r"merge-on-read delete files.*copy-on-write"):
-        _table_file(task, pa.schema([]), SimpleNamespace(fields=[]), "the table", None)
+
+def test_iceberg_unsupported_or_missing_delete_files_are_refused(
+    tmp_path: Path, monkeypatch
+) -> None:
+    pytest.importorskip("pyiceberg")
+    pytest.importorskip("sqlalchemy")
+    from pyiceberg.manifest import DataFileContent, FileFormat
+    from pyiceberg.table import DataScan
+
+    from feedline.io.lakehouse.iceberg import _position_deletes
+
+    def task(content: DataFileContent, file_format: FileFormat) -> SimpleNamespace:
+        delete = SimpleNamespace(file_path="file:///t/d", content=content, file_format=file_format)
+        return SimpleNamespace(file=SimpleNamespace(file_path="file:///t/a"), delete_files=[delete])
+
+    puffin = task(DataFileContent.POSITION_DELETES, FileFormat.PUFFIN)
+    with pytest.raises(FormatError, match=r"PUFFIN.*position delete.*rewrite_data_files"):
+        _position_deletes(puffin, "the table", None)
+    equality = task(DataFileContent.EQUALITY_DELETES, FileFormat.PARQUET)
+    with pytest.raises(FormatError, match="position deletes only"):
+        _position_deletes(equality, "the table", None)
+    table, _ = iceberg_table_with_position_deletes(tmp_path)
+    for deletes in tmp_path.glob("deletes-*.parquet"):
+        deletes.unlink()
+    with pytest.raises(DataError, match=r"position delete files .* deleted rows would be read"):
+        fl.read_iceberg(table).to_arrow()
+
+    def equality_deletes(self):
+        raise ValueError("PyIceberg does not yet support equality deletes: https://...")
+
+    monkeypatch.setattr(DataScan, "plan_files", equality_deletes)
+    with pytest.raises(FormatError, match=r"equality delete files.*Fix: compact"):
+        fl.read_iceberg(table)
 
 
 # --- Lance -----------------------------------------------------------------------------------

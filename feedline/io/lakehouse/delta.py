@@ -3,7 +3,8 @@
 delta-rs reads the transaction log on the driver: the add actions of the chosen version are
 the live files (files removed by a delete, an update or an overwrite are not among them),
 with their partition values and statistics. Deletion vectors (rows deleted without rewriting
-the file, written by Spark and Databricks) and column mapping (physical column names) are
+the file, written by Spark and Databricks) are decoded by delta-rs on the driver and their
+rows dropped by position when each file is read; column mapping (physical column names) is
 refused with a clear error rather than read wrongly.
 """
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 import os
 from datetime import datetime
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, FormatError, MissingDependencyError
+from feedline.io.lakehouse.deletes import RowDeletes
 from feedline.io.lakehouse.table_files import TableFile, TableSource, all_of, exact_range
 from feedline.io.storage.paths import Location, resolve
 
@@ -75,13 +78,14 @@ def delta_source(
     _refuse_unsupported(table, where)
     schema = pa.schema(table.schema().to_arrow())
     base = resolve(url, storage_options)
-    actions = pa.table(table.get_add_actions(flatten=True))
-    files = [_table_file(base, schema, row) for row in actions.to_pylist()]
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    deleted = _deleted_positions(table, [row["path"] for row in actions], where)
+    files = [_table_file(base, schema, row, deleted.get(row["path"], ())) for row in actions]
     return TableSource("delta", url, f"version {pinned}", schema, files)
 
 
 def _refuse_unsupported(table: Any, where: str) -> None:
-    """Deletion vectors and column mapping: refused, never read wrongly."""
+    """Column mapping: refused, never read wrongly."""
     config = table.metadata().configuration or {}
     mode = config.get("delta.columnMapping.mode", "none")
     if mode != "none":
@@ -90,30 +94,49 @@ def _refuse_unsupported(table: Any, where: str) -> None:
             "physical column names feedline does not map. Fix: rewrite the table without "
             "column mapping, or read it with Spark and write Parquet."
         )
+
+
+def _deleted_positions(table: Any, paths: list[str], where: str) -> dict[str, tuple[int, ...]]:
+    """Add-action path -> the row positions its deletion vector deletes (files without one
+    are absent). Every deletion vector must name a live file: one that names no file is
+    refused rather than ignored."""
     features = table.protocol().reader_features or []
     if "deletionVectors" not in features:
-        return
+        return {}
     try:
-        marked = pa.table(table.deletion_vectors())
-    except Exception as exc:
+        marked = pa.table(table.deletion_vectors()).to_pylist()
+    except Exception as exc:  # delta-rs raises its own and Arrow's errors here
         raise FormatError(
-            f"{where} has deletion vectors that cannot be read: {exc}. Fix: run "
-            "OPTIMIZE ... (or REORG TABLE ... APPLY (PURGE)) to rewrite the files without them."
+            f"{where} has deletion vectors that cannot be read: {exc}. Without them deleted "
+            "rows would be read. Fix: check that the table's deletion_vector_*.bin files are "
+            "in place, or purge them (Spark: REORG TABLE t APPLY (PURGE)) and read again."
         ) from exc
-    if marked.num_rows:
-        names = marked.column("filepath").to_pylist()[:3]
-        raise FormatError(
-            f"{where} has rows deleted through deletion vectors in {marked.num_rows} file(s) "
-            f"(e.g. {names}); feedline reads whole Parquet files and would return deleted "
-            "rows, so it refuses. Fix: purge them first (Spark: REORG TABLE t APPLY (PURGE); "
-            "delta-rs: DeltaTable.optimize.compact()), or disable "
-            "delta.enableDeletionVectors for this table."
-        )
+    root = unquote(table.table_uri).rstrip("/") + "/"
+    by_name = {unquote(p): p for p in paths}
+    deleted: dict[str, tuple[int, ...]] = {}
+    for entry in marked:
+        name = unquote(entry["filepath"])
+        name = name[len(root) :] if name.startswith(root) else name
+        path = by_name.get(name)
+        if path is None:
+            raise FormatError(
+                f"{where} has a deletion vector for {entry['filepath']!r}, which is not one "
+                "of the version's files as feedline named them; it refuses rather than read "
+                "deleted rows. Fix: purge the deletion vectors (Spark: REORG TABLE t APPLY "
+                "(PURGE)) and read again."
+            )
+        keep = entry["selection_vector"]
+        positions = tuple(i for i, live in enumerate(keep) if not live)
+        if positions:
+            deleted[path] = positions
+    return deleted
 
 
-def _table_file(base: Location, schema: pa.Schema, row: dict[str, Any]) -> TableFile:
+def _table_file(
+    base: Location, schema: pa.Schema, row: dict[str, Any], deleted: tuple[int, ...]
+) -> TableFile:
     """One add action as a :class:`TableFile`: partition values and exact bounds as its
-    guarantee."""
+    guarantee, the positions its deletion vector deletes."""
     rel = row["path"]
     location = resolve(rel) if "://" in rel or rel.startswith("/") else base.child(*rel.split("/"))
     parts: list[pc.Expression | None] = []
@@ -134,9 +157,11 @@ def _table_file(base: Location, schema: pa.Schema, row: dict[str, Any]) -> Table
                 row.get(f"null_count.{field.name}"),
             )
         )
+    records = row.get("num_records")
     return TableFile(
         location=location,
-        rows=row.get("num_records"),
+        rows=records - len(deleted) if records is not None else None,
         size=row.get("size_bytes"),
         guarantee=all_of(parts),
+        deletes=RowDeletes(positions=deleted),
     )

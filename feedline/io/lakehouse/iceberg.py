@@ -2,9 +2,10 @@
 
 pyiceberg reads the table metadata and the snapshot's manifests on the driver: its
 ``plan_files`` lists the live data files (with the predicate pushed into manifest pruning
-where feedline's own file guarantees allow). Delete files (merge-on-read position and
-equality deletes) are refused with a clear error rather than read wrongly; copy-on-write
-deletes and overwrites, which replace the data files, read exactly.
+where feedline's own file guarantees allow) and, for each, the position delete files that
+apply to it (merge-on-read deletes): the read task drops the rows they name. Equality
+deletes and Puffin deletion vectors are refused with a clear error rather than read wrongly;
+copy-on-write deletes and overwrites, which replace the data files, read exactly.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from feedline.errors import ConfigurationError, FormatError, MissingDependencyError
+from feedline.io.lakehouse.deletes import RowDeletes
 from feedline.io.lakehouse.table_files import TableFile, TableSource, all_of, exact_range
 from feedline.io.storage.paths import resolve
 
@@ -79,7 +81,20 @@ def iceberg_source(
     if snapshot is not None:
         try:
             tasks = list(loaded.scan(snapshot_id=snapshot.snapshot_id).plan_files())
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
+            if "equality delete" not in str(exc):
+                raise FormatError(
+                    f"Cannot plan {where}: {exc}. Fix: check that its metadata and manifests "
+                    "are readable."
+                ) from exc
+            raise FormatError(
+                f"{where} has equality delete files (rows deleted by value, merge-on-read), "
+                "which pyiceberg cannot plan and feedline does not apply; it refuses rather "
+                "than read deleted rows. Fix: compact the table first (Spark: CALL "
+                "system.rewrite_data_files(table => ..., options => map('delete-file-"
+                "threshold', '1'))), or read a snapshot from before the deletes."
+            ) from exc
+        except OSError as exc:
             raise FormatError(
                 f"Cannot plan {where}: {exc}. Fix: check that its metadata and manifests "
                 "are readable."
@@ -135,19 +150,12 @@ def _table_file(
     where: str,
     storage_options: dict[str, Any] | None,
 ) -> TableFile:
-    """One planned scan task as a :class:`TableFile`; delete files refused."""
+    """One planned scan task as a :class:`TableFile`, with the position deletes it needs."""
     from pyiceberg.conversions import from_bytes
     from pyiceberg.manifest import FileFormat
 
     data = task.file
-    if task.delete_files:
-        deletes = sorted(d.file_path for d in task.delete_files)
-        raise FormatError(
-            f"{where} has merge-on-read delete files for {data.file_path!r} (e.g. "
-            f"{deletes[:2]}); feedline reads whole data files and would return deleted rows, "
-            "so it refuses. Fix: compact the table (rewrite_data_files / rewrite position "
-            "deletes in Spark), or set write.delete.mode=copy-on-write for later deletes."
-        )
+    deletes = _position_deletes(task, where, storage_options)
     if data.file_format != FileFormat.PARQUET:
         raise FormatError(
             f"{where} has a {data.file_format} data file {data.file_path!r}; feedline reads "
@@ -169,7 +177,34 @@ def _table_file(
             continue  # a bound feedline cannot use: no guarantee from this column
     return TableFile(
         location=resolve(data.file_path, storage_options),
-        rows=data.record_count,
+        rows=None if deletes else data.record_count,  # a delete file's count may span files
         size=data.file_size_in_bytes,
         guarantee=all_of(parts),
+        deletes=deletes,
     )
+
+
+def _position_deletes(task: Any, where: str, storage_options: dict[str, Any] | None) -> RowDeletes:
+    """The Parquet position delete files that apply to the task's data file; Puffin
+    deletion vectors (format v3) and other formats refused."""
+    from pyiceberg.manifest import DataFileContent, FileFormat
+
+    files = []
+    for delete in sorted(task.delete_files, key=lambda d: d.file_path):
+        if delete.content != DataFileContent.POSITION_DELETES:
+            raise FormatError(
+                f"{where} has a {delete.content} delete file {delete.file_path!r} for "
+                f"{task.file.file_path!r}; feedline applies position deletes only and refuses "
+                "rather than read deleted rows. Fix: compact the table (Spark: "
+                "rewrite_data_files) first."
+            )
+        if delete.file_format != FileFormat.PARQUET:
+            raise FormatError(
+                f"{where} has a {delete.file_format} position delete file "
+                f"{delete.file_path!r} (for {task.file.file_path!r}); feedline applies Parquet "
+                "position delete files only (not Puffin deletion vectors of format v3) and "
+                "refuses rather than read deleted rows. Fix: compact the table (Spark: "
+                "rewrite_data_files, rewrite_position_delete_files) first."
+            )
+        files.append(resolve(delete.file_path, storage_options))
+    return RowDeletes(files=tuple(files), data_path=task.file.file_path)

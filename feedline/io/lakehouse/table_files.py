@@ -11,15 +11,18 @@ nulls (schema evolution by adding columns).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 from feedline.errors import DataError, FormatError
+from feedline.io.lakehouse.deletes import RowDeletes, scan_live_rows
 from feedline.io.parquet import scan_fragment
 from feedline.io.source import (
     ExecutionReport,
@@ -59,12 +62,16 @@ class TableFile:
     guarantee:
         An expression true of every row of the file (partition values, exact bounds), or
         ``None``.
+    deletes:
+        Rows the snapshot deleted without rewriting the file (Delta deletion vectors,
+        Iceberg position deletes), dropped by position when the file is read.
     """
 
     location: Location
     rows: int | None = None
     size: int | None = None
     guarantee: pc.Expression | None = None
+    deletes: RowDeletes = dataclasses.field(default_factory=RowDeletes)
 
 
 def exact_range(
@@ -165,7 +172,7 @@ class TableSource(Source):
             self.kind,
             self._table,
             self._snapshot,
-            *[(f.location.url, f.size, f.rows) for f in self._files],
+            *[(f.location.url, f.size, f.rows, f.deletes.fingerprint()) for f in self._files],
         )
 
     def count_rows(self) -> int | None:
@@ -242,6 +249,20 @@ def _check_field_ids(
             )
 
 
+def _deleted_rows(file: TableFile, where: str) -> np.ndarray:
+    """The positions deleted in ``file``: its deletion vector, its position delete files."""
+    try:
+        return file.deletes.load()
+    except (OSError, KeyError, pa.ArrowException) as exc:
+        names = [d.url for d in file.deletes.files]
+        raise DataError(
+            f"Cannot read the position delete files {names} of {where} (for the data file "
+            f"{file.location.url!r}): {exc}. Without them deleted rows would be read. Fix: "
+            "check that the table's delete files are in place and readable (or read another "
+            "snapshot)."
+        ) from exc
+
+
 def _file_reader(
     file: TableFile,
     schema: pa.Schema,
@@ -259,6 +280,10 @@ def _file_reader(
             if field_ids is not None:
                 _check_field_ids(fragment.physical_schema, field_ids, url, where)
             fragment.ensure_complete_metadata()
+            if file.deletes:
+                deleted = _deleted_rows(file, where)
+                yield from scan_live_rows(fragment, schema, columns, predicate, deleted, report)
+                return
             total = fragment.num_row_groups
             yield from scan_fragment(fragment, total, schema, columns, predicate, report)
         except FileNotFoundError as exc:
