@@ -11,7 +11,13 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pytest
-from lakehouse_tables import delta_table, iceberg_table, lance_dataset
+from lakehouse_tables import (
+    delta_table,
+    delta_table_with_deletion_vectors,
+    iceberg_table,
+    iceberg_table_with_position_deletes,
+    lance_dataset,
+)
 
 import feedline as fl
 
@@ -23,19 +29,30 @@ pytestmark = [
 
 
 def check_all(engine: Any, tmp_path: Path) -> None:
-    """Every version of each table, written through ``engine``, has the right rows."""
+    """Every version of each table, written through ``engine``, has the right rows: deleted
+    rows (Delta deletes that rewrite files and deletion vectors, Iceberg copy-on-write and
+    position deletes, Lance deletion files) are never read."""
     pytest.importorskip("deltalake")
+    pytest.importorskip("pyroaring")
     pytest.importorskip("pyiceberg")
     pytest.importorskip("sqlalchemy")
     pytest.importorskip("lance")
     cases: list[tuple[str, fl.Dataset, list[int]]] = []
     path, live = delta_table(tmp_path / "d")
     cases += [(f"delta-{v}", fl.read_delta(path, version=v), want) for v, want in live.items()]
+    dv_path, dv_live = delta_table_with_deletion_vectors(tmp_path / "d")
+    cases += [(f"delta-dv-{v}", fl.read_delta(dv_path, version=v), w) for v, w in dv_live.items()]
     (tmp_path / "i").mkdir()
     table, snapshots = iceberg_table(tmp_path / "i")
     cases += [
         (f"iceberg-{n}", fl.read_iceberg(table, snapshot_id=s), want)
         for n, (s, want) in enumerate(snapshots.items())
+    ]
+    (tmp_path / "p").mkdir()
+    moR, moR_live = iceberg_table_with_position_deletes(tmp_path / "p")
+    cases += [
+        (f"iceberg-pos-{n}", fl.read_iceberg(moR, snapshot_id=s), want)
+        for n, (s, want) in enumerate(moR_live.items())
     ]
     lpath, llive = lance_dataset(tmp_path / "l")
     cases += [(f"lance-{v}", fl.read_lance(lpath, version=v), want) for v, want in llive.items()]
@@ -44,6 +61,8 @@ def check_all(engine: Any, tmp_path: Path) -> None:
         ("delta-odd", fl.read_delta(path).filter(pc.field("part") == "odd"), [1, 3, 5, 9, 11])
     )
     cases.append(("iceberg-late", fl.read_iceberg(table).filter(pc.field("id") >= 5), [5, 6, 7]))
+    dv_high = fl.read_delta(dv_path).filter(pc.field("id") >= 3)
+    cases.append(("delta-dv-high", dv_high, [3, 5, 6, 7]))
     high = fl.read_lance(lpath).filter(pc.field("score") > 0.35)
     cases.append(("lance-high", high, [4, 5, 6, 7]))
     for name, ds, want in cases:
