@@ -72,6 +72,10 @@ def check_all(engine: Any, tmp_path: Path) -> None:
         assert sorted(got["id"].to_pylist()) == want, name
         rows = got.to_pylist()
         assert all(r["part"] == ("even" if r["id"] % 2 == 0 else "odd") for r in rows), name
+    # out to a Delta table: the plan on the engine's workers, delta-rs on the driver
+    target = tmp_path / "to-delta"
+    fl.read_iceberg(moR).write_delta(target, engine=engine, partition_by=["part"])
+    assert sorted(fl.read_delta(target).to_arrow()["id"].to_pylist()) == list(moR_live.values())[-1]
 
 
 @pytest.mark.spark

@@ -23,14 +23,15 @@ from feedline.io.lakehouse.deletes import RowDeletes
 from feedline.io.lakehouse.table_files import TableFile, TableSource, all_of, exact_range
 from feedline.io.storage.paths import Location, resolve
 
-__all__ = ["delta_source"]
+__all__ = ["delta_source", "deltalake_library"]
 
 
-def _deltalake() -> Any:
+def deltalake_library(purpose: str = "fl.read_delta") -> Any:
+    """The ``deltalake`` module, or a :class:`MissingDependencyError` naming the extra."""
     try:
         import deltalake
     except ImportError as exc:
-        raise MissingDependencyError("deltalake", "delta", "fl.read_delta") from exc
+        raise MissingDependencyError("deltalake", "delta", purpose) from exc
     return deltalake
 
 
@@ -51,7 +52,7 @@ def delta_source(
     >>> delta_source(root).snapshot
     'version 0'
     """
-    deltalake = _deltalake()
+    deltalake = deltalake_library()
     if version is not None and as_of is not None:
         raise ConfigurationError(
             f"read_delta({os.fspath(path)!r}) got both version={version!r} and "

@@ -26,22 +26,23 @@ from feedline.io.source import (
     fingerprint_of,
 )
 
-__all__ = ["LanceSource"]
+__all__ = ["LanceSource", "lance_library"]
 
 #: rows per batch handed downstream
 SCAN_BATCH_ROWS = 64 * 1024
 
 
-def _lance() -> Any:
+def lance_library(purpose: str = "fl.read_lance") -> Any:
+    """The ``lance`` module, or a :class:`MissingDependencyError` naming the extra."""
     try:
         import lance
     except ImportError as exc:
-        raise MissingDependencyError("pylance", "lance", "fl.read_lance") from exc
+        raise MissingDependencyError("pylance", "lance", purpose) from exc
     return lance
 
 
 def _open(uri: str, version: int | datetime | str | None, options: dict[str, str] | None) -> Any:
-    lance = _lance()
+    lance = lance_library()
     try:
         if isinstance(version, datetime):
             return lance.dataset(uri, asof=version, storage_options=options)
