@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -105,7 +106,7 @@ def _deleted_positions(table: Any, paths: list[str], where: str) -> dict[str, tu
     if "deletionVectors" not in features:
         return {}
     try:
-        marked = pa.table(table.deletion_vectors()).to_pylist()
+        marked = pa.table(table.deletion_vectors())
     except Exception as exc:  # delta-rs raises its own and Arrow's errors here
         raise FormatError(
             f"{where} has deletion vectors that cannot be read: {exc}. Without them deleted "
@@ -115,21 +116,22 @@ def _deleted_positions(table: Any, paths: list[str], where: str) -> dict[str, tu
     root = unquote(table.table_uri).rstrip("/") + "/"
     by_name = {unquote(p): p for p in paths}
     deleted: dict[str, tuple[int, ...]] = {}
-    for entry in marked:
-        name = unquote(entry["filepath"])
+    vectors = marked.column("selection_vector").combine_chunks()
+    for i, filepath in enumerate(marked.column("filepath").to_pylist()):
+        name = unquote(filepath)
         name = name[len(root) :] if name.startswith(root) else name
         path = by_name.get(name)
         if path is None:
             raise FormatError(
-                f"{where} has a deletion vector for {entry['filepath']!r}, which is not one "
+                f"{where} has a deletion vector for {filepath!r}, which is not one "
                 "of the version's files as feedline named them; it refuses rather than read "
                 "deleted rows. Fix: purge the deletion vectors (Spark: REORG TABLE t APPLY "
                 "(PURGE)) and read again."
             )
-        keep = entry["selection_vector"]
-        positions = tuple(i for i, live in enumerate(keep) if not live)
-        if positions:
-            deleted[path] = positions
+        keep = vectors[i].values.to_numpy(zero_copy_only=False)
+        positions = np.flatnonzero(~keep)
+        if positions.size:
+            deleted[path] = tuple(positions.tolist())
     return deleted
 
 
