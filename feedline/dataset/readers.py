@@ -364,9 +364,10 @@ def read_delta(
     The version is pinned when this is called: the transaction log is read on the driver
     (with the ``deltalake`` library, ``pip install 'feedline[delta]'``) and exactly the live
     files of that version are read, as plain Parquet read tasks on any engine. Files removed
-    by a delete, update or overwrite are not read; a table whose rows were deleted through
-    deletion vectors, or that uses column mapping, is refused with a
-    :class:`~feedline.errors.FormatError` saying how to purge them. Partition columns are
+    by a delete, update or overwrite are not read; rows deleted through deletion vectors
+    (Spark, Databricks) are decoded with the log and dropped by position as each file is
+    read. A table that uses column mapping, or whose deletion vectors cannot be read, is
+    refused with a :class:`~feedline.errors.FormatError` saying how to fix it. Partition columns are
     filled from the log; a filter skips the files whose partition values or exact integer
     bounds rule it out, then row groups by their statistics. The version goes into
     ``describe()`` and a written dataset's lineage (``delta: PATH @ version N``).
@@ -398,8 +399,9 @@ def read_iceberg(
     The snapshot's manifests are planned on the driver with ``pyiceberg``
     (``pip install 'feedline[iceberg]'``); the read tasks are plain Parquet reads of exactly
     its live data files, on any engine. Copy-on-write deletes read exactly; merge-on-read
-    delete files (position or equality deletes) and renamed columns are refused with a
-    :class:`~feedline.errors.FormatError`. A filter skips the files whose exact integer
+    position delete files are read by the task of each data file they apply to, and their
+    rows dropped. Equality deletes, Puffin deletion vectors and renamed columns are refused
+    with a :class:`~feedline.errors.FormatError`. A filter skips the files whose exact integer
     bounds rule it out, then row groups. The snapshot id goes into ``describe()`` and a
     written dataset's lineage.
 
