@@ -9,10 +9,12 @@ each destination ``(rank, positions)`` it has in the epoch's order; each node th
 (``stage_dir=``: a shared file system for several nodes; a local folder for one node,
 ``<cache_dir>/staged/exchange`` by default): per sender and destination node, one file per
 bucket, then a completion marker listing each file's size and CRC-32, written last by an
-atomic rename. A receiver reads a sender's files only once its marker is there, checks
-every byte against the marker as it reads, and deletes the bucket files once its ranks'
-files are staged (the markers stay, so a restarted sender does not send again; the folder
-of an epoch goes once a later epoch is staged). A sender killed mid-way leaves no marker:
+atomic rename. A receiver reads a sender's files only once its marker is there and checks
+every byte against the marker as it reads. Each receiver owns its inbox: an epoch's files
+and markers stay until it has staged the next epoch (so an epoch whose staged files are
+lost is staged again from them), then it deletes them. A sender sends to every node whose
+inbox lacks its marker, also when its own ranks' files are complete (a receiver restarted
+from an older checkpoint gets the rows again); a sender killed mid-way leaves no marker and
 its next run rewrites its files. One read of the data per epoch across the cluster, and
 the receivers' reads are sequential.
 
@@ -20,18 +22,18 @@ Why storage first: it needs no process group, no extra port and no Ray, works be
 separately started jobs and restarts, and its traffic is large sequential files, which
 shared file systems and object stores serve well. A ``torch.distributed`` (gloo/NCCL
 all-to-all) or Ray object-store exchange fits the same interface (:class:`Exchange`:
-``send`` / ``delivered`` / ``wait`` / ``records`` / ``release``); neither is written yet.
+``send`` / ``delivered`` / ``wait`` / ``records`` / ``held`` / ``release``); neither is written yet.
 
 Examples
 --------
 >>> import tempfile
 >>> ex = StorageExchange(tempfile.mkdtemp(), "k", node=0, nodes=1)
 >>> keys = [("x", np.dtype("<f8"), ())]
->>> out = ex.send(0, to_node=0)
+>>> out = ex.send("order", 0, to_node=0)
 >>> out.write(0, 0, np.array([1, 0]), {"x": np.array([2.5, 1.5])})
 >>> out.commit()
->>> ex.wait(0, timeout=1)
->>> [(p.tolist(), a["x"].tolist()) for p, a in ex.records(0, 0, 0, keys)]
+>>> ex.wait("order", 0, timeout=1)
+>>> [(p.tolist(), a["x"].tolist()) for p, a in ex.records("order", 0, 0, 0, keys)]
 [([1, 0], [2.5, 1.5])]
 """
 
@@ -84,17 +86,19 @@ class Outbox(Protocol):
 class Exchange(Protocol):
     """The rows' way between nodes (see the module docs)."""
 
-    def send(self, epoch: int, to_node: int) -> Outbox: ...
+    def send(self, plan: str, epoch: int, to_node: int) -> Outbox: ...
 
-    def delivered(self, epoch: int, to_node: int) -> bool: ...
+    def delivered(self, plan: str, epoch: int, to_node: int) -> bool: ...
 
-    def wait(self, epoch: int, timeout: float = WAIT_TIMEOUT) -> None: ...
+    def wait(self, plan: str, epoch: int, timeout: float = WAIT_TIMEOUT) -> None: ...
 
     def records(
-        self, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
+        self, plan: str, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
     ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]: ...
 
-    def release(self, epoch: int) -> None: ...
+    def held(self) -> list[tuple[str, int]]: ...
+
+    def release(self, plan: str, epoch: int) -> None: ...
 
 
 def _bytes(values: np.ndarray) -> memoryview:
@@ -155,45 +159,47 @@ class StorageExchange:
     def __init__(self, folder: str | os.PathLike[str], key: str, *, node: int, nodes: int) -> None:
         self.root = Path(folder) / key
         self.node, self.nodes = int(node), int(nodes)
-        self._markers: dict[tuple[int, int], dict[str, list[int]]] = {}
+        self._markers: dict[tuple[str, int, int], dict[str, list[int]]] = {}
 
-    def _epoch(self, epoch: int) -> Path:
-        return self.root / f"e{epoch}"
+    def _epoch(self, plan: str, epoch: int) -> Path:
+        return self.root / plan / f"e{epoch}"
 
-    def _marker(self, epoch: int, to_node: int, from_node: int) -> Path:
-        return self._epoch(epoch) / f"to{to_node}" / f"from{from_node}.done"
+    def _marker(self, plan: str, epoch: int, to_node: int, from_node: int) -> Path:
+        return self._epoch(plan, epoch) / f"to{to_node}" / f"from{from_node}.done"
 
-    def send(self, epoch: int, to_node: int) -> Outbox:
-        """This node's outbox for ``to_node`` in ``epoch`` (earlier partial files dropped)."""
-        inbox = self._epoch(epoch) / f"to{to_node}"
+    def send(self, plan: str, epoch: int, to_node: int) -> Outbox:
+        """This node's outbox for ``to_node`` in epoch ``epoch`` of the order ``plan``
+        (earlier partial files dropped)."""
+        inbox = self._epoch(plan, epoch) / f"to{to_node}"
+        marker = self._marker(plan, epoch, to_node, self.node)
         try:
-            return _FileOutbox(inbox / f"from{self.node}", self._marker(epoch, to_node, self.node))
+            return _FileOutbox(inbox / f"from{self.node}", marker)
         except OSError as exc:
             raise StorageError(
                 f"Cannot write the staging exchange folder {str(inbox)!r}: {exc}. Fix: pass a "
                 "writable stage_dir= (a folder every node can reach) to the loader."
             ) from exc
 
-    def delivered(self, epoch: int, to_node: int) -> bool:
+    def delivered(self, plan: str, epoch: int, to_node: int) -> bool:
         """Whether this node's rows for ``to_node`` in ``epoch`` were all sent."""
-        return self._marker(epoch, to_node, self.node).is_file()
+        return self._marker(plan, epoch, to_node, self.node).is_file()
 
-    def wait(self, epoch: int, timeout: float = WAIT_TIMEOUT) -> None:
+    def wait(self, plan: str, epoch: int, timeout: float = WAIT_TIMEOUT) -> None:
         """Block until every node's rows for this node in ``epoch`` are sent."""
         deadline, pause = time.monotonic() + timeout, 0.005
         while True:
-            missing = [n for n in range(self.nodes) if (epoch, n) not in self._markers]
+            missing = [n for n in range(self.nodes) if (plan, epoch, n) not in self._markers]
             for n in missing:
-                path = self._marker(epoch, self.node, n)
+                path = self._marker(plan, epoch, self.node, n)
                 with contextlib.suppress(FileNotFoundError, ValueError):
-                    self._markers[epoch, n] = json.loads(path.read_text())["files"]
-            missing = [n for n in range(self.nodes) if (epoch, n) not in self._markers]
+                    self._markers[plan, epoch, n] = json.loads(path.read_text())["files"]
+            missing = [n for n in range(self.nodes) if (plan, epoch, n) not in self._markers]
             if not missing:
                 return
             if time.monotonic() > deadline:
                 raise StorageError(
                     f"Staging epoch {epoch}: nodes {missing} sent no rows to node {self.node} "
-                    f"within {timeout:.0f} s (no marker under {str(self._epoch(epoch))!r}). "
+                    f"within {timeout:.0f} s (no marker under {str(self._epoch(plan, epoch))!r}). "
                     "Fix: check that every node's loader runs with the same stage_dir= (a "
                     "shared folder), world_size and ranks_per_node, and that none failed."
                 )
@@ -201,31 +207,35 @@ class StorageExchange:
             pause = min(0.5, pause * 2)
 
     def records(
-        self, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
+        self, plan: str, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
     ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
         """Every record sent for ``rank``'s ``bucket`` (after :meth:`wait`), checked against
         its sender's marker as it is read."""
         name = f"r{rank}.b{bucket}"
         for n in range(self.nodes):
-            expected = self._markers[epoch, n].get(name)
+            expected = self._markers[plan, epoch, n].get(name)
             if expected is None:
                 continue
-            path = self._epoch(epoch) / f"to{self.node}" / f"from{n}" / name
+            path = self._epoch(plan, epoch) / f"to{self.node}" / f"from{n}" / name
             yield from _read_records(path, arrays, int(expected[0]), int(expected[1]))
 
-    def release(self, epoch: int) -> None:
-        """Drop this node's received files of ``epoch`` (the markers stay) and every folder
-        of epochs before ``epoch - 1`` addressed to it."""
-        inbox = self._epoch(epoch) / f"to{self.node}"
-        for n in range(self.nodes):
-            shutil.rmtree(inbox / f"from{n}", ignore_errors=True)
-        for old in self.root.glob("e*"):
+    def held(self) -> list[tuple[str, int]]:
+        """The ``(plan, epoch)`` pairs this node's inbox holds rows or markers of."""
+        found = []
+        for old in self.root.glob(f"*/e*/to{self.node}"):
             with contextlib.suppress(ValueError):
-                if int(old.name[1:]) < epoch - 1:
-                    shutil.rmtree(old / f"to{self.node}", ignore_errors=True)
-                    with contextlib.suppress(OSError):
-                        old.rmdir()
-        self._markers = {k: v for k, v in self._markers.items() if k[0] >= epoch}
+                found.append((old.parent.parent.name, int(old.parent.name[1:])))
+        return found
+
+    def release(self, plan: str, epoch: int) -> None:
+        """Drop the rows and markers addressed to this node in ``epoch`` of ``plan`` (the
+        caller holds that epoch's lock: no process of the node is staging it)."""
+        folder = self._epoch(plan, epoch)
+        shutil.rmtree(folder / f"to{self.node}", ignore_errors=True)
+        for empty in (folder, folder.parent):
+            with contextlib.suppress(OSError):
+                empty.rmdir()
+        self._markers = {k: v for k, v in self._markers.items() if k[:2] != (plan, epoch)}
 
 
 def _read_records(

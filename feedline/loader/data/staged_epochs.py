@@ -339,13 +339,19 @@ def _open_staged(
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold the lock file ``path``; ``wait=False``: yield ``False`` at once when another
+    process (or thread) holds it."""
     import fcntl
 
     fd = open_lock(path, what="the staging lock")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released when this process dies, too
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))  # dies with us too
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)
 
@@ -494,6 +500,17 @@ class StagedEpochs:
                 self._worker.start()
         return task
 
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every epoch asked for is staged (or failed); ``False`` on timeout."""
+        with self._lock:
+            tasks = list(self._tasks.values())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for task in tasks:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not task.done.wait(left):
+                return False
+        return True
+
     def _forget(self, epoch: int) -> None:
         """Drop (and delete this rank's files of) the epochs before ``epoch``."""
         with self._lock:
@@ -544,23 +561,26 @@ class StagedEpochs:
         with _locked(lock):
             found = {r: _open_staged(self._path(plan, r), plan.plans[r], self._meta(plan, r))[0]
                      for r in mine}  # fmt: skip
-            if all(v is not None for v in found.values()):
+            complete = all(v is not None for v in found.values())
+            if complete:  # staged already (by another rank of the node, or an earlier run)
                 task.staged = found[self.rank]
                 task.started.set()
-                return
             for staged in found.values():
-                if staged is not None:
+                if staged is not None and not complete:
                     staged.close()
+            self._send(plan, report)  # to every node that lacks this node's rows
+            if complete:
+                report.stage_s = time.perf_counter() - start
+                return
             for stale in (self.folder / ".tmp").glob(f"{plan.key}.e{plan.epoch}.*"):
                 remove_entry(stale, what="staged temporary file")  # a killed stager's
             report.staged_here = True
-            self._send(plan, report)
-            self.exchange.wait(plan.epoch)
+            self.exchange.wait(plan.key, plan.epoch)
             todo = [self.rank] + [r for r in mine if r != self.rank]
             for r in todo:
                 self._receive(plan, r, task if r == self.rank else None, report)
-            self.exchange.release(plan.epoch)
-            self._clean(plan.epoch)
+
+        self._clean(plan.epoch)
         report.stage_s = time.perf_counter() - start
         logger.info(
             "Loader staged epoch %d for ranks %d-%d in %.2f s (%d rows read, %d bytes sent)",
@@ -568,15 +588,31 @@ class StagedEpochs:
         )  # fmt: skip
 
     def _clean(self, epoch: int) -> None:
-        """Remove this node's staged files of epochs before ``epoch - 1`` (any plan)."""
+        """Drop this node's rows received for epochs before ``epoch`` and its staged files of
+        epochs before ``epoch - 1`` (of any order), each under its epoch's lock, skipping an
+        epoch a process of the node is staging."""
+        old: dict[tuple[str, int], list[Path]] = {}
         for path in self.folder.glob("*.stage"):
             with contextlib.suppress(ValueError, IndexError):
-                if int(path.name.split(".")[1][1:]) < epoch - 1:
+                plan, tag = path.name.split(".")[:2]
+                if int(tag[1:]) < epoch - 1:
+                    old.setdefault((plan, int(tag[1:])), []).append(path)
+        for held in self.exchange.held():
+            if held[1] < epoch:
+                old.setdefault(held, [])
+        for (plan, e), paths in old.items():
+            with _locked(self.folder / ".locks" / f"{plan}.e{e}.lock", wait=False) as got:
+                if not got:
+                    continue
+                self.exchange.release(plan, e)
+                for path in paths:
                     path.unlink(missing_ok=True)
 
     def _send(self, plan: StagePlan, report: _Report) -> None:
         """Pass 1: read this node's row groups in order; send each row to its buckets."""
-        todo = [m for m in range(self.nodes) if not self.exchange.delivered(plan.epoch, m)]
+        todo = [
+            m for m in range(self.nodes) if not self.exchange.delivered(plan.key, plan.epoch, m)
+        ]
         if not todo:
             return
         layout, packing = self.layout, self.packing
@@ -585,7 +621,7 @@ class StagedEpochs:
         groups = node_row_groups(sizes, self.nodes)[self.node]
         lo, hi = int(starts[groups.start]), int(starts[groups.stop])
         found = routes(plan.plans, lo, hi)
-        outboxes = {m: self.exchange.send(plan.epoch, m) for m in todo}
+        outboxes = {m: self.exchange.send(plan.key, plan.epoch, m) for m in todo}
         file_of, local, _ = layout.locate()
         names = [s.name for s in packing.specs]
         piece = read_rows(packing, layout.source.schema())
@@ -663,7 +699,9 @@ class StagedEpochs:
                 at = b * self.bucket_rows
                 rows = min(self.bucket_rows, total - at)
                 filled = 0
-                for positions, values in self.exchange.records(plan.epoch, rank, b, self.arrays):
+                for positions, values in self.exchange.records(
+                    plan.key, plan.epoch, rank, b, self.arrays
+                ):
                     where = positions - at
                     if where.size and (where.min() < 0 or where.max() >= rows):
                         raise IntegrityError(
