@@ -8,7 +8,8 @@ each destination ``(rank, positions)`` it has in the epoch's order; each node th
 :class:`StorageExchange` does it through a folder every node can read and write
 (``stage_dir=``: a shared file system for several nodes; a local folder for one node,
 ``<cache_dir>/staged/exchange`` by default): per sender and destination node, one file per
-bucket, then a completion marker listing each file's size and CRC-32, written last by an
+bucket (cut as the receiver published: its ``bucket_rows``, from its own memory budget), then
+a completion marker listing each file's size and CRC-32, written last by an
 atomic rename. A receiver reads a sender's files only once its marker is there and checks
 every byte against the marker as it reads. Each receiver owns its inbox: an epoch's files
 and markers stay until it has staged the next epoch (so an epoch whose staged files are
@@ -22,7 +23,8 @@ Why storage first: it needs no process group, no extra port and no Ray, works be
 separately started jobs and restarts, and its traffic is large sequential files, which
 shared file systems and object stores serve well. A ``torch.distributed`` (gloo/NCCL
 all-to-all) or Ray object-store exchange fits the same interface (:class:`Exchange`:
-``send`` / ``delivered`` / ``wait`` / ``records`` / ``held`` / ``release``); neither is written yet.
+``publish`` / ``layout`` / ``send`` / ``delivered`` / ``wait`` / ``records`` / ``held`` /
+``release``); neither is written yet.
 
 Examples
 --------
@@ -87,6 +89,12 @@ class Exchange(Protocol):
     """The rows' way between nodes (see the module docs)."""
 
     def send(self, plan: str, epoch: int, to_node: int) -> Outbox: ...
+
+    def publish(self, plan: str, epoch: int, layout: Mapping[str, Any]) -> None: ...
+
+    def layout(
+        self, plan: str, epoch: int, node: int, timeout: float | None = WAIT_TIMEOUT
+    ) -> dict[str, Any] | None: ...
 
     def delivered(self, plan: str, epoch: int, to_node: int) -> bool: ...
 
@@ -179,6 +187,43 @@ class StorageExchange:
                 f"Cannot write the staging exchange folder {str(inbox)!r}: {exc}. Fix: pass a "
                 "writable stage_dir= (a folder every node can reach) to the loader."
             ) from exc
+
+    def publish(self, plan: str, epoch: int, layout: Mapping[str, Any]) -> None:
+        """Say how this node takes its rows in ``epoch`` (its ``bucket_rows``): senders cut
+        buckets as the receiver does, whatever each node's own memory budget."""
+        path = self._epoch(plan, epoch) / f"to{self.node}" / "layout.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"layout.json.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(dict(layout)))
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StorageError(
+                f"Cannot write the staging exchange folder {str(path.parent)!r}: {exc}. Fix: "
+                "pass a writable stage_dir= (a folder every node can reach) to the loader."
+            ) from exc
+
+    def layout(
+        self, plan: str, epoch: int, node: int, timeout: float | None = WAIT_TIMEOUT
+    ) -> dict[str, Any] | None:
+        """What ``node`` published for ``epoch`` (waiting up to ``timeout`` seconds for it;
+        ``timeout=None``: ``None`` at once when it is not there)."""
+        path = self._epoch(plan, epoch) / f"to{node}" / "layout.json"
+        deadline, pause = time.monotonic() + (timeout or 0), 0.005
+        while True:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                return dict(json.loads(path.read_text()))
+            if timeout is None:
+                return None
+            if time.monotonic() > deadline:
+                raise StorageError(
+                    f"Staging epoch {epoch}: node {node} did not start staging it within "
+                    f"{timeout:.0f} s (no {str(path)!r}). Fix: check that every node's loader "
+                    "runs with the same stage_dir= (a shared folder), world_size and "
+                    "ranks_per_node, and that none failed."
+                )
+            time.sleep(pause)
+            pause = min(0.5, pause * 2)
 
     def delivered(self, plan: str, epoch: int, to_node: int) -> bool:
         """Whether this node's rows for ``to_node`` in ``epoch`` were all sent."""

@@ -77,10 +77,14 @@ from feedline.io.storage.local_files import open_regular
 from feedline.loader.data.cache_files import open_lock, remove_entry
 from feedline.loader.data.memory_cache import FileLayout, _checked, fill_arrays, read_rows
 from feedline.loader.data.packed_columns import Packing, column_views, gather_packed
-from feedline.loader.data.stage_exchange import ArrayLayout, Exchange, StorageExchange
+from feedline.loader.data.stage_exchange import (
+    WAIT_TIMEOUT,
+    ArrayLayout,
+    Exchange,
+    StorageExchange,
+)
 from feedline.loader.order.stage_routes import (
     StagePlan,
-    bucket_of,
     check_nodes,
     node_of,
     node_row_groups,
@@ -568,7 +572,9 @@ class StagedEpochs:
             for staged in found.values():
                 if staged is not None and not complete:
                     staged.close()
-            self._send(plan, report)  # to every node that lacks this node's rows
+            if not complete:  # senders cut this node's buckets as it says
+                self.exchange.publish(plan.key, plan.epoch, {"bucket_rows": self.bucket_rows})
+            self._send(plan, report, waiting=not complete)  # to nodes lacking this one's rows
             if complete:
                 report.stage_s = time.perf_counter() - start
                 return
@@ -608,11 +614,18 @@ class StagedEpochs:
                 for path in paths:
                     path.unlink(missing_ok=True)
 
-    def _send(self, plan: StagePlan, report: _Report) -> None:
-        """Pass 1: read this node's row groups in order; send each row to its buckets."""
-        todo = [
-            m for m in range(self.nodes) if not self.exchange.delivered(plan.key, plan.epoch, m)
-        ]
+    def _send(self, plan: StagePlan, report: _Report, waiting: bool) -> None:
+        """Pass 1: read this node's row groups in order; send each row to its buckets, cut as
+        each receiving node published (``waiting``: wait for those that did not yet; else
+        send only to those that did: they are staging the epoch)."""
+        ex = self.exchange
+        todo = [m for m in range(self.nodes) if not ex.delivered(plan.key, plan.epoch, m)]
+        cuts: dict[int, int] = {}
+        for m in todo:
+            told = ex.layout(plan.key, plan.epoch, m, timeout=WAIT_TIMEOUT if waiting else None)
+            if told is not None:
+                cuts[m] = int(told["bucket_rows"])
+        todo = [m for m in todo if m in cuts]
         if not todo:
             return
         layout, packing = self.layout, self.packing
@@ -650,7 +663,7 @@ class StagedEpochs:
                     report.bytes_read += int(sizes[g]) * self.row_bytes
                     a, b = np.searchsorted(found.source, [starts[g], starts[g + 1]])
                     self._route(found, int(a), int(b), int(starts[g]), storage, outboxes,
-                                report)  # fmt: skip
+                                cuts, report)  # fmt: skip
             for box in outboxes.values():
                 box.commit()
         except BaseException:
@@ -659,23 +672,28 @@ class StagedEpochs:
             raise
 
     def _route(self, found: Any, a: int, b: int, first: int, storage: Mapping[str, np.ndarray],
-               outboxes: Mapping[int, Any], report: _Report) -> None:  # fmt: skip
-        """Send rows ``found[a:b]`` of one row group (its arrays ``storage``) to their buckets."""
+               outboxes: Mapping[int, Any], cuts: Mapping[int, int], report: _Report,
+               ) -> None:  # fmt: skip
+        """Send rows ``found[a:b]`` of one row group (its arrays ``storage``) to their buckets
+        (``cuts``: each receiving node's rows per bucket)."""
         if a == b:
             return
         rank, pos = found.rank[a:b], found.position[a:b]
         rows = found.source[a:b] - first
-        buckets = bucket_of(rank, pos, self.bucket_rows)
+        per_rank = np.array([cuts.get(node_of(r, self.ranks_per_node), 1)
+                             for r in range(self.world_size)], dtype=np.int64)  # fmt: skip
+        size = per_rank[rank]
+        buckets = (rank << 32) | (pos // size)
         order = np.argsort(buckets, kind="stable")
         buckets = buckets[order]
-        cuts = np.flatnonzero(np.diff(buckets)) + 1
-        for sel in np.split(order, cuts):
+        ends = np.flatnonzero(np.diff(buckets)) + 1
+        for sel in np.split(order, ends):
             r = int(rank[sel[0]])
             box = outboxes.get(node_of(r, self.ranks_per_node))
             if box is None:  # delivered by an earlier run of this node
                 continue
             picked = {k: v[rows[sel]] for k, v in storage.items()}
-            box.write(r, int(pos[sel[0]]) // self.bucket_rows, pos[sel], picked)
+            box.write(r, int(pos[sel[0]]) // int(size[sel[0]]), pos[sel], picked)
             report.bytes_sent += len(sel) * self.row_bytes
 
     def _receive(self, plan: StagePlan, rank: int, task: _Task | None, report: _Report) -> None:
