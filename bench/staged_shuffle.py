@@ -6,14 +6,15 @@ Usage::
     flock /tmp/feedline-bench.lock .venv/bin/python bench/staged_shuffle.py --mb 600
 
 Data: ``--mb`` MB of rows of ``id`` (int64) and ``x`` = float32[3072] (12 KiB, as in issue
-25's table), in id order, row groups of ``--group`` rows, 8 shards. Each reader runs in its
-own process inside a fresh cgroup-v1 memory cgroup (needs root) whose limit is the process's
+25's table; random, so zstd does not shrink it), in id order, row groups of ``--group``
+rows, 8 shards. Each reader runs in its own process inside a fresh cgroup-v1 memory cgroup (needs root) whose limit is the process's
 memory after its imports plus ``--memory`` MB (default: half the data): page cache (read or
 mapped files, the staged files' too) and the loader's own memory are charged to it, as on a
 machine of that size. ``memory_budget`` is the loader's default, ``"auto"`` (a quarter of
 what the cgroup leaves). The data files' pages are dropped before each reader starts.
 
-Readers (batches of 256, numpy, ``--epochs`` epochs or ``--seconds``, whichever ends first):
+Readers (batches of 256, numpy, ``--epochs`` epochs or ``--seconds``, whichever ends first;
+``--step-ms``: a training step per batch that leaves the CPU, as a GPU's does):
 
 * ``node``: ``cache="node"`` (exact), its file filled beforehand outside the cgroups;
 * ``stream``: ``cache="none"``, the two-level shuffle;
@@ -69,7 +70,7 @@ def make_data(path: Path, mb: float, group: int) -> int:
         return fl.open(path).count()
     shutil.rmtree(path, ignore_errors=True)
     ids = np.arange(rows, dtype=np.int64)
-    x = np.repeat((ids % 251).astype(np.float32)[:, None], WIDTH, axis=1)
+    x = np.random.default_rng(0).random((rows, WIDTH), dtype=np.float32)  # incompressible
     table = pa.table({"id": ids, "x": pa.FixedShapeTensorArray.from_numpy_ndarray(x)})
     fl.from_arrow(table).write(path, rows_per_shard=-(-rows // 8), row_group_rows=group)
     return rows
@@ -160,6 +161,8 @@ def reader(args: argparse.Namespace, name: str, rank: int, world: int, group_pat
                 first = time.perf_counter() - start
             ids = np.asarray(batch["id"])
             batches.append(ids.copy())
+            if args.step_ms:  # a training step that leaves the CPU (a GPU's)
+                time.sleep(args.step_ms / 1000)
             seen += len(ids)
             if time.perf_counter() > deadline:
                 break
@@ -184,7 +187,7 @@ def reader(args: argparse.Namespace, name: str, rank: int, world: int, group_pat
     else:
         dataset = rows * ROW_BYTES  # the node cache holds (and pages in) every row
     out = {
-        "reader": name, "rank": rank, "world_size": world, "rows": rows,
+        "reader": name, "rank": rank, "world_size": world, "rows": rows, "step_ms": args.step_ms,
         "samples": seen, "seconds": seconds, "samples_per_s": seen / seconds,
         "first_batch_s": first, "epochs_read": seen / max(1, rows // world),
         "dataset_bytes_per_epoch": dataset,
@@ -228,7 +231,8 @@ def run_setup(args: argparse.Namespace, name: str, world: int, work: Path) -> li
             cache_dir = work / f"node{rank}"
             if name == "staged":
                 shutil.rmtree(cache_dir / "staged", ignore_errors=True)
-            command = [sys.executable, __file__, "--data", str(args.data), "--memory",
+            command = [sys.executable, __file__, "--step-ms", str(args.step_ms), "--data",
+                       str(args.data), "--memory",
                        str(args.memory), "--epochs", str(args.epochs), "--seconds",
                        str(args.seconds), "--group", str(args.group), "--reader", name,
                        str(rank), str(world), str(group), str(cache_dir),
@@ -259,6 +263,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=60.0, help="per reader, at most")
     parser.add_argument("--readers", default="node,none,staged")
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="a training step per batch (sleep), ms")  # fmt: skip
     parser.add_argument("--worlds", default="1,2")
     parser.add_argument("--work", default="/tmp/bench/staged_shuffle")
     parser.add_argument("--data", default=None)
@@ -272,7 +278,7 @@ def main() -> None:
     import feedline as fl
 
     work = Path(args.work)
-    data = work / f"data-{args.mb:g}mb-{args.group}"
+    data = work / f"data-{args.mb:g}mb-{args.group}-random"
     args.data = str(data)
     if args.memory is None:
         args.memory = args.mb / 2
@@ -300,8 +306,9 @@ def main() -> None:
                 if "staging" in r:
                     print("   staging:", json.dumps(r["staging"]), flush=True)
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=1))
-    print(f"wrote {OUT}")
+    out = OUT.with_name(f"staged_shuffle{'-step' if args.step_ms else ''}.json")
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -103,6 +104,8 @@ ALIGN = 4096
 _PREAMBLE = struct.Struct("<8sIII")
 #: a bucket holds at most this share of ``memory_budget`` (it is put in order in memory)
 BUCKET_SHARE = 4
+#: row groups decoded ahead (each by its own thread) while the stager routes one
+READ_AHEAD = 2
 #: the loop waited less than this share of an epoch's staging: the staging was hidden
 HIDDEN_SHARE = 0.05
 
@@ -651,14 +654,13 @@ class StagedEpochs:
             return storage
 
         try:
-            with ThreadPoolExecutor(1, thread_name_prefix="feedline-stage-read") as pool:
-                todo_groups = [g for g in groups if sizes[g]]
-                ahead = pool.submit(read, todo_groups[0]) if todo_groups else None
+            todo_groups = [g for g in groups if sizes[g]]
+            with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="feedline-stage-read") as pool:
+                ahead = deque(pool.submit(read, g) for g in todo_groups[:READ_AHEAD])
                 for k, g in enumerate(todo_groups):
-                    assert ahead is not None
-                    storage = ahead.result()
-                    if k + 1 < len(todo_groups):  # the next row group decodes meanwhile
-                        ahead = pool.submit(read, todo_groups[k + 1])
+                    storage = ahead.popleft().result()
+                    if k + READ_AHEAD < len(todo_groups):  # the next row groups decode meanwhile
+                        ahead.append(pool.submit(read, todo_groups[k + READ_AHEAD]))
                     report.rows_read += int(sizes[g])
                     report.bytes_read += int(sizes[g]) * self.row_bytes
                     a, b = np.searchsorted(found.source, [starts[g], starts[g + 1]])
