@@ -7,9 +7,10 @@ Usage::
 
 Data: ``--mb`` MB of rows of ``id`` (int64) and ``x`` = float32[3072] (12 KiB, as in issue
 25's table; random, so zstd does not shrink it), in id order, row groups of ``--group``
-rows, 8 shards. Each reader runs in its own process inside a fresh cgroup-v1 memory cgroup (needs root) whose limit is the process's
-memory after its imports plus ``--memory`` MB (default: half the data): page cache (read or
-mapped files, the staged files' too) and the loader's own memory are charged to it, as on a
+rows, 8 shards. Each reader runs in its own process inside a fresh cgroup-v1 memory cgroup
+(needs root) whose limit is the process's memory after its imports plus ``--memory`` MB
+(default: half the data): page cache (read or mapped files, the staged files' too) and the
+loader's own memory are charged to it, as on a
 machine of that size. ``memory_budget`` is the loader's default, ``"auto"`` (a quarter of
 what the cgroup leaves). The data files' pages are dropped before each reader starts.
 
