@@ -214,6 +214,7 @@ class Loader:
             )  # fmt: skip
             if isinstance(self._backend.source, StagedEpochs):  # stages this loader's order
                 self._backend.source.planner = self._stage_plan
+                weakref.finalize(self, self._backend.source.close)
             self._warn_if_empty(self._backend.num_samples)
         return self._backend
 
@@ -781,14 +782,18 @@ class Loader:
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Stop the current iteration and the transform's workers (threads or processes).
+        """Stop the current iteration, the transform's workers (threads or processes) and,
+        with ``cache="staged"``, the staging of epochs not yet begun.
 
-        The loader stays usable: a later iteration starts new workers. Garbage collection and
-        interpreter exit close it too.
+        The loader stays usable: a later iteration starts new workers (and stages again).
+        Garbage collection and interpreter exit close it too.
         """
         self._close_active()
         if self._workers is not None:
             self._workers.close()
+        staged = self._backend.source if self._backend is not None else None
+        if isinstance(staged, StagedEpochs):
+            staged.close()
         if self._packed is not None:
             self._packed.docs.close()
 

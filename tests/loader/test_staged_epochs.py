@@ -247,3 +247,17 @@ def test_bucket_files_are_checked_against_the_marker(write, tmp_path, monkeypatc
     with pytest.raises(IntegrityError, match="marker"):
         _batches(loader)
     assert staged_epochs.MAGIC  # the module under test
+
+
+@pytest.mark.timeout(60)
+def test_a_closed_loader_stages_again_and_stays_exact(write, tmp_path):
+    """Closing the loader cancels the staging ahead (its stager thread ends); iterating again
+    stages what it needs and yields cache="memory"'s batches."""
+    ds = write(300)
+    loader = ds.loader(cache="staged", **_kw(tmp_path, seed=6))
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=6)
+    _same(_batches(loader), _batches(memory))
+    loader.close()
+    source = loader._prepare().source
+    assert source.join(30)
+    _same(_batches(loader), _batches(memory))

@@ -387,6 +387,10 @@ class _Report:
                 "stage_bytes_sent": self.bytes_sent, "stage_buckets": self.buckets}  # fmt: skip
 
 
+class _Cancelled(Exception):
+    """The loader was closed while an epoch was staged (no partial file is kept)."""
+
+
 class _Task:
     """Staging one epoch for this process's rank: the handle once it exists."""
 
@@ -395,6 +399,7 @@ class _Task:
         self.report = _Report(plan.epoch)
         self.staged: _Staged | None = None
         self.error: BaseException | None = None
+        self.generation = 0  # the owner's, when asked for (close() moves the owner's on)
         self.started = threading.Event()  # the handle (or the error) is there
         self.done = threading.Event()
 
@@ -478,6 +483,8 @@ class StagedEpochs:
         self._queue: list[_Task] = []
         self._lock = threading.Condition()
         self._worker: threading.Thread | None = None
+        self._generation = 0
+        self._current: _Task | None = None
         self.reports: dict[int, _Report] = {}
 
     # ------------------------------------------------------------------ serving
@@ -497,6 +504,7 @@ class StagedEpochs:
             task = self._tasks.get((plan.epoch, plan.key))
             if task is None:
                 task = self._tasks[plan.epoch, plan.key] = _Task(plan)
+                task.generation = self._generation
                 self.reports[plan.epoch] = task.report
                 self._queue.append(task)
                 self._queue.sort(key=lambda t: t.plan.epoch)
@@ -506,6 +514,31 @@ class StagedEpochs:
                                                 daemon=True)  # fmt: skip
                 self._worker.start()
         return task
+
+    def close(self) -> None:
+        """Drop the epochs asked for but not begun, and stop the one being staged at its next
+        row group or bucket (its session, if any, raises); a later session stages again."""
+        with self._lock:
+            dropped, self._queue = self._queue, []
+            for task in dropped:
+                self._tasks.pop((task.plan.epoch, task.plan.key), None)
+                task.error = ConfigurationError(
+                    f"Staging epoch {task.plan.epoch} was cancelled: the loader was closed. "
+                    "Fix: iterate the loader again (it stages the epoch again)."
+                )
+                task.started.set()
+                task.done.set()
+            self._generation += 1  # the running task stops at its next check
+            running = [t for t in self._tasks.values() if not t.done.is_set()]
+            for task in running:
+                self._tasks.pop((task.plan.epoch, task.plan.key), None)
+
+    def _check_cancelled(self) -> None:
+        """Raise :class:`_Cancelled` when :meth:`close` came after the task being staged was
+        asked for."""
+        task = self._current
+        if task is not None and task.generation != self._generation:
+            raise _Cancelled
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until every epoch asked for is staged (or failed); ``False`` on timeout."""
@@ -537,11 +570,17 @@ class StagedEpochs:
                     self._worker = None
                     return
                 task = self._queue.pop(0)
+            self._current = task
             try:
                 self._stage(task)
             except BaseException as exc:  # noqa: BLE001 (handed to the session waiting for it)
                 error = exc
-                if not isinstance(exc, FeedlineError):
+                if isinstance(exc, _Cancelled):
+                    error = ConfigurationError(
+                        f"Staging epoch {task.plan.epoch} was cancelled: the loader was closed. "
+                        "Fix: iterate the loader again (it stages the epoch again)."
+                    )
+                elif not isinstance(exc, FeedlineError):
                     error = StorageError(
                         f"Staging epoch {task.plan.epoch} failed: {exc!r}. Fix: check the disk "
                         "under cache_dir= and stage_dir=, or use cache='memory' / 'none'."
@@ -658,6 +697,7 @@ class StagedEpochs:
             with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="feedline-stage-read") as pool:
                 ahead = deque(pool.submit(read, g) for g in todo_groups[:READ_AHEAD])
                 for k, g in enumerate(todo_groups):
+                    self._check_cancelled()
                     storage = ahead.popleft().result()
                     if k + READ_AHEAD < len(todo_groups):  # the next row groups decode meanwhile
                         ahead.append(pool.submit(read, todo_groups[k + READ_AHEAD]))
@@ -716,6 +756,8 @@ class StagedEpochs:
         try:
             chunk = self.packing.allocate(min(self.bucket_rows, max(1, total)))
             for b in range(-(-total // self.bucket_rows)):
+                if task is None:  # this rank's own file is finished even when closing
+                    self._check_cancelled()
                 at = b * self.bucket_rows
                 rows = min(self.bucket_rows, total - at)
                 filled = 0
