@@ -746,12 +746,21 @@ class Loader:
         ``shuffle_mode`` is ``"exact"`` (a global permutation of the cached data),
         ``"two-level"`` (row groups permuted, rows shuffled in pools of ``shuffle_window`` row
         groups: what ``cache="auto"`` falls back to when the columns are over
-        ``memory_budget``, with an INFO line on the ``feedline`` logger) or ``"none"``
+        ``memory_budget`` and the epochs cannot be staged, with an INFO line on the
+        ``feedline`` logger) or ``"none"``
         (``shuffle=False``); ``shuffle_reason`` says why, and what to pass for the exact one.
 
         With a ``transform``: ``num_workers``, ``worker_type``, ``skipped`` (samples it dropped
         from the batches delivered so far) and ``skipped_examples`` (the first 20, each naming
         its epoch, sample and reason).
+
+        ``cache="staged"`` (``stats()["cache"] == "staged"``, ``shuffle_mode`` ``"exact"``)
+        adds ``staged_dir``, ``stage_nodes``, ``stage_node``, ``stage_bucket_rows`` and
+        ``staged_epochs``: per epoch asked for, ``stage_s``, ``stage_wait_s``,
+        ``stage_hidden``, ``staged_here`` (this process staged it, rather than finding it
+        staged), ``stage_rows_read`` and ``stage_bytes_read`` (rows this node read from the
+        dataset, and their bytes as loader arrays), ``stage_bytes_sent`` and ``stage_buckets``
+        (see :mod:`feedline.loader.data.staged_epochs`).
 
         A remote dataset read through the shard cache adds its folder, limit and counters
         (``shard_hits``, ``shard_downloads``, ``shard_download_bytes``, ``shard_evictions``,

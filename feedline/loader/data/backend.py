@@ -106,7 +106,8 @@ class Backend:
     Attributes
     ----------
     mode:
-        ``"memory"`` (a cache, node cache or window sampler in ``source``) or ``"none"``
+        ``"memory"`` (a cache, node cache, staged epochs or window sampler in ``source``: the
+        exact order, ``state_dict()`` as a cache's) or ``"none"``
         (streaming; the ``FileLayout`` in ``source``).
     sizes:
         Row-group sizes the order functions work on (``[num_windows]`` for windows).
