@@ -270,7 +270,10 @@ class _Sink:
         os.fsync(self.fd)
         text = json.dumps(self.meta).encode()
         if _PREAMBLE.size + len(text) > HEADER_BYTES:
-            raise IntegrityError(f"staged file header of {str(self.tmp)!r} too large")
+            raise IntegrityError(
+                f"The staged file header of {str(self.tmp)!r} outgrew its {HEADER_BYTES} bytes. "
+                "Fix: report this bug; meanwhile use cache='memory' or cache='none'."
+            )
         os.pwrite(self.fd, _PREAMBLE.pack(MAGIC, VERSION, len(text), zlib.crc32(text)) + text, 0)
         os.fsync(self.fd)
         os.close(self.fd)
