@@ -43,6 +43,7 @@ from feedline.loader.data.backend import Backend, LoaderInput, as_source, open_b
 from feedline.loader.data.fingerprint import data_fingerprint
 from feedline.loader.data.memory_budget import resolve_budget
 from feedline.loader.data.shard_cache import default_cache_dir
+from feedline.loader.data.staged_epochs import StagedEpochs
 from feedline.loader.data.windows import window_copier
 from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.indices import Order
@@ -56,10 +57,12 @@ from feedline.loader.options import (
     loader_options,
     options_signature,
     ranks,
+    ranks_per_node,
 )
 from feedline.loader.order.ahead import OrderAhead
 from feedline.loader.order.resume import epoch_plan, restore
 from feedline.loader.order.sample_order import EpochPlan
+from feedline.loader.order.stage_routes import StagePlan, stage_plan
 from feedline.loader.order.state import Segment, State, epoch_batches, parse_states
 from feedline.loader.packing.packed_loader import PackedLoader, UnknownLength
 from feedline.loader.pipeline import default_pipeline, group_size
@@ -125,6 +128,7 @@ class Loader:
         self.dataset = dataset
         # what this loader does with them, resolved against this process
         self.rank, self.world_size = ranks(o)
+        self.ranks_per_node = ranks_per_node(o, self.world_size)
         self.batch_size, self.prefetch, self.shuffle = o.batch_size, o.prefetch, o.shuffle
         self.seed = 0 if o.seed is None else o.seed
         self.drop_last = self.shuffle if o.drop_last is None else o.drop_last
@@ -205,8 +209,12 @@ class Loader:
                 dtype=self.dtype, **self.lists, world_size=self.world_size,
                 node_dir=self.cache_dir,
                 window_copier=window_copier(self.format, self.prefetch),
-                batch_size=self.batch_size,
+                batch_size=self.batch_size, shuffle=self.shuffle, rank=self.rank,
+                ranks_per_node=self.ranks_per_node, stage_dir=self.options.stage_dir,
             )  # fmt: skip
+            if isinstance(self._backend.source, StagedEpochs):  # stages this loader's order
+                self._backend.source.planner = self._stage_plan
+                weakref.finalize(self, self._backend.source.close)
             self._warn_if_empty(self._backend.num_samples)
         return self._backend
 
@@ -312,6 +320,16 @@ class Loader:
             )  # fmt: skip
             self._plan_cache = (key, plan)
         return self._plan_cache[1]
+
+    def _stage_plan(self, epoch: int) -> StagePlan:
+        """Every rank's row indices of epoch ``epoch`` (``cache="staged"`` stages them): the
+        plans :meth:`_plan` gives each rank, the current epoch's after its restored segments."""
+        backend = self._prepare()
+        return stage_plan(
+            backend.sizes, epoch=epoch, shuffle=self.shuffle, seed=self.seed,
+            world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
+            pad_last=self.pad_last, segments=self._segments if epoch == self._epoch else (),
+        )  # fmt: skip
 
     def _orders(self) -> OrderAhead:
         """The epochs' orders, the next one drawn ahead (:mod:`feedline.loader.order.ahead`)."""
@@ -646,7 +664,10 @@ class Loader:
         """Per epoch iterated so far: ``epoch``, ``batches``, ``samples``, ``seconds``,
         ``samples_per_s`` and ``data_wait_fraction`` (wait / (wait + step)), from the caller's
         side (see :meth:`timeline`; ``seconds`` leaves out pauses between iterations), and
-        ``skipped``: samples the transform dropped from the batches delivered.
+        ``skipped``: samples the transform dropped from the batches delivered. With
+        ``cache="staged"``: ``stage_s`` (seconds staging the epoch took), ``stage_wait_s``
+        (seconds the loader waited for it) and ``stage_hidden`` (it waited less than 5% of it:
+        the epoch was staged while the one before trained).
 
         Examples
         --------
@@ -659,7 +680,16 @@ class Loader:
         """
         if self._packed is not None:
             return self._packed.metrics()
-        return [m | {"skipped": self._skips.of(m["epoch"])} for m in self._timing.metrics()]
+        staged = self._backend.source if self._backend is not None else None
+        out = []
+        for m in self._timing.metrics():
+            m = m | {"skipped": self._skips.of(m["epoch"])}
+            if isinstance(staged, StagedEpochs):  # cache="staged": the epoch's staging
+                report = staged.epoch_report(m["epoch"])
+                if report is not None:
+                    m |= {k: report[k] for k in ("stage_s", "stage_wait_s", "stage_hidden")}
+            out.append(m)
+        return out
 
     def profile(self) -> Profile:
         """Where the time went, per pipeline stage, over every iteration so far.
@@ -716,12 +746,21 @@ class Loader:
         ``shuffle_mode`` is ``"exact"`` (a global permutation of the cached data),
         ``"two-level"`` (row groups permuted, rows shuffled in pools of ``shuffle_window`` row
         groups: what ``cache="auto"`` falls back to when the columns are over
-        ``memory_budget``, with an INFO line on the ``feedline`` logger) or ``"none"``
+        ``memory_budget`` and the epochs cannot be staged, with an INFO line on the
+        ``feedline`` logger) or ``"none"``
         (``shuffle=False``); ``shuffle_reason`` says why, and what to pass for the exact one.
 
         With a ``transform``: ``num_workers``, ``worker_type``, ``skipped`` (samples it dropped
         from the batches delivered so far) and ``skipped_examples`` (the first 20, each naming
         its epoch, sample and reason).
+
+        ``cache="staged"`` (``stats()["cache"] == "staged"``, ``shuffle_mode`` ``"exact"``)
+        adds ``staged_dir``, ``stage_nodes``, ``stage_node``, ``stage_bucket_rows`` and
+        ``staged_epochs``: per epoch asked for, ``stage_s``, ``stage_wait_s``,
+        ``stage_hidden``, ``staged_here`` (this process staged it, rather than finding it
+        staged), ``stage_rows_read`` and ``stage_bytes_read`` (rows this node read from the
+        dataset, and their bytes as loader arrays), ``stage_bytes_sent`` and ``stage_buckets``
+        (see :mod:`feedline.loader.data.staged_epochs`).
 
         A remote dataset read through the shard cache adds its folder, limit and counters
         (``shard_hits``, ``shard_downloads``, ``shard_download_bytes``, ``shard_evictions``,
@@ -752,14 +791,18 @@ class Loader:
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Stop the current iteration and the transform's workers (threads or processes).
+        """Stop the current iteration, the transform's workers (threads or processes) and,
+        with ``cache="staged"``, the staging of epochs not yet begun.
 
-        The loader stays usable: a later iteration starts new workers. Garbage collection and
-        interpreter exit close it too.
+        The loader stays usable: a later iteration starts new workers (and stages again).
+        Garbage collection and interpreter exit close it too.
         """
         self._close_active()
         if self._workers is not None:
             self._workers.close()
+        staged = self._backend.source if self._backend is not None else None
+        if isinstance(staged, StagedEpochs):
+            staged.close()
         if self._packed is not None:
             self._packed.docs.close()
 

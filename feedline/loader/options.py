@@ -2,7 +2,7 @@
 
 Design
 ------
-The 32 options are written once, as the fields of :class:`LoaderOptions`: name, type, default,
+The 34 options are written once, as the fields of :class:`LoaderOptions`: name, type, default,
 kind (the first 14 may be passed by position, as before) and meaning (its docstring). They are
 checked once, when it is built (one check per kind of value: counts with
 :func:`~feedline.loader.checks.checked_int`, names from a list with one shared message,
@@ -68,10 +68,11 @@ __all__ = [
     "loader_options",
     "options_signature",
     "ranks",
+    "ranks_per_node",
 ]
 
 #: the values of ``cache=``
-CACHES = ("auto", "memory", "node", "none")
+CACHES = ("auto", "memory", "node", "staged", "none")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -122,7 +123,14 @@ class LoaderOptions:
         across separately started processes (torchrun, ``torch.multiprocessing``, Ray Train);
         numbers and tensors only; needs a written dataset. ``"auto"`` picks ``"node"`` when
         ``world_size > 1`` and those hold, for an estimate of 64 MiB up to ``memory_budget``.
-        See :mod:`feedline.loader.data.node_cache`.
+        See :mod:`feedline.loader.data.node_cache`. ``"staged"``: the exact order of
+        ``"memory"`` (same batches, same ``state_dict()``) for data over the memory: each
+        epoch is staged, one epoch ahead in a background thread, into one file per rank under
+        ``<cache_dir>/staged`` in the rank's read order (a two-pass external shuffle within
+        ``memory_budget``), which the rank reads sequentially; each node reads only its share
+        of the row groups (see ``ranks_per_node``, ``stage_dir`` and
+        :mod:`feedline.loader.data.staged_epochs`). ``"auto"`` picks it, when shuffling,
+        for numbers and tensors of a written dataset over ``memory_budget``.
     prefetch:
         Batches a background thread keeps ready (at least). It gathers them in groups with one
         take per column (the batches are views of it): ``prefetch`` batches, or as many as make
@@ -229,6 +237,15 @@ class LoaderOptions:
         (both; these need the shape in ``shapes``). See :mod:`feedline.arrow.list_tensors`.
         ``"list"`` keeps a 1-D list of integers as it is: one array per row, a list of them
         per batch (token documents, as packing reads them).
+    stage_dir:
+        ``cache="staged"`` on several nodes: a folder every node reads and writes (a shared
+        file system) through which the nodes exchange the rows each one read for the others
+        (see :mod:`feedline.loader.data.stage_exchange`). ``None``: one node, a local folder
+        under ``<cache_dir>/staged``.
+    ranks_per_node:
+        Training processes per machine: rank ``r`` runs on node ``r // ranks_per_node``
+        (torchrun's numbering). ``None``: torchrun's ``LOCAL_WORLD_SIZE`` when set, else every
+        rank on one node. Used by ``cache="staged"``.
     pack:
         A :class:`~feedline.loader.packing.spec.Packing` (``fl.Packing(seq_len=2048)``): the
         loader packs the documents of its token column into rows of exactly ``seq_len``
@@ -280,6 +297,8 @@ class LoaderOptions:
     pad_value: float = 0
     timeout: float | None = None
     pack: Packing | None = None
+    stage_dir: str | os.PathLike[str] | None = None
+    ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
         keep = object.__setattr__  # frozen: the checked, normalized values replace the given
@@ -298,6 +317,9 @@ class LoaderOptions:
                 f"Loader: format={self.format!r} / cache={self.cache!r}; format is one of "
                 f"{FORMATS}, cache one of {CACHES}. Fix: pass one of those values."
             )
+        if self.ranks_per_node is not None:
+            keep(self, "ranks_per_node", _count("ranks_per_node", self.ranks_per_node, 1,
+                                                MAX_WORLD_SIZE))  # fmt: skip
         if self.shuffle_window is not None:
             keep(self, "shuffle_window", _count("shuffle_window", self.shuffle_window, 1))
         windows, columns = self.windows, self.columns
@@ -441,6 +463,23 @@ def ranks(options: LoaderOptions) -> tuple[int, int]:
     if options.rank is None or options.world_size is None:  # else checked with the options
         _check_rank(rank, world_size)
     return rank, world_size
+
+
+def ranks_per_node(options: LoaderOptions, world_size: int) -> int:
+    """Ranks per node: the option's, else torchrun's ``LOCAL_WORLD_SIZE`` when it divides
+    ``world_size``, else ``world_size`` (every rank on one node).
+
+    Examples
+    --------
+    >>> ranks_per_node(LoaderOptions(ranks_per_node=2), 4)
+    2
+    """
+    if options.ranks_per_node is not None:
+        return options.ranks_per_node
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and int(local) >= 1 and world_size % int(local) == 0:
+        return int(local)
+    return world_size
 
 
 def options_signature(function: F) -> F:

@@ -195,3 +195,44 @@ def test_stream_over_data_twice_the_cgroup_is_not_oom_killed(tmp_path: Path) -> 
     assert seen["seen"] == rows // 256 * 256  # the whole epoch (drop_last)
     assert seen["window"] < 28
     assert seen["max_pool_rows"] * width * 4 * 3 <= seen["budget"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_staged_epochs_over_data_larger_than_the_cgroup_are_not_oom_killed(tmp_path: Path) -> None:
+    """Issue 25: cache="staged" holds a bucket (a quarter of the default budget) and two row
+    groups at a time; 370 MB of 12 KiB rows staged and read through a 300 MiB cgroup, two
+    epochs (the second staged while the first is read), in the exact order."""
+    rows, width, group_rows = 30_000, 3072, 500
+    _write(tmp_path / "d", rows, width, group_rows, files=2)
+    with memory_cgroup(300 * 2**20) as group:
+        done = run_in(group, """
+            import json, sys
+            import numpy as np
+            import feedline as fl
+            ds = fl.read_parquet(sys.argv[1])
+            loader = ds.loader(batch_size=256, format="numpy", cache="staged", seed=1,
+                               cache_dir=sys.argv[2])
+            epochs = []
+            for _ in range(2):
+                ids = []
+                for b in loader:
+                    assert (b["x"][:, 0] == b["id"]).all()  # each row's own values
+                    ids.append(b["id"])
+                epochs.append(np.concatenate(ids).tolist())
+            print(json.dumps({"budget": loader.memory_budget, "epochs": epochs,
+                              "bucket_rows": loader.stats()["stage_bucket_rows"]}))
+        """, str(tmp_path / "d"), str(tmp_path / "cache"))  # fmt: skip
+        kills = _oom_kills(group)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert kills == 0
+    seen = json.loads(done.stdout)
+    assert seen["bucket_rows"] * (width * 4 + 8) <= seen["budget"] // 4
+    import feedline as fl
+    from feedline.loader.order.stage_routes import stage_plan
+
+    sizes = fl.read_parquet(str(tmp_path / "d")).shard_source().row_group_sizes
+    for e in range(2):
+        plan = stage_plan(sizes, epoch=e, shuffle=True, seed=1, world_size=1, batch_size=256,
+                          drop_last=True, pad_last=False)  # fmt: skip
+        assert seen["epochs"][e] == plan.plans[0].tolist()

@@ -46,7 +46,7 @@ def test_the_signature_shown_is_the_options_in_order_with_their_defaults() -> No
     kinds = [p.kind for p in shown[1:]]
     assert (
         kinds
-        == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 14 + [inspect.Parameter.KEYWORD_ONLY] * 18
+        == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 14 + [inspect.Parameter.KEYWORD_ONLY] * 20
     )
     assert inspect.signature(Loader.__init__).return_annotation == "None"
 

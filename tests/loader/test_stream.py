@@ -69,10 +69,12 @@ def test_streaming_is_deterministic_resumable_and_sharded(write) -> None:
     assert len(np.unique(np.concatenate(shares))) == sum(len(s) for s in shares)
 
 
-def test_auto_streams_when_the_estimate_exceeds_the_budget(write) -> None:
+def test_auto_streams_when_the_estimate_exceeds_the_budget(write, tmp_path) -> None:
     ds = write(1000)  # id 8 + x 4 + vec 24 + label 8 = 44 bytes a row
     assert ds.loader(memory_budget=44_000).stats()["cache"] == "memory"
-    small = ds.loader(memory_budget=43_999, batch_size=10)
+    # shuffled, auto stages the epochs instead (issue 25; see test_staged_epochs.py)
+    assert ds.loader(memory_budget=43_999, cache_dir=tmp_path).stats()["cache"] == "staged"
+    small = ds.loader(memory_budget=43_999, batch_size=10, shuffle=False)
     stats = small.stats()
     # the window is derived from the budget: 3 pools of it fit, at 50 rows * 44 bytes a group
     assert stats["cache"] == "none" and stats["shuffle_window"] == 43_999 // (3 * 50 * 44)
@@ -82,10 +84,12 @@ def test_auto_streams_when_the_estimate_exceeds_the_budget(write) -> None:
 def test_falling_back_to_the_two_level_shuffle_is_logged_and_reported(write, caplog) -> None:
     """Issue 24.4: over ``memory_budget``, ``cache="auto"`` switched from the exact shuffle
     to the two-level stream silently; now an INFO line and ``stats()`` say so, and how to
-    keep the exact shuffle."""
+    keep the exact shuffle. Since issue 25 ``"auto"`` stages the epochs (exact) where it can;
+    it streams where it cannot: here two nodes (one rank each) and no ``stage_dir``."""
     ds = write(1000)  # 44 bytes a row
     with caplog.at_level("INFO", logger="feedline"):
-        small = ds.loader(memory_budget=43_999, batch_size=10)
+        small = ds.loader(memory_budget=43_999, batch_size=10, world_size=2, rank=0,
+                          ranks_per_node=1)  # fmt: skip
         stats = small.stats()
     records = [r for r in caplog.records if "two-level" in r.getMessage()]
     assert len(records) == 1 and records[0].name.startswith("feedline.")
@@ -94,6 +98,7 @@ def test_falling_back_to_the_two_level_shuffle_is_logged_and_reported(write, cap
     for text in (said[0], stats["shuffle_reason"]):
         assert "memory_budget=44.0 kB" in text and "cache='node'" in text
         assert "larger memory_budget" in text and "44.0 kB of columns" in text
+        assert "2 nodes and no stage_dir" in text
     assert stats["shuffle_mode"] == "two-level" and stats["cache"] == "none"
     caplog.clear()
     with caplog.at_level("INFO", logger="feedline"):

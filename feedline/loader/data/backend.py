@@ -42,10 +42,11 @@ from feedline.loader.data.memory_cache import (
     known_rows,
     load_cache,
 )
-from feedline.loader.data.node_cache import NodeCache, open_node_cache
+from feedline.loader.data.node_cache import NodeCache, cache_key, open_node_cache
 from feedline.loader.data.packed_columns import Packing, plan_packing
 from feedline.loader.data.row_group_stream import PoolReader, StreamStats, sequential_pools
 from feedline.loader.data.shard_cache import ShardCache
+from feedline.loader.data.staged_epochs import StagedEpochs
 from feedline.loader.data.windows import Windows, WindowSampler
 from feedline.loader.order.sample_order import block_shuffle_pools
 from feedline.store.shard_source import (
@@ -105,7 +106,8 @@ class Backend:
     Attributes
     ----------
     mode:
-        ``"memory"`` (a cache, node cache or window sampler in ``source``) or ``"none"``
+        ``"memory"`` (a cache, node cache, staged epochs or window sampler in ``source``: the
+        exact order, ``state_dict()`` as a cache's) or ``"none"``
         (streaming; the ``FileLayout`` in ``source``).
     sizes:
         Row-group sizes the order functions work on (``[num_windows]`` for windows).
@@ -159,7 +161,7 @@ class Backend:
         """
         out = {"cache": self.mode, "num_samples": self.num_samples, "shuffle_window": self.window}
         out |= {"cache_bytes": self.nbytes} | self.stats.as_dict()
-        if isinstance(self.source, WindowSampler | NodeCache):
+        if isinstance(self.source, WindowSampler | NodeCache | StagedEpochs):
             out |= self.source.describe()
         return out | (self.shards.describe() if self.shards is not None else {})
 
@@ -187,6 +189,8 @@ class Backend:
         """
         if isinstance(self.source, WindowSampler):
             return self.source.session(shuffle=shuffle, seed=seed, epoch=epoch)
+        if isinstance(self.source, StagedEpochs):  # the epoch's plan is the loader's
+            return self.source.session(epoch=epoch, indices=indices)
         if self.mode == "memory":
             return self.source if self.packing is None else CacheSession(self.source)
         assert self.window is not None  # open_backend picks a window for a streaming backend
@@ -222,6 +226,10 @@ def open_backend(
     node_dir: str | os.PathLike[str] | None = None,
     window_copier: str = "numpy",
     batch_size: int = 1,
+    shuffle: bool = True,
+    rank: int = 0,
+    ranks_per_node: int | None = None,
+    stage_dir: str | os.PathLike[str] | None = None,
 ) -> Backend:
     """Decide how to serve ``data`` (any input of :func:`as_source`) and load it when it is
     cached.
@@ -241,6 +249,12 @@ def open_backend(
     ``window_copier`` is what copies ``windows=`` batches (see
     :class:`~feedline.loader.data.windows.WindowSampler`: ``"torch"`` for torch batches);
     ``batch_size`` and ``world_size`` cut contiguous windows into runs.
+
+    ``cache="staged"`` stages each epoch in each rank's read order (see
+    :mod:`feedline.loader.data.staged_epochs`: ``rank``, ``ranks_per_node`` (default: every
+    rank on one node) and ``stage_dir``, the exchange folder shared by the nodes); ``"auto"``
+    does too, when shuffling, instead of streaming the columns over ``budget`` (unless they hold
+    strings, or several nodes name no ``stage_dir``: then it streams, two-level).
 
     Before anything is allocated, the columns' sizes are checked against ``budget``: a batch
     of ``batch_size`` samples (:func:`~feedline.loader.data.columns.check_batch_bytes`) and,
@@ -296,7 +310,7 @@ def open_backend(
             "cache='node' (a file, paged from disk) or cache='auto' (streams over the budget)."
         )
     stream = cache == "none" or (cache == "auto" and rows is not None and estimate > budget)
-    if (stream or cache == "node") and layout is None:
+    if (stream or cache in ("node", "staged")) and layout is None:
         raise ConfigurationError(
             f"Loader: this dataset ({source!r}) is computed, so its row groups cannot be "
             f"streamed (cache={cache!r}, estimate {estimate} bytes vs memory_budget {budget}). "
@@ -304,6 +318,28 @@ def open_backend(
             "a larger memory_budget."
         )
     over = f"about {_readable(estimate)} of columns over memory_budget={_readable(budget)}"
+    staged_why = None
+    if cache == "staged" or (stream and cache == "auto" and shuffle):
+        assert layout is not None  # a computed dataset was refused above
+        staged_why = _why_not_staged(packing, world_size, ranks_per_node, stage_dir)
+        if cache == "staged" or staged_why is None:
+            _check_group_bytes(packing.row_bytes, layout.row_group_sizes, budget)
+            source_key = cache_key(layout, packing, lists)
+            staged = StagedEpochs(
+                layout, packing, key=source_key, cache_dir=node_dir, stage_dir=stage_dir,
+                rank=rank, world_size=world_size, ranks_per_node=ranks_per_node or world_size,
+                budget=budget,
+            )  # fmt: skip
+            if cache == "staged":
+                reason = "cache='staged': each epoch staged in this rank's read order"
+            else:
+                reason = (
+                    f"cache='auto' stages each epoch in each rank's read order: {over} "
+                    f"(estimated from the schema and {rows} rows); the shuffle stays exact"
+                )
+                logger.info("Loader: %s.", reason)
+            return Backend("memory", staged, layout.row_group_sizes, None, specs, shards=shards,
+                           packing=packing, reason=reason)  # fmt: skip
     if stream:
         assert layout is not None  # a computed dataset was refused above
         sizes = layout.row_group_sizes
@@ -325,9 +361,17 @@ def open_backend(
             reason = "cache='none' streams row groups"
         else:
             reason = (
-                f"cache='auto' streams row groups: {over} (estimated from the schema and "
-                f"{rows} rows). For the exact shuffle pass cache='node' (one memory-mapped file "
-                "per machine, paged from disk beyond RAM) or a larger memory_budget"
+                (
+                    f"cache='auto' streams row groups: {over} (estimated from the schema and "
+                    f"{rows} rows), and cache='staged' cannot be used ({staged_why}). For the "
+                    "exact shuffle pass cache='node' (one memory-mapped file per machine, paged "
+                    "from disk beyond RAM) or a larger memory_budget"
+                )
+                if staged_why
+                else (
+                    f"cache='auto' streams row groups: {over} (estimated from the schema and "
+                    f"{rows} rows), and shuffle=False reads them in order"
+                )
             )
             logger.info(
                 "Loader: %s; the shuffle is two-level (row groups permuted, rows shuffled in "
@@ -387,6 +431,24 @@ def _check_group_bytes(row_bytes: int, sizes: Sequence[int], budget: int) -> Non
             "them), rewrite the dataset with smaller row groups (write(..., row_group_rows=)), "
             "or pass a larger memory_budget."
         )
+
+
+def _why_not_staged(
+    packing: Packing,
+    world_size: int,
+    ranks_per_node: int | None,
+    stage_dir: str | os.PathLike[str] | None,
+) -> str | None:
+    """Why ``cache="auto"`` cannot stage epochs (``None``: it can)."""
+    strings = [c.name for c in packing.singles if c.dtype.hasobject]
+    if strings:
+        return f"columns {strings} are strings or binary"
+    if os.name != "posix":
+        return "it needs POSIX file locks"
+    nodes = world_size // max(1, ranks_per_node or world_size)
+    if nodes > 1 and not stage_dir:
+        return f"{nodes} nodes and no stage_dir= to exchange rows through"
+    return None
 
 
 def _readable(size: int) -> str:

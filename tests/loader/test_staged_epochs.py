@@ -1,0 +1,263 @@
+"""cache="staged": the batches, order and state of cache="memory", staged one epoch ahead."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from feedline.loader.data import staged_epochs
+from feedline.loader.data.staged_epochs import StagedEpochs
+
+#: bytes of one row of the loader conftest's table (id, x, vec, label)
+ROW = 8 + 4 + 24 + 8
+
+
+def _kw(tmp_path, **extra):
+    """Loader options: a budget so small that a bucket is 40 rows (many buckets)."""
+    return {"batch_size": 8, "format": "numpy", "memory_budget": ROW * 40 * 4,
+            "cache_dir": tmp_path / "cache"} | extra  # fmt: skip
+
+
+def _batches(loader, n=None):
+    out = []
+    for batch in loader:
+        out.append({k: np.array(v) for k, v in batch.items()})
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_staged_batches_equal_memory_batches(write, tmp_path, seed, world, drop_last):
+    """Every rank, two epochs: the same batches, in the same order, as cache="memory" (a
+    bucket is 40 rows: many buckets per rank, row groups split across them)."""
+    ds = write(301, rows_per_shard=100, row_group_rows=23)
+    for rank in range(world):
+        common = {"seed": seed, "rank": rank, "world_size": world, "drop_last": drop_last}
+        staged = ds.loader(cache="staged", **_kw(tmp_path, **common))
+        memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
+        for _ in range(2):
+            _same(_batches(staged), _batches(memory))
+        assert staged.stats()["cache"] == "staged"
+        assert staged.stats()["shuffle_mode"] == "exact"
+        assert staged.state_dict() == memory.state_dict()
+
+
+def test_pad_last_and_shuffle_false_follow_memory(write, tmp_path):
+    ds = write(101, row_group_rows=10)
+    for extra in ({"drop_last": False, "pad_last": True, "world_size": 3, "rank": 2},
+                  {"shuffle": False, "world_size": 2, "rank": 1}):  # fmt: skip
+        staged = ds.loader(cache="staged", **_kw(tmp_path, **extra))
+        memory = ds.loader(cache="memory", batch_size=8, format="numpy", **extra)
+        _same(_batches(staged), _batches(memory))
+
+
+def test_exact_resume_mid_epoch(write, tmp_path):
+    """A state taken mid-epoch 1 resumes in a new staged loader (same cache folder) with the
+    rest of the memory loader's epoch."""
+    ds = write(400)
+    common = {"seed": 3, "world_size": 2, "rank": 1}
+    first = ds.loader(cache="staged", **_kw(tmp_path, **common))
+    _batches(first)
+    head = _batches(first, 5)
+    state = first.state_dict()
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
+    _batches(memory)
+    whole = _batches(memory)
+    assert state == memory.state_dict() | {"batches": 5}
+    resumed = ds.loader(cache="staged", **_kw(tmp_path, world_size=2, rank=1))
+    resumed.load_state_dict(state)
+    _same(head + _batches(resumed), whole)
+    _same(_batches(resumed), _batches(memory))  # and the next epoch
+
+
+def test_elastic_resume_mid_epoch(write, tmp_path):
+    """Two ranks stop mid-epoch; three staged ranks resume: exactly the memory loaders'."""
+    ds = write(500)
+    states = []
+    for rank in range(2):
+        old = ds.loader(cache="staged", **_kw(tmp_path, seed=4, world_size=2, rank=rank))
+        _batches(old, 7)
+        states.append(old.state_dict())
+    for rank in range(3):
+        new = ds.loader(cache="staged", **_kw(tmp_path, world_size=3, rank=rank))
+        ref = ds.loader(cache="memory", batch_size=8, format="numpy", world_size=3, rank=rank)
+        new.load_state_dict(states)
+        ref.load_state_dict(states)
+        _same(_batches(new), _batches(ref))
+        _same(_batches(new), _batches(ref))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("elastic", [False, True])
+def test_resume_at_an_epoch_boundary_while_the_next_epoch_is_staged(
+    write, tmp_path, monkeypatch, elastic
+):
+    """The state is taken at the end of epoch 0 while the old loader's stager is still
+    staging epoch 1 (held in pass 2); a new loader (same folder, same or another world size)
+    resumes with epoch 1 exactly as cache="memory" gives it."""
+    ds = write(400)
+    gate, entered = threading.Event(), threading.Event()
+    receive = StagedEpochs._receive
+
+    def held(self, plan, rank, task, report):
+        if plan.epoch == 1 and self.world_size == 2:
+            entered.set()
+            gate.wait(60)
+        return receive(self, plan, rank, task, report)
+
+    monkeypatch.setattr(StagedEpochs, "_receive", held)
+    old = ds.loader(cache="staged", **_kw(tmp_path, seed=9, world_size=2, rank=0))
+    _batches(old)
+    assert entered.wait(60)  # epoch 1 is being staged right now
+    state = old.state_dict()
+    world = 1 if elastic else 2
+    new = ds.loader(cache="staged", **_kw(tmp_path, world_size=world, rank=0))
+    ref = ds.loader(cache="memory", batch_size=8, format="numpy", world_size=world, rank=0)
+    new.load_state_dict(state)
+    ref.load_state_dict(state)
+    if not elastic:  # the new loader waits for the old one's staging of the same epoch
+        threading.Timer(0.2, gate.set).start()
+    assert _batches(new) == [] and _batches(ref) == []  # epoch 0 was complete
+    new.set_epoch(1)
+    ref.set_epoch(1)
+    expected = _batches(ref)
+    assert len(expected) == (400 // 8 if elastic else 400 // 16)
+    _same(_batches(new), expected)
+    gate.set()
+    report = {r["epoch"]: r for r in new.stats()["staged_epochs"]}
+    assert report[1]["staged_here"] is elastic  # same plan: the old loader's file was used
+
+
+def test_metrics_report_staging_and_whether_it_was_hidden(write, tmp_path):
+    ds = write(300)
+    loader = ds.loader(cache="staged", **_kw(tmp_path, seed=1))
+    _batches(loader)
+    _batches(loader)
+    metrics = loader.metrics()
+    assert [m["epoch"] for m in metrics] == [0, 1]
+    assert all(m["stage_s"] >= 0 and m["stage_wait_s"] >= 0 for m in metrics)
+    assert all(isinstance(m["stage_hidden"], bool) for m in metrics)
+    report = loader.stats()["staged_epochs"]
+    assert report[0]["stage_rows_read"] == 300 and report[0]["staged_here"]
+    assert report[0]["stage_buckets"] == -(-296 // 40)  # 37 batches of 8 rows, 40 per bucket
+
+
+def test_memory_stays_within_the_budget_per_bucket(write, tmp_path):
+    """A bucket holds at most a quarter of memory_budget: the pass-2 chunk is that big."""
+    ds = write(300)
+    loader = ds.loader(cache="staged", **_kw(tmp_path))
+    assert loader.stats()["stage_bucket_rows"] * ROW <= loader.memory_budget // 4
+
+
+def test_a_damaged_staged_file_is_staged_again(write, tmp_path):
+    """A truncated staged file (a lost write) is never served: it is staged again."""
+    ds = write(300)
+    loader = ds.loader(cache="staged", **_kw(tmp_path, seed=2))
+    expected = _batches(loader)
+    assert loader._prepare().source.join(60)
+    folder = tmp_path / "cache" / "staged"
+    files = sorted(folder.glob("*/*.e0.r0.stage"))
+    assert len(files) == 1
+    with open(files[0], "r+b") as f:
+        f.truncate(files[0].stat().st_size - 4096)
+    again = ds.loader(cache="staged", **_kw(tmp_path, seed=2))
+    _same(_batches(again), expected)
+    assert again.stats()["staged_epochs"][0]["staged_here"] is True
+
+
+def test_auto_stages_over_the_budget_and_says_so(write, tmp_path, caplog):
+    """cache="auto" over memory_budget stages epochs (exact), with the INFO line and reason;
+    with shuffle=False it still streams row groups."""
+    ds = write(400)
+    kw = {"batch_size": 8, "format": "numpy", "memory_budget": 4000, "cache_dir": tmp_path}
+    with caplog.at_level(logging.INFO, logger="feedline"):
+        auto = ds.loader(seed=5, **kw)
+        stats = auto.stats()
+    assert stats["cache"] == "staged" and stats["shuffle_mode"] == "exact"
+    assert "stages each epoch" in stats["shuffle_reason"]
+    assert any("stages each epoch" in r.getMessage() for r in caplog.records)
+    _same(_batches(auto), _batches(ds.loader(seed=5, cache="memory", batch_size=8,
+                                             format="numpy")))  # fmt: skip
+    assert ds.loader(shuffle=False, **kw).stats()["cache"] == "none"
+
+
+def test_auto_streams_strings_and_unshared_nodes(write, tmp_path):
+    """Strings cannot be staged, nor several nodes without stage_dir: auto streams, and the
+    reason says why."""
+    ds = write(400)
+    kw = {"batch_size": 8, "format": "numpy", "memory_budget": 4000, "cache_dir": tmp_path}
+    two = ds.loader(world_size=2, rank=0, ranks_per_node=1, **kw).stats()
+    assert two["shuffle_mode"] == "two-level" and "no stage_dir" in two["shuffle_reason"]
+
+
+def test_staged_refuses_strings(tmp_path):
+    import pyarrow as pa
+
+    import feedline as fl
+    from feedline.errors import ConfigurationError
+
+    fl.from_arrow(pa.table({"s": ["a", "b"]})).write(tmp_path / "ds")
+    loader = fl.open(tmp_path / "ds").loader(cache="staged", strings="list",
+                                             cache_dir=tmp_path / "c")  # fmt: skip
+    with pytest.raises(ConfigurationError, match="strings or binary"):
+        loader.stats()
+
+
+def test_several_nodes_need_a_stage_dir(write, tmp_path):
+    from feedline.errors import ConfigurationError
+
+    ds = write(100)
+    loader = ds.loader(cache="staged", world_size=2, rank=0, ranks_per_node=1,
+                       cache_dir=tmp_path)  # fmt: skip
+    with pytest.raises(ConfigurationError, match="stage_dir"):
+        loader.stats()
+
+
+def test_bucket_files_are_checked_against_the_marker(write, tmp_path, monkeypatch):
+    """A bucket file changed after its marker was written is refused, never served."""
+    from feedline.errors import IntegrityError
+    from feedline.loader.data import stage_exchange
+
+    ds = write(200)
+    commit = stage_exchange._FileOutbox.commit
+
+    def commit_then_damage(self):
+        commit(self)
+        victim = sorted(self.folder.iterdir())[0]
+        data = bytearray(victim.read_bytes())
+        data[-1] ^= 0xFF
+        victim.write_bytes(bytes(data))
+
+    monkeypatch.setattr(stage_exchange._FileOutbox, "commit", commit_then_damage)
+    loader = ds.loader(cache="staged", **_kw(tmp_path))
+    with pytest.raises(IntegrityError, match="marker"):
+        _batches(loader)
+    assert staged_epochs.MAGIC  # the module under test
+
+
+@pytest.mark.timeout(60)
+def test_a_closed_loader_stages_again_and_stays_exact(write, tmp_path):
+    """Closing the loader cancels the staging ahead (its stager thread ends); iterating again
+    stages what it needs and yields cache="memory"'s batches."""
+    ds = write(300)
+    loader = ds.loader(cache="staged", **_kw(tmp_path, seed=6))
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=6)
+    _same(_batches(loader), _batches(memory))
+    loader.close()
+    source = loader._prepare().source
+    assert source.join(30)
+    _same(_batches(loader), _batches(memory))
