@@ -1,0 +1,193 @@
+"""Writes that resume (issue 27, item 3) on Spark and on Ray: a write of 240 read tasks, in
+8 units (a Spark partition or a Ray task each, on 2 cores), has its driver SIGKILLed once
+half of the units recorded their shards, then is re-run with ``resume=True``. The shards
+are byte-identical to an uninterrupted write's, the manifest too but for its times, write
+id and execution report, and only the read tasks of the units that had not completed run
+again (counted by the map function, which notes each task it runs in a file).
+
+Every run is a child process (the driver is killed), started in a session of its own so
+that the kill takes the JVM / the Ray processes it started with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import feedline as fl
+from feedline.store.commit import STAGING_PREFIX
+from feedline.store.write_journal import UNIT_PREFIX
+
+TASKS, ROWS_PER_TASK, ROWS_PER_SHARD, UNITS = 240, 20, 70, 8
+
+_WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    import pyarrow as pa, pyarrow.compute as pc
+
+    out, engine_name, resume = sys.argv[1], sys.argv[2], sys.argv[4] == "1"
+    with open(sys.argv[3] + ".driver", "w") as handle:  # the schema probe runs note() here
+        handle.write(str(os.getpid()))
+    # read by note() from the environment (set before Spark or Ray starts, so that their
+    # workers inherit it): not part of what it computes
+    os.environ["WRITER_COUNTER"], os.environ["WRITER_DELAY"] = sys.argv[3], sys.argv[5]
+    import feedline as fl
+
+    def note(batch: pa.RecordBatch) -> pa.RecordBatch:
+        with open(os.environ["WRITER_COUNTER"], "a") as handle:  # one line per read task run
+            handle.write(f"{batch['id'][0].as_py() // %(rows)d} {os.getpid()}\\n")
+        time.sleep(float(os.environ["WRITER_DELAY"]))
+        return batch.append_column("x", pc.multiply(batch["id"], 2.0))
+
+    if engine_name == "spark":
+        from feedline.engines.spark.engine import SparkEngine, spark_session
+
+        session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
+        session.sparkContext.setLogLevel("FATAL")
+        engine = SparkEngine(session)
+    else:
+        from feedline.engines.ray.engine import RayEngine
+
+        engine = RayEngine(num_cpus=2)
+    ds = fl.range(%(tasks)d * %(rows)d, rows_per_task=%(rows)d).map_batches(note)
+    options = {"rows_per_shard": %(shard)d, "row_group_rows": 7, "progress": False}
+    info = ds.write(out, engine=engine, resume=resume, **options)
+    print("COUNTERS", info.report["counters"])
+    if len(sys.argv) > 6:  # then an uninterrupted write, on the warm engine, to compare with
+        with open(sys.argv[3], "a") as handle:
+            handle.write("uninterrupted\\n")
+        ds.write(sys.argv[6], engine=engine, resume=sys.argv[7] == "1", **options)
+    """
+) % {"rows": ROWS_PER_TASK, "tasks": TASKS, "shard": ROWS_PER_SHARD}
+
+
+def _start(script: Path, out: Path, engine: str, counter: Path, resume: bool, *more: str) -> Any:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    command = [sys.executable, str(script), str(out), engine, str(counter), str(int(resume))]
+    return subprocess.Popen(
+        [*command, *more], env=env, start_new_session=True, stdout=subprocess.PIPE, text=True
+    )
+
+
+def _run(script: Path, out: Path, engine: str, counter: Path, *more: str) -> str:
+    """The write with ``resume=True``; with ``more``, then an uninterrupted one."""
+    child = _start(script, out, engine, counter, True, "0", *more)
+    try:
+        stdout, _ = child.communicate(timeout=240)
+    finally:
+        _kill(child)
+    assert child.returncode == 0, stdout
+    return stdout
+
+
+def _kill(child: Any) -> None:
+    """SIGKILL the child's whole session at once: the driver and the JVM or the Ray
+    processes it started (Ray's workers have process groups of their own)."""
+    session = [child.pid]
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if int(entry.name) != child.pid and os.getsid(int(entry.name)) == child.pid:
+                session.append(int(entry.name))
+    for pid in session:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    child.wait(timeout=60)
+
+
+def _kill_after_half(script: Path, out: Path, engine: str, counter: Path, resume: bool) -> None:
+    """Start the write and SIGKILL it once half of its units recorded their shards."""
+    child = _start(script, out, engine, counter, resume, "0.02")
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and child.poll() is None:
+            if len(list(out.glob(f"{STAGING_PREFIX}*/{UNIT_PREFIX}*.json"))) >= UNITS // 2:
+                break
+            time.sleep(0.005)
+        assert child.poll() is None, "the write finished before it could be killed"
+    finally:
+        _kill(child)
+
+
+def _tasks_run(counter: Path) -> tuple[list[int], list[int]]:
+    """The read tasks the workers ran in the first write and in the uninterrupted one (not
+    the driver's schema probe on the first rows)."""
+    driver = Path(f"{counter}.driver").read_text()
+    first, _, then = counter.read_text().partition("uninterrupted\n")
+    return tuple(  # type: ignore[return-value]
+        [int(task) for task, pid in map(str.split, text.splitlines()) if pid != driver]
+        for text in (first, then)
+    )
+
+
+def _shards(out: Path) -> list[bytes]:
+    names = sorted(p.name for p in out.glob("part-*.parquet"))
+    return [(out / n).read_bytes() for n in names]
+
+
+def _manifest(out: Path) -> dict:
+    """The manifest without what differs between two runs by design: times, write id (in
+    the shard names) and the execution report."""
+    text = (out / "_feedline.json").read_text()
+    write_id = json.loads(text)["write"]["id"]
+    doc = json.loads(text.replace(write_id, "WRITEID"))
+    doc.pop("created", None)
+    doc["lineage"].pop("created", None)
+    doc["version"].pop("time", None)
+    doc["write"].pop("report", None)
+    return doc
+
+
+def _killed_write_resumes(engine: str, tmp_path: Path, *, journal_first: bool) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    _kill_after_half(script, resumed, engine, tmp_path / "killed.count", journal_first)
+    assert not (resumed / "_feedline.json").exists()  # killed before its commit
+    (staging,) = resumed.glob(f"{STAGING_PREFIX}*")
+    recorded = len(list(staging.glob(f"{UNIT_PREFIX}*.json")))
+    output = _run(
+        script, resumed, engine, tmp_path / "resume.count", str(whole), str(int(journal_first))
+    )
+
+    redone, uninterrupted = _tasks_run(tmp_path / "resume.count")
+    assert sorted(uninterrupted) == list(range(TASKS))
+    assert _shards(resumed) == _shards(whole)
+    assert len(_shards(whole)) >= TASKS * ROWS_PER_TASK // ROWS_PER_SHARD
+    assert _manifest(resumed) == _manifest(whole)
+    assert fl.open(resumed, verify=True).to_arrow().equals(fl.open(whole).to_arrow())
+    # each read task of the units not recorded runs once more, and no other: about half
+    assert len(redone) == len(set(redone)) == TASKS - recorded * TASKS // UNITS
+    assert 0.3 * TASKS <= len(redone) <= 0.6 * TASKS, len(redone)
+    assert f"'resumed_units_kept': {recorded}" in output
+    assert not list(resumed.glob(f"{STAGING_PREFIX}*"))
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
+    reason="Spark needs a Java runtime",
+)
+def test_spark_killed_write_resumes_byte_identical_redoing_about_half(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    # every Spark write of read tasks journals its partitions: the killed run is a plain one
+    _killed_write_resumes("spark", tmp_path, journal_first=False)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_ray_killed_write_resumes_byte_identical_redoing_about_half(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    # on Ray a write journals in units with resume=True (the first run's too)
+    _killed_write_resumes("ray", tmp_path, journal_first=True)
