@@ -30,6 +30,7 @@ import json
 import posixpath
 import types
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ from feedline.store.write_journal import (
 )
 
 __all__ = [
+    "VERIFIERS",
     "UnitsToRun",
     "find_interrupted",
     "functions_digest",
@@ -56,6 +58,9 @@ __all__ = [
     "write_identity",
 ]
 
+
+#: units whose shards a resume verifies at once (reading them whole, for their sha256)
+VERIFIERS = 8
 
 #: values of a function's globals and closure that go into :func:`functions_digest` by value
 _PLAIN = (int, float, str, bytes, bool, type(None))
@@ -217,14 +222,15 @@ def resume_units(staging: Location, found: Journal | None, bounds: list[int]) ->
             bounds, {}, [n for n in range(len(bounds) - 1) if bounds[n + 1] > bounds[n]]
         )
     bounds = found.units
-    kept = {}
-    for unit, record in UnitRecord.load_all(staging).items():
-        in_split = 0 <= unit < len(bounds) - 1 and (record.first, record.count) == (
-            bounds[unit],
-            bounds[unit + 1] - bounds[unit],
-        )
-        if in_split and record.verified(staging):
-            kept[unit] = record
+    records = [
+        record
+        for unit, record in UnitRecord.load_all(staging).items()
+        if 0 <= unit < len(bounds) - 1
+        and (record.first, record.count) == (bounds[unit], bounds[unit + 1] - bounds[unit])
+    ]
+    with ThreadPoolExecutor(VERIFIERS) as pool:  # each verification reads its shards whole
+        verified = list(pool.map(lambda record: record.verified(staging), records))
+    kept = {r.unit: r for r, ok in zip(records, verified, strict=True) if ok}
     keep = {JOURNAL_NAME} | {f"{UNIT_PREFIX}{unit:06d}.json" for unit in kept}
     keep |= {s.path.split("/", 1)[0] for record in kept.values() for s in record.shards}
     fs = staging.fs

@@ -8,11 +8,23 @@ import dataclasses
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
-from feedline.engines.write_resume import resume_units, shards_in_order, unit_bounds
+import feedline as fl
+from feedline.engines.write_resume import (
+    find_interrupted,
+    resume_units,
+    shards_in_order,
+    unit_bounds,
+    write_identity,
+)
+from feedline.errors import ConfigurationError
 from feedline.io.storage.paths import resolve
+from feedline.store.commit import STAGING_PREFIX
 from feedline.store.shards import ShardWriter
 from feedline.store.write_journal import UNIT_PREFIX, Journal, UnitRecord
+
+STAGING = STAGING_PREFIX + "0a1b2c3d4e5f"
 
 
 def _unit(staging: Path, unit: int, first: int, count: int) -> UnitRecord:
@@ -56,3 +68,19 @@ def test_verified_units_are_kept_and_the_rest_runs_again(tmp_path: Path) -> None
 def test_a_fresh_write_runs_every_unit(tmp_path: Path) -> None:
     units = resume_units(resolve(tmp_path), None, unit_bounds(3, 8))
     assert units.bounds == [0, 1, 2, 3] and units.run == [0, 1, 2] and not units.kept
+
+
+def test_an_interrupted_write_of_another_plan_or_engine_is_refused(tmp_path: Path) -> None:
+    target = resolve(tmp_path)
+    plan = fl.range(100, rows_per_task=10).plan
+    spark = write_identity(plan, 10, {"rows_per_shard": 5}, None, None, engine="spark")
+    Journal.start(spark, "0a1b2c3d4e5f", unit_bounds(10, 4)).save(target.child(STAGING))
+    assert find_interrupted(target, spark).units == [0, 2, 5, 7, 10]
+    ray = dict(spark, engine="ray")
+    with pytest.raises(ConfigurationError, match=r"the engine .*was \"spark\", now \"ray\""):
+        find_interrupted(target, ray)
+    other = write_identity(fl.range(200, rows_per_task=10).plan, 20, {}, None, None, "spark")
+    with pytest.raises(ConfigurationError, match="the input") as refused:
+        find_interrupted(target, other)
+    assert "the number of read tasks the input splits into (was 10, now 20)" in str(refused.value)
+    assert "Fix:" in str(refused.value)
