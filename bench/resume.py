@@ -11,7 +11,8 @@ in a child process SIGKILLed (with the JVM or the Ray processes it started) once
 the work is recorded in its staging folder (half the shards on the local engine, half the
 units on Spark and Ray), and re-run with ``resume=True`` (timed). Prints, for both runs, the
 child's wall time and the write's own time (``WriteInfo.seconds``: without the interpreter,
-Spark or Ray start), the read tasks the resume skipped, and writes
+Spark or Ray start, nor the start of their workers: each child first runs a small write of
+the same plan on the same engine), the read tasks the resume skipped, and writes
 ``bench/out/resume-<engine>.json``. Asserts that the two datasets' shards are byte-identical.
 Spark runs on ``local[2]``, Ray on 2 CPUs (``--cores``); a Ray write journals in units with
 ``resume=True`` only, so its full run passes ``resume=True`` too (with nothing to resume).
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 _WRITER = """
-import json, sys
+import json, shutil, sys, tempfile
 import numpy as np, pyarrow as pa
 import feedline as fl
 
@@ -56,6 +57,12 @@ elif name == "ray":
     engine = RayEngine(num_cpus=cores)
 else:
     engine = fl.LocalEngine(parallelism=cores)
+# a small write first, so that the timed one finds the engine's workers started
+warm = tempfile.mkdtemp()
+fl.range(tasks * 10, rows_per_task=10).map_batches(work).write(
+    warm + "/out", engine=engine, rows_per_shard=15, resume=name == "ray", progress=False
+)
+shutil.rmtree(warm)
 info = fl.range(tasks * rows, rows_per_task=rows).map_batches(work).write(
     out, engine=engine, rows_per_shard=rows * 3 // 2, resume=resume, progress=False
 )
