@@ -5,8 +5,12 @@ are byte-identical to an uninterrupted write's, the manifest too but for its tim
 id and execution report, and only the read tasks of the units that had not completed run
 again (counted by the map function, which notes each task it runs in a file).
 
-Every run is a child process (the driver is killed), started in a session of its own so
-that the kill takes the JVM / the Ray processes it started with it.
+The killed driver is a child process, started in a session of its own so that the kill
+takes the JVM / the Ray processes it started with it. On Spark the resume and the
+uninterrupted write then run in the test process, on the suite's ``spark`` session (the same
+``local[2]`` as the child's), with the map function imported from one module file in both
+processes (so the plan is the same plan); on Ray they run in a second child, which starts
+Ray itself (``ray.init``).
 """
 
 from __future__ import annotations
@@ -36,11 +40,11 @@ _WRITER = textwrap.dedent(
     import os, sys, time
     import pyarrow as pa, pyarrow.compute as pc
 
-    out, engine_name, resume = sys.argv[1], sys.argv[2], sys.argv[4] == "1"
+    out, resume = sys.argv[1], sys.argv[4] == "1"
     with open(sys.argv[3] + ".driver", "w") as handle:  # the schema probe runs note() here
         handle.write(str(os.getpid()))
-    # read by note() from the environment (set before Spark or Ray starts, so that their
-    # workers inherit it): not part of what it computes
+    # read by note() from the environment (set before Ray starts, so that its workers
+    # inherit it): not part of what it computes
     os.environ["WRITER_COUNTER"], os.environ["WRITER_DELAY"] = sys.argv[3], sys.argv[5]
     import feedline as fl
 
@@ -50,16 +54,9 @@ _WRITER = textwrap.dedent(
         time.sleep(float(os.environ["WRITER_DELAY"]))
         return batch.append_column("x", pc.multiply(batch["id"], 2.0))
 
-    if engine_name == "spark":
-        from feedline.engines.spark.engine import SparkEngine, spark_session
+    from feedline.engines.ray.engine import RayEngine
 
-        session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
-        session.sparkContext.setLogLevel("FATAL")
-        engine = SparkEngine(session)
-    else:
-        from feedline.engines.ray.engine import RayEngine
-
-        engine = RayEngine(num_cpus=2)
+    engine = RayEngine(num_cpus=2)  # ray.init here, in the driver that gets killed
     ds = fl.range(%(tasks)d * %(rows)d, rows_per_task=%(rows)d).map_batches(note)
     options = {"rows_per_shard": %(shard)d, "row_group_rows": 7, "progress": False}
     info = ds.write(out, engine=engine, resume=resume, **options)
@@ -107,7 +104,11 @@ def _kill(child: Any) -> None:
 
 def _kill_after_half(script: Path, out: Path, engine: str, counter: Path, resume: bool) -> None:
     """Start the write and SIGKILL it once half of its units recorded their shards."""
-    child = _start(script, out, engine, counter, resume, "0.02")
+    _kill_when_half_recorded(_start(script, out, engine, counter, resume, "0.02"), out)
+
+
+def _kill_when_half_recorded(child: Any, out: Path) -> None:
+    """SIGKILL the write ``child`` once half of its units recorded their shards."""
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline and child.poll() is None:
@@ -148,7 +149,7 @@ def _manifest(out: Path) -> dict:
     return doc
 
 
-def _killed_write_resumes(engine: str, tmp_path: Path, *, journal_first: bool) -> None:
+def _killed_ray_write_resumes(engine: str, tmp_path: Path, *, journal_first: bool) -> None:
     script = tmp_path / "writer.py"
     script.write_text(_WRITER)
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
@@ -162,6 +163,12 @@ def _killed_write_resumes(engine: str, tmp_path: Path, *, journal_first: bool) -
 
     redone, uninterrupted = _tasks_run(tmp_path / "resume.count")
     assert sorted(uninterrupted) == list(range(TASKS))
+    assert f"'resumed_units_kept': {recorded}" in output
+    _check_resumed(whole, resumed, redone, recorded)
+
+
+def _check_resumed(whole: Path, resumed: Path, redone: list[int], recorded: int) -> None:
+    """The resumed dataset is the uninterrupted one, and about half the tasks ran again."""
     assert _shards(resumed) == _shards(whole)
     assert len(_shards(whole)) >= TASKS * ROWS_PER_TASK // ROWS_PER_SHARD
     assert _manifest(resumed) == _manifest(whole)
@@ -169,8 +176,46 @@ def _killed_write_resumes(engine: str, tmp_path: Path, *, journal_first: bool) -
     # each read task of the units not recorded runs once more, and no other: about half
     assert len(redone) == len(set(redone)) == TASKS - recorded * TASKS // UNITS
     assert 0.3 * TASKS <= len(redone) <= 0.6 * TASKS, len(redone)
-    assert f"'resumed_units_kept': {recorded}" in output
     assert not list(resumed.glob(f"{STAGING_PREFIX}*"))
+
+
+#: the Spark test's plan, imported by the killed child and by the test process alike
+_SPARK_PLAN = textwrap.dedent(
+    """
+    import os, time
+    import pyarrow as pa, pyarrow.compute as pc
+    import feedline as fl
+
+    COUNTER, DELAY = %(counter)r, 0.02
+
+    def note(batch: pa.RecordBatch) -> pa.RecordBatch:
+        with open(COUNTER, "a") as handle:  # one line per read task run
+            handle.write(f"{batch['id'][0].as_py() // %(rows)d} {os.getpid()}\\n")
+        time.sleep(DELAY)
+        return batch.append_column("x", pc.multiply(batch["id"], 2.0))
+
+    def dataset() -> fl.Dataset:
+        return fl.range(%(tasks)d * %(rows)d, rows_per_task=%(rows)d).map_batches(note)
+
+    OPTIONS = {"rows_per_shard": %(shard)d, "row_group_rows": 7, "progress": False}
+    """
+)
+
+_SPARK_CHILD = textwrap.dedent(
+    """
+    import sys
+
+    sys.path.insert(0, sys.argv[2])
+    from pyspark import cloudpickle
+    import resumed_spark_plan as plan
+    from feedline.engines.spark.engine import SparkEngine, spark_session
+
+    cloudpickle.register_pickle_by_value(plan)
+    session = spark_session("local[2]", spark_sql_shuffle_partitions=2)
+    session.sparkContext.setLogLevel("FATAL")
+    plan.dataset().write(sys.argv[1], engine=SparkEngine(session), **plan.OPTIONS)
+    """
+)
 
 
 @pytest.mark.spark
@@ -179,10 +224,55 @@ def _killed_write_resumes(engine: str, tmp_path: Path, *, journal_first: bool) -
     shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
     reason="Spark needs a Java runtime",
 )
-def test_spark_killed_write_resumes_byte_identical_redoing_about_half(tmp_path: Path) -> None:
-    pytest.importorskip("pyspark")
-    # every Spark write of read tasks journals its partitions: the killed run is a plain one
-    _killed_write_resumes("spark", tmp_path, journal_first=False)
+def test_spark_killed_write_resumes_byte_identical_redoing_about_half(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    from pyspark import cloudpickle
+
+    from feedline.engines.spark.engine import SparkEngine
+
+    counter = tmp_path / "tasks.count"
+    (tmp_path / "resumed_spark_plan.py").write_text(
+        _SPARK_PLAN
+        % {"counter": str(counter), "rows": ROWS_PER_TASK, "tasks": TASKS, "shard": ROWS_PER_SHARD}
+    )
+    (tmp_path / "child.py").write_text(_SPARK_CHILD)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    # a plain write: every Spark write of read tasks journals its partitions
+    child = subprocess.Popen(
+        [sys.executable, str(tmp_path / "child.py"), str(resumed), str(tmp_path)],
+        env=env, start_new_session=True,
+    )  # fmt: skip
+    _kill_when_half_recorded(child, resumed)
+    assert not (resumed / "_feedline.json").exists()  # killed before its commit
+    (staging,) = resumed.glob(f"{STAGING_PREFIX}*")
+    recorded = len(list(staging.glob(f"{UNIT_PREFIX}*.json")))
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plan = importlib.import_module("resumed_spark_plan")
+    cloudpickle.register_pickle_by_value(plan)
+    try:
+        engine = SparkEngine(spark)
+        counter.write_text(counter.read_text() + "resumed\n")
+        info = plan.dataset().write(resumed, engine=engine, resume=True, **plan.OPTIONS)
+        counter.write_text(counter.read_text() + "uninterrupted\n")
+        plan.dataset().write(whole, engine=engine, **plan.OPTIONS)
+    finally:
+        cloudpickle.unregister_pickle_by_value(plan)
+        sys.modules.pop("resumed_spark_plan", None)
+
+    lines = counter.read_text().split("resumed\n")[1].split("uninterrupted\n")
+    # the read tasks the Spark workers ran (not the driver's schema probe on the first rows)
+    redone, uninterrupted = (
+        [int(t) for t, pid in map(str.split, text.splitlines()) if int(pid) != os.getpid()]
+        for text in lines
+    )
+    assert sorted(uninterrupted) == list(range(TASKS))
+    assert info.report["counters"]["resumed_units_kept"] == recorded
+    _check_resumed(whole, resumed, redone, recorded)
 
 
 @pytest.mark.ray
@@ -190,4 +280,4 @@ def test_spark_killed_write_resumes_byte_identical_redoing_about_half(tmp_path: 
 def test_ray_killed_write_resumes_byte_identical_redoing_about_half(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     # on Ray a write journals in units with resume=True (the first run's too)
-    _killed_write_resumes("ray", tmp_path, journal_first=True)
+    _killed_ray_write_resumes("ray", tmp_path, journal_first=True)
