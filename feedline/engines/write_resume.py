@@ -24,20 +24,25 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import posixpath
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
+from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Operator, Plan
 from feedline.store.commit import STAGING_PREFIX, WriteBase
 from feedline.store.manifest import ShardInfo
+from feedline.store.shards import ShardWriter, conform
 from feedline.store.write_journal import (
     JOURNAL_NAME,
     UNIT_PREFIX,
@@ -56,6 +61,7 @@ __all__ = [
     "shards_in_order",
     "unit_bounds",
     "write_identity",
+    "write_unit",
 ]
 
 
@@ -200,23 +206,29 @@ def unit_bounds(tasks: int, units: int) -> list[int]:
 
 @dataclass
 class UnitsToRun:
-    """What a write in units does: its ``bounds`` (:func:`unit_bounds`), the ``kept``
-    units of the interrupted run (verified), and the units to ``run``."""
+    """What a write in units does: its ``bounds`` (:func:`unit_bounds`), the complete units
+    of the interrupted run that are ``kept`` (verified), the units to ``run``, and for those
+    of them that had verified shards, where they continue (``partial``: the records cut
+    after their last verified shard)."""
 
     bounds: list[int]
     kept: dict[int, UnitRecord]
     run: list[int]
+    partial: dict[int, UnitRecord] = field(default_factory=dict)
 
     def tasks_skipped(self) -> int:
-        """Read tasks the kept units spare."""
-        return sum(record.count for record in self.kept.values())
+        """Read tasks that do not run again (the kept units', the partial units' before
+        the task their last verified shard ended in)."""
+        kept = sum(record.count for record in self.kept.values())
+        return kept + sum(r.positions[-1][0] - r.first for r in self.partial.values())
 
 
 def resume_units(staging: Location, found: Journal | None, bounds: list[int]) -> UnitsToRun:
     """The units left to run in ``staging``: with ``found`` (the interrupted run's journal,
-    whose unit split is kept: the shards follow it), every unit whose record is there and
-    whose shards all verify is kept, and every other file the interrupted run left (shards
-    of units that did not complete, their records) is removed. Without it, every unit."""
+    whose unit split is kept: the shards follow it), a complete unit whose shards all
+    verify is kept, a unit with verified shards continues after the last of them, and
+    every other file the interrupted run left (the shards after a unit's last verified
+    one, the files of units without a record) is removed. Without it, every unit runs."""
     if found is None or not found.units:
         return UnitsToRun(
             bounds, {}, [n for n in range(len(bounds) - 1) if bounds[n + 1] > bounds[n]]
@@ -230,15 +242,96 @@ def resume_units(staging: Location, found: Journal | None, bounds: list[int]) ->
     ]
     with ThreadPoolExecutor(VERIFIERS) as pool:  # each verification reads its shards whole
         verified = list(pool.map(lambda record: record.verified(staging), records))
-    kept = {r.unit: r for r, ok in zip(records, verified, strict=True) if ok}
-    keep = {JOURNAL_NAME} | {f"{UNIT_PREFIX}{unit:06d}.json" for unit in kept}
-    keep |= {s.path.split("/", 1)[0] for record in kept.values() for s in record.shards}
+    kept = {r.unit: r for r in verified if r.complete}
+    partial = {r.unit: r for r in verified if not r.complete and r.shards}
+    keep = {JOURNAL_NAME} | {f"{UNIT_PREFIX}{unit:06d}.json" for unit in kept | partial}
+    keep |= {s.path for r in (kept | partial).values() for s in r.shards}
     fs = staging.fs
-    for path in fs.ls(staging.path, detail=False):
-        if _name(path) not in keep:
-            fs.rm(path, recursive=True)
+    for path in fs.find(staging.path):  # files only: a folder left empty does no harm
+        if _relative(staging, path) not in keep:
+            fs.rm_file(path)
     run = [n for n in range(len(bounds) - 1) if bounds[n + 1] > bounds[n] and n not in kept]
-    return UnitsToRun(bounds, kept, run)
+    return UnitsToRun(bounds, kept, run, partial)
+
+
+def _relative(staging: Location, path: str) -> str:
+    return path[len(staging.path.rstrip("/")) :].strip("/")
+
+
+def write_unit(
+    staging: Location,
+    folder: str,
+    unit: tuple[int, int, int],
+    outputs: Iterable[tuple[int, Iterable[pa.RecordBatch]]],
+    writer_kwargs: dict[str, Any],
+    schema: pa.Schema,
+    report: ExecutionReport,
+    after: UnitRecord | None = None,
+) -> list[ShardInfo]:
+    """Write one unit's rows (``unit``: its number, first read task and task count) as
+    shards into ``staging/folder``, recording its progress after each shard
+    (:class:`~feedline.store.write_journal.UnitRecord`) and that it is complete at its
+    end; returns every shard of the unit, paths relative to ``staging``.
+
+    ``outputs`` yields ``(task index, its output batches)`` in task order (lazily: a task
+    whose batches are not iterated is not read). ``after``: the unit's record cut after its
+    last verified shard; those shards are kept, the tasks before the one the last of them
+    ended in are skipped, and that task's rows already written are dropped, so the shards
+    written from there on are the bytes an uninterrupted run writes.
+    """
+    number, first, count = unit
+    shards = list(after.shards) if after is not None else []
+    positions = list(after.positions) if after is not None else []
+    start, skip = positions[-1] if positions else (first, 0)
+    writer = ShardWriter(
+        staging.child(folder), schema=schema, first_shard=len(shards), **writer_kwargs
+    )
+    if after is not None and after.writer:
+        writer.restore(after.writer)
+    fed, closed = 0, 0
+
+    def note(shard: ShardInfo, position: tuple[int, int]) -> None:
+        shards.append(dataclasses.replace(shard, path=f"{folder}/{shard.path}"))
+        positions.append(position)
+
+    def save(complete: bool = False) -> None:
+        record = UnitRecord(
+            number, first, count, tuple(shards), tuple(positions), writer.settings(), complete
+        )
+        record.save(staging)
+
+    try:
+        for index, batches in outputs:
+            if index < start:
+                continue  # its rows are all in kept shards: not read
+            task_base, to_skip = (-skip, skip) if index == start else (fed, 0)
+            for batch in batches:
+                if to_skip:  # rows of this task already in a kept shard
+                    if batch.num_rows <= to_skip:
+                        to_skip -= batch.num_rows
+                        continue
+                    batch, to_skip = batch.slice(to_skip), 0
+                if not batch.num_rows:
+                    continue
+                if not batch.schema.equals(schema):
+                    batch = conform(batch, schema)
+                report.add(rows_out=batch.num_rows, batches_out=1)
+                before = len(writer.shards)
+                writer.write(batch)
+                fed += batch.num_rows
+                for shard in writer.shards[before:]:  # shards this batch completed
+                    closed += shard.rows
+                    note(shard, (index, closed - task_base))
+                if len(writer.shards) > before:
+                    save()
+        before = len(writer.shards)
+        for shard in writer.close()[before:]:
+            note(shard, (first + count, 0))
+    except BaseException:
+        writer.abort()
+        raise
+    save(complete=True)
+    return shards
 
 
 def shards_in_order(

@@ -24,11 +24,13 @@ in the plan's deterministic task split.
 
 The Spark and Ray engines run the read tasks in *units* (contiguous ranges of them: a
 Spark partition, a Ray task), each writing its own shards. There the journal's first line
-also holds the split into units (:attr:`Journal.units`), and each unit that completed
-writes a :class:`UnitRecord`, one small JSON file ``_resume-unit-<n>.json`` in the staging
-folder (written whole: temporary file and ``os.replace`` on local disk, one PUT on object
-stores), listing its shards with their checksums. A resume keeps the units whose record
-is there and whose shards all verify (size and sha256), and runs only the others
+also holds the split into units (:attr:`Journal.units`), and each unit keeps a
+:class:`UnitRecord`, one small JSON file ``_resume-unit-<n>.json`` in the staging folder,
+replaced whole (temporary file and ``os.replace`` on local disk, one PUT on object stores)
+each time one of its shards is complete: its shards with their checksums and positions,
+and at its end that it is complete. A resume keeps the complete units whose shards all
+verify (size and sha256), continues every other unit after its last verified shard, as
+the local engine does, and runs the units with no record from their start
 (:mod:`feedline.engines.write_resume`).
 
 Examples
@@ -191,32 +193,41 @@ class Journal:
 
 @dataclass(frozen=True)
 class UnitRecord:
-    """A unit of read tasks (``first`` and the ``count`` after it) that completed, and its
-    shards (paths relative to the staging folder) in order.
+    """The progress of a unit of read tasks (``first`` and the ``count`` after it): its
+    completed shards (paths relative to the staging folder) in order, each with the
+    position after its last row (``positions``: ``(task, rows)``, as :class:`JournalShard`),
+    the shard writer's settings, and whether the unit is ``complete``.
 
     Examples
     --------
     >>> import tempfile
     >>> from feedline.io.storage.paths import resolve
     >>> staging = resolve(tempfile.mkdtemp())
-    >>> UnitRecord(3, 30, 10, ()).save(staging)
-    >>> UnitRecord.load_all(staging)[3].first
-    30
+    >>> UnitRecord(3, 30, 10, (), complete=True).save(staging)
+    >>> UnitRecord.load_all(staging)[3].first, UnitRecord.load_all(staging)[3].complete
+    (30, True)
     """
 
     unit: int
     first: int
     count: int
     shards: tuple[ShardInfo, ...]
+    positions: tuple[tuple[int, int], ...] = ()
+    writer: dict[str, Any] = field(default_factory=dict)
+    complete: bool = False
 
     def save(self, staging: Location) -> None:
-        """Write this record into ``staging``, whole (:func:`save_whole`)."""
+        """Write this record into ``staging``, whole (:func:`save_whole`), replacing the
+        unit's previous one."""
         doc = {
             "format": _FORMAT,
             "unit": self.unit,
             "first": self.first,
             "count": self.count,
             "shards": [dataclasses.asdict(s) for s in self.shards],
+            "positions": [list(p) for p in self.positions],
+            "writer": self.writer,
+            "complete": self.complete,
         }
         save_whole(staging, f"{UNIT_PREFIX}{self.unit:06d}.json", json.dumps(doc).encode())
 
@@ -242,22 +253,39 @@ class UnitRecord:
                 shards = tuple(
                     ShardInfo(**(s | {"row_groups": tuple(s["row_groups"])})) for s in doc["shards"]
                 )
-                record = cls(int(doc["unit"]), int(doc["first"]), int(doc["count"]), shards)
+                positions = tuple((int(t), int(r)) for t, r in doc.get("positions", []))
+                if len(positions) != len(shards):
+                    continue
+                record = cls(
+                    int(doc["unit"]),
+                    int(doc["first"]),
+                    int(doc["count"]),
+                    shards,
+                    positions,
+                    dict(doc.get("writer") or {}),
+                    bool(doc.get("complete")),
+                )
             except Exception:  # noqa: BLE001 - torn or foreign: the unit runs again
                 continue
             found[record.unit] = record
         return found
 
-    def verified(self, staging: Location) -> bool:
-        """Whether every shard of the record is in ``staging`` with its size and sha256."""
-        for shard in self.shards:
+    def verified(self, staging: Location) -> UnitRecord:
+        """This record cut at its first shard that is missing from ``staging`` or whose
+        size or sha256 differs (then no longer ``complete``)."""
+        for number, shard in enumerate(self.shards):
             try:
                 size, checksum = file_checksum(staging.child(shard.path))
-            except Exception:  # noqa: BLE001 - missing or unreadable: the unit runs again
-                return False
+            except Exception:  # noqa: BLE001 - missing or unreadable: redo from here
+                size, checksum = -1, ""
             if (size, checksum) != (shard.bytes, shard.checksum):
-                return False
-        return True
+                return dataclasses.replace(
+                    self,
+                    shards=self.shards[:number],
+                    positions=self.positions[:number],
+                    complete=False,
+                )
+        return self
 
 
 def save_whole(folder: Location, name: str, data: bytes) -> None:

@@ -1,9 +1,9 @@
 """Writes that resume (issue 27, item 3) on Spark and on Ray: a write of 240 read tasks, in
 8 units (a Spark partition or a Ray task each, on 2 cores), has its driver SIGKILLed once
-half of the units recorded their shards, then is re-run with ``resume=True``. The shards
-are byte-identical to an uninterrupted write's, the manifest too but for its times, write
-id and execution report, and only the read tasks of the units that had not completed run
-again (counted by the map function, which notes each task it runs in a file).
+half of its shards are recorded, then is re-run with ``resume=True``. The shards are
+byte-identical to an uninterrupted write's, the manifest too but for its times, write id
+and execution report, and only the read tasks after each unit's recorded shards run again
+(counted by the map function, which notes each task it runs in a file): about half.
 
 The killed driver is a child process, started in a session of its own so that the kill
 takes the JVM / the Ray processes it started with it. On Spark the resume and the
@@ -34,6 +34,8 @@ from feedline.store.commit import STAGING_PREFIX
 from feedline.store.write_journal import UNIT_PREFIX
 
 TASKS, ROWS_PER_TASK, ROWS_PER_SHARD, UNITS = 240, 20, 70, 8
+#: each unit of 30 tasks x 20 rows writes 8 shards of 70 rows and one of 40
+SHARDS = UNITS * 9
 
 _WRITER = textwrap.dedent(
     """
@@ -103,21 +105,41 @@ def _kill(child: Any) -> None:
 
 
 def _kill_after_half(script: Path, out: Path, engine: str, counter: Path, resume: bool) -> None:
-    """Start the write and SIGKILL it once half of its units recorded their shards."""
+    """Start the write and SIGKILL it once half of its shards are recorded."""
     _kill_when_half_recorded(_start(script, out, engine, counter, resume, "0.02"), out)
 
 
+def _records(out: Path) -> list[dict]:
+    """The unit records in the staging folder (each replaced whole as its unit writes)."""
+    return [json.loads(p.read_text()) for p in out.glob(f"{STAGING_PREFIX}*/{UNIT_PREFIX}*.json")]
+
+
 def _kill_when_half_recorded(child: Any, out: Path) -> None:
-    """SIGKILL the write ``child`` once half of its units recorded their shards."""
+    """SIGKILL the write ``child`` once half of its shards are recorded by their units."""
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline and child.poll() is None:
-            if len(list(out.glob(f"{STAGING_PREFIX}*/{UNIT_PREFIX}*.json"))) >= UNITS // 2:
+            if sum(len(r["shards"]) for r in _records(out)) >= SHARDS // 2:
                 break
             time.sleep(0.005)
         assert child.poll() is None, "the write finished before it could be killed"
     finally:
         _kill(child)
+
+
+def _to_redo(out: Path) -> tuple[int, int]:
+    """The complete units the interrupted write recorded, and the read tasks a resume runs
+    again: every task of a unit without a record, none of a complete unit, and for the
+    others the tasks from the one their last recorded shard ended in."""
+    records = {r["unit"]: r for r in _records(out)}
+    tasks = 0
+    for unit in range(UNITS):
+        record, end = records.get(unit), (unit + 1) * TASKS // UNITS
+        if record is None or not record["shards"]:
+            tasks += TASKS // UNITS
+        elif not record["complete"]:
+            tasks += end - record["positions"][-1][0]
+    return sum(r["complete"] for r in records.values()), tasks
 
 
 def _tasks_run(counter: Path) -> tuple[list[int], list[int]]:
@@ -155,26 +177,26 @@ def _killed_ray_write_resumes(engine: str, tmp_path: Path, *, journal_first: boo
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     _kill_after_half(script, resumed, engine, tmp_path / "killed.count", journal_first)
     assert not (resumed / "_feedline.json").exists()  # killed before its commit
-    (staging,) = resumed.glob(f"{STAGING_PREFIX}*")
-    recorded = len(list(staging.glob(f"{UNIT_PREFIX}*.json")))
+    complete, to_redo = _to_redo(resumed)
     output = _run(
         script, resumed, engine, tmp_path / "resume.count", str(whole), str(int(journal_first))
     )
 
     redone, uninterrupted = _tasks_run(tmp_path / "resume.count")
     assert sorted(uninterrupted) == list(range(TASKS))
-    assert f"'resumed_units_kept': {recorded}" in output
-    _check_resumed(whole, resumed, redone, recorded)
+    assert f"'resumed_units_kept': {complete}" in output
+    assert f"'resumed_read_tasks_skipped': {TASKS - to_redo}" in output
+    _check_resumed(whole, resumed, redone, to_redo)
 
 
-def _check_resumed(whole: Path, resumed: Path, redone: list[int], recorded: int) -> None:
+def _check_resumed(whole: Path, resumed: Path, redone: list[int], to_redo: int) -> None:
     """The resumed dataset is the uninterrupted one, and about half the tasks ran again."""
     assert _shards(resumed) == _shards(whole)
     assert len(_shards(whole)) >= TASKS * ROWS_PER_TASK // ROWS_PER_SHARD
     assert _manifest(resumed) == _manifest(whole)
     assert fl.open(resumed, verify=True).to_arrow().equals(fl.open(whole).to_arrow())
-    # each read task of the units not recorded runs once more, and no other: about half
-    assert len(redone) == len(set(redone)) == TASKS - recorded * TASKS // UNITS
+    # each read task after the recorded shards runs once more, and no other: about half
+    assert len(redone) == len(set(redone)) == to_redo
     assert 0.3 * TASKS <= len(redone) <= 0.6 * TASKS, len(redone)
     assert not list(resumed.glob(f"{STAGING_PREFIX}*"))
 
@@ -248,8 +270,7 @@ def test_spark_killed_write_resumes_byte_identical_redoing_about_half(
     )  # fmt: skip
     _kill_when_half_recorded(child, resumed)
     assert not (resumed / "_feedline.json").exists()  # killed before its commit
-    (staging,) = resumed.glob(f"{STAGING_PREFIX}*")
-    recorded = len(list(staging.glob(f"{UNIT_PREFIX}*.json")))
+    complete, to_redo = _to_redo(resumed)
 
     monkeypatch.syspath_prepend(str(tmp_path))
     plan = importlib.import_module("resumed_spark_plan")
@@ -271,8 +292,10 @@ def test_spark_killed_write_resumes_byte_identical_redoing_about_half(
         for text in lines
     )
     assert sorted(uninterrupted) == list(range(TASKS))
-    assert info.report["counters"]["resumed_units_kept"] == recorded
-    _check_resumed(whole, resumed, redone, recorded)
+    counters = info.report["counters"]
+    assert counters["resumed_units_kept"] == complete
+    assert counters["resumed_read_tasks_skipped"] == TASKS - to_redo
+    _check_resumed(whole, resumed, redone, to_redo)
 
 
 @pytest.mark.ray

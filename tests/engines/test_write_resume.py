@@ -1,10 +1,10 @@
 """What a resume in units keeps and redoes (feedline/engines/write_resume.py), without an
-engine: a unit whose record and shards verify is kept, a unit with a damaged shard, a torn
-record or no record runs again, and whatever else the interrupted run left is removed."""
+engine: a complete unit whose shards verify is kept, a unit killed in its middle continues
+after its last recorded shard (byte-identical shards), a unit with a torn record or none
+runs again, and whatever else the interrupted run left is removed."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,52 +17,85 @@ from feedline.engines.write_resume import (
     shards_in_order,
     unit_bounds,
     write_identity,
+    write_unit,
 )
 from feedline.errors import ConfigurationError
+from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import resolve
 from feedline.store.commit import STAGING_PREFIX
-from feedline.store.shards import ShardWriter
-from feedline.store.write_journal import UNIT_PREFIX, Journal, UnitRecord
+from feedline.store.write_journal import UNIT_PREFIX, Journal
 
 STAGING = STAGING_PREFIX + "0a1b2c3d4e5f"
 
 
-def _unit(staging: Path, unit: int, first: int, count: int) -> UnitRecord:
-    folder = f"unit-{unit:06d}-abcd"
-    writer = ShardWriter(resolve(staging / folder), rows_per_shard=5)
-    writer.write(pa.record_batch({"x": list(range(first, first + count))}))
-    shards = tuple(dataclasses.replace(s, path=f"{folder}/{s.path}") for s in writer.close())
-    record = UnitRecord(unit, first, count, shards)
-    record.save(resolve(staging))
-    return record
+TASKS, ROWS, OPTIONS = 40, 10, {"rows_per_shard": 7, "row_group_rows": 3}
+SCHEMA = pa.schema({"x": pa.int64()})
 
 
-def test_verified_units_are_kept_and_the_rest_runs_again(tmp_path: Path) -> None:
-    staging = resolve(tmp_path)
-    bounds = unit_bounds(40, 4)
-    journal = Journal.start({"read_tasks": 40}, "0a1b2c3d4e5f", bounds)
-    journal.save(staging)
-    records = [_unit(tmp_path, n, bounds[n], bounds[n + 1] - bounds[n]) for n in range(3)]
-    damaged = tmp_path / records[1].shards[1].path
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    damaged.write_bytes(bytes(data))
-    (tmp_path / f"{UNIT_PREFIX}000002.json").write_text('{"format": 1, "unit": 2, "fir')  # torn
-    (tmp_path / "unit-000003-ffff").mkdir()  # a unit the kill interrupted
-    (tmp_path / "unit-000003-ffff" / "part-00000.parquet").write_bytes(b"PAR1")
+def _outputs(first: int, count: int, ran: list[int], stop_after: int | None = None):
+    """``(task, its batches)`` for tasks ``first..``: 10 rows each in batches of 4, 4, 2;
+    notes each task whose batches are read in ``ran``; raises (a kill) after task
+    ``stop_after``."""
 
-    units = resume_units(staging, Journal.load(staging), unit_bounds(40, 8))
+    def batches(index: int):
+        ran.append(index)
+        rows = list(range(index * ROWS, (index + 1) * ROWS))
+        for start in (0, 4, 8):
+            yield pa.record_batch({"x": rows[start : min(start + 4, ROWS)]})
+        if index == stop_after:
+            raise KeyboardInterrupt("killed")
+
+    for index in range(first, first + count):
+        yield index, batches(index)
+
+
+def _write_all(staging: Path, bounds: list[int], units: list[int], partial=None) -> dict:
+    done, ran = {}, []
+    for n in units:
+        first, count = bounds[n], bounds[n + 1] - bounds[n]
+        done[n] = write_unit(
+            resolve(staging), f"unit-{n:06d}-{len(ran):04d}", (n, first, count),
+            _outputs(first, count, ran), OPTIONS, SCHEMA, ExecutionReport(),
+            (partial or {}).get(n),
+        )  # fmt: skip
+    return {"done": done, "ran": ran}
+
+
+def test_a_resume_keeps_complete_units_and_continues_the_others_byte_identical(
+    tmp_path: Path,
+) -> None:
+    bounds = unit_bounds(TASKS, 4)
+    whole = _write_all(tmp_path / "whole", bounds, [0, 1, 2, 3])["done"]
+
+    staging = resolve(tmp_path / "resumed")
+    Journal.start({"read_tasks": TASKS}, "0a1b2c3d4e5f", bounds).save(staging)
+    _write_all(tmp_path / "resumed", bounds, [0])
+    with pytest.raises(KeyboardInterrupt):  # unit 1 killed after its task 16
+        write_unit(
+            staging, "unit-000001-kill", (1, 10, 10), _outputs(10, 10, [], stop_after=16),
+            OPTIONS, SCHEMA, ExecutionReport(),
+        )  # fmt: skip
+    (tmp_path / "resumed" / f"{UNIT_PREFIX}000002.json").write_text('{"format": 1, "un')  # torn
+    (tmp_path / "resumed" / "unit-000003-ffff").mkdir()  # a unit the kill interrupted
+    (tmp_path / "resumed" / "unit-000003-ffff" / "part-00000.parquet").write_bytes(b"PAR1")
+
+    units = resume_units(staging, Journal.load(staging), unit_bounds(TASKS, 8))
     assert units.bounds == bounds  # the interrupted write's split, not this run's
-    assert list(units.kept) == [0] and units.run == [1, 2, 3]
-    assert units.tasks_skipped() == 10
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "_resume-unit-000000.json",
-        "_resume.json",
-        "unit-000000-abcd",
+    assert list(units.kept) == [0] and units.run == [1, 2, 3] and list(units.partial) == [1]
+    # unit 1 wrote 70 rows (tasks 10..16): 10 shards of 7; the last ended in task 16
+    assert units.partial[1].positions[-1] == (16, 10)
+    assert units.tasks_skipped() == 10 + 6
+    assert not (tmp_path / "resumed" / "unit-000003-ffff" / "part-00000.parquet").exists()
+
+    again = _write_all(tmp_path / "resumed", bounds, units.run, units.partial)
+    assert again["ran"] == list(range(16, TASKS))  # task 16 again: its rows are dropped
+    resumed = shards_in_order(units.kept, again["done"])
+    expected = shards_in_order({}, whole)
+    assert [s.rows for s in resumed] == [s.rows for s in expected]
+    assert [(tmp_path / "resumed" / s.path).read_bytes() for s in resumed] == [
+        (tmp_path / "whole" / s.path).read_bytes() for s in expected
     ]
-    done = {3: records[2].shards, 1: records[1].shards}
-    order = [s.path for s in shards_in_order(units.kept, done)]
-    assert order == [s.path for r in (records[0], records[1], records[2]) for s in r.shards]
+    assert [s.checksum for s in resumed] == [s.checksum for s in expected]
 
 
 def test_a_fresh_write_runs_every_unit(tmp_path: Path) -> None:

@@ -5,15 +5,17 @@ The plan's read tasks are split into *units* (:func:`~feedline.engines.write_res
 unit_bounds`: four per CPU of the cluster, contiguous ranges of tasks) and each unit is one
 Ray task: it runs its read tasks in order through the plan's fused operators (the local
 engine's :class:`~feedline.engines.batch.fusion.BatchPipeline`, so ``sample`` seeds and
-batches are the same), writes its rows as shards with
-:class:`~feedline.store.shards.ShardWriter` into its own folder of the staging folder,
-and records them (:class:`~feedline.store.write_journal.UnitRecord`) once they are
-complete. The driver renames the shards in unit order and commits, as
-:mod:`feedline.engines.ray.write` does. ``rows_per_shard`` and ``bytes_per_shard`` apply
-within each unit: every shard is exact except the last one of each unit.
+batches are the same) and writes its rows as shards into its own folder of the staging
+folder (:func:`~feedline.engines.write_resume.write_unit`), recording each shard as it
+completes (:class:`~feedline.store.write_journal.UnitRecord`). The driver renames the
+shards in unit order and commits, as :mod:`feedline.engines.ray.write` does.
+``rows_per_shard`` and ``bytes_per_shard`` apply within each unit: every shard is exact
+except the last one of each unit.
 
 Re-run with ``resume=True`` after a crash of the driver (SIGKILL, preemption), the same plan
-keeps the units whose shards all verify and runs only the others; the result is the bytes
+keeps the complete units whose shards all verify, continues the others after their
+last verified shard (as the local engine does) and runs the units with no shard from their
+start; the result is the bytes
 of an uninterrupted ``resume=True`` write (:mod:`feedline.engines.write_resume`). A plan
 with ``limit`` or an actor stage (a class ``map_batches``, a tokenizer) is refused: its
 rows are not a function of one unit's read tasks.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +45,7 @@ from feedline.engines.write_resume import (
     shards_in_order,
     unit_bounds,
     write_identity,
+    write_unit,
 )
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport, ReadTask
@@ -51,7 +54,6 @@ from feedline.plan.plan import Operator, Plan, pushdown
 from feedline.plan.relational import RelationalSource
 from feedline.store import dataset_files as fmt
 from feedline.store.commit import WriteBase
-from feedline.store.shards import ShardWriter, conform
 from feedline.store.write_journal import Journal, UnitRecord
 
 if TYPE_CHECKING:
@@ -76,29 +78,31 @@ class _UnitSpec:
     writer_kwargs: dict[str, Any]
 
 
-def _write_unit(spec: _UnitSpec, unit: int, first: int, count: int) -> tuple[int, list[Any], Any]:
+def _write_unit(
+    spec: _UnitSpec, unit: int, first: int, count: int, after: UnitRecord | None
+) -> tuple[int, list[Any], Any]:
     """Run read tasks ``first .. first + count - 1`` through the operators into shards of
-    ``staging/unit-<n>-<id>/``, record them, return ``(unit, shards, counters)`` (in a Ray
-    task)."""
+    ``staging/unit-<n>-<id>/`` (after the kept shards of ``after``), recording them as
+    they complete; return ``(unit, shards, counters)`` (in a Ray task)."""
     report = ExecutionReport()
     pipeline = BatchPipeline(spec.ops, report, InstancePool())
-    folder = f"unit-{unit:06d}-{uuid.uuid4().hex[:8]}"
-    writer = ShardWriter(spec.staging.child(folder), schema=spec.schema, **spec.writer_kwargs)
-    try:
+
+    def outputs() -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
         for index in range(first, first + count):
             task = spec.tasks[index]
-            for batch in pipeline(task.read(report), task.label, index):
-                if not batch.num_rows:
-                    continue
-                if not batch.schema.equals(spec.schema):
-                    batch = conform(batch, spec.schema)
-                report.add(rows_out=batch.num_rows, batches_out=1)
-                writer.write(batch)
-        shards = [dataclasses.replace(s, path=f"{folder}/{s.path}") for s in writer.close()]
-    except BaseException:
-        writer.abort()
-        raise
-    UnitRecord(unit, first, count, tuple(shards)).save(spec.staging)
+            yield index, pipeline(task.read(report), task.label, index)
+
+    folder = f"unit-{unit:06d}-{uuid.uuid4().hex[:8]}"
+    shards = write_unit(
+        spec.staging,
+        folder,
+        (unit, first, count),
+        outputs(),
+        spec.writer_kwargs,
+        spec.schema,
+        report,
+        after,
+    )
     return unit, shards, report.as_dict()
 
 
@@ -150,9 +154,12 @@ def write_in_units(
             report.count("resumed_read_tasks_skipped", units.tasks_skipped())
         ship_user_modules(ops)
         spec = ray.put(_UnitSpec(write.staging, tuple(tasks), ops, schema, kwargs))
-        run = ray.remote(max_retries=1)(_write_unit)
+        run = ray.remote(_write_unit)
         bounds = units.bounds
-        refs = [run.remote(spec, n, bounds[n], bounds[n + 1] - bounds[n]) for n in units.run]
+        refs = [
+            run.remote(spec, n, bounds[n], bounds[n + 1] - bounds[n], units.partial.get(n))
+            for n in units.run
+        ]
         with surface_errors():
             results = ray.get(refs)
         done = {}

@@ -30,7 +30,7 @@ import traceback
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -40,6 +40,7 @@ from feedline import errors
 from feedline.engines.batch.fusion import BatchPipeline, InstancePool, construct
 from feedline.engines.batch.partials import TreeMerger, fold
 from feedline.engines.spark.types import from_spark_batch, to_spark_batch
+from feedline.engines.write_resume import write_unit
 from feedline.errors import FeedlineError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
@@ -222,12 +223,15 @@ def _broadcast_tasks(broadcast: Any) -> list[Any]:
 @dataclass(frozen=True)
 class WriteSpec:
     """Where and how a ``"write"`` stage writes its shards; with ``units``, each partition
-    (a unit of read tasks) records its shards once they are complete
+    (a unit of read tasks) records its shards as they complete
     (:class:`~feedline.store.write_journal.UnitRecord`), for a resume."""
 
     staging: Location
     writer_kwargs: dict[str, Any]
     units: bool = False
+    #: where units of an interrupted write continue: their records cut after their last
+    #: verified shard
+    resume: dict[int, UnitRecord] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -286,7 +290,7 @@ class Stage:
             elif self.mode == "partial":
                 yield from self._partials(leaves)
             else:
-                yield from self._write(outputs, report, unit)
+                yield from self._write(leaves, report, unit)
         except Exception as exc:  # every failure is re-raised, encoded
             raise RuntimeError(encode_error(exc)) from exc
         self.accumulator.add(report.as_dict())
@@ -352,13 +356,15 @@ class Stage:
 
     def _write(
         self,
-        outputs: Iterator[pa.RecordBatch],
+        leaves: Iterator[tuple[int, Iterator[pa.RecordBatch]]],
         report: ExecutionReport,
         unit: tuple[int, int, int] | None,
     ) -> Iterator[pa.RecordBatch]:
         """Write the partition's rows as shards; ``unit``: ``(unit, first task, task
         count)`` of a partition of read tasks (the unit, not Spark's partition id, numbers
-        the shards: a resume runs only some of the units)."""
+        the shards: a resume runs only some of the units), whose shards are recorded as
+        they complete when the write journals (:func:`~feedline.engines.write_resume.
+        write_unit`, continuing after the kept shards of ``spec.resume[unit]``)."""
         from pyspark import TaskContext
 
         spec = self.write
@@ -366,26 +372,36 @@ class Stage:
         context = TaskContext.get()
         part = unit[0] if unit is not None else context.partitionId() if context else 0
         attempt = context.attemptNumber() if context else 0
-        folder = spec.staging.child(f"task-{part:05d}-{attempt}-{uuid.uuid4().hex[:8]}")
-        writer = ShardWriter(folder, schema=self.out_schema, **spec.writer_kwargs)
-        try:
-            for batch in outputs:
-                if batch.num_rows:
-                    report.add(rows_out=batch.num_rows, batches_out=1)
-                    writer.write(batch)
-            shards = writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-        prefix = folder.path[len(spec.staging.path) :].strip("/")
-        if spec.units and unit is not None:  # complete: the unit need not run again
-            staged = tuple(dataclasses.replace(s, path=f"{prefix}/{s.path}") for s in shards)
-            UnitRecord(unit[0], unit[1], unit[2], staged).save(spec.staging)
+        name = f"task-{part:05d}-{attempt}-{uuid.uuid4().hex[:8]}"
+        if spec.units and unit is not None:
+            shards = write_unit(
+                spec.staging,
+                name,
+                unit,
+                leaves,
+                spec.writer_kwargs,
+                self.out_schema,
+                report,
+                spec.resume.get(unit[0]),
+            )
+        else:
+            writer = ShardWriter(
+                spec.staging.child(name), schema=self.out_schema, **spec.writer_kwargs
+            )
+            try:
+                for batch in (batch for _, stream in leaves for batch in stream):
+                    if batch.num_rows:
+                        report.add(rows_out=batch.num_rows, batches_out=1)
+                        writer.write(batch)
+                shards = [dataclasses.replace(s, path=f"{name}/{s.path}") for s in writer.close()]
+            except BaseException:
+                writer.abort()
+                raise
         yield pa.record_batch(
             {
                 "part": pa.array([part] * len(shards), pa.int64()),
                 "seq": pa.array(range(len(shards)), pa.int64()),
-                "path": pa.array([f"{prefix}/{s.path}" for s in shards], pa.string()),
+                "path": pa.array([s.path for s in shards], pa.string()),
                 "rows": pa.array([s.rows for s in shards], pa.int64()),
                 "bytes": pa.array([s.bytes for s in shards], pa.int64()),
                 "row_groups": pa.array([list(s.row_groups) for s in shards], pa.list_(pa.int64())),

@@ -131,7 +131,12 @@ def write_with_feedline(
             mode="write",
             preserve_order=preserve_order,
             partitions=engine.partitions,
-            write=WriteSpec(staging, options.writer_kwargs(), units=units is not None),
+            write=WriteSpec(
+                staging,
+                options.writer_kwargs(),
+                units=units is not None,
+                resume=units.partial if units is not None else {},
+            ),
             units=None if units is None else Units(tasks or [], units.bounds, units.run),
         )
         writable_schema(job.schema, "the plan")  # refuse what Parquet cannot store, before any task
