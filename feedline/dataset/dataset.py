@@ -855,10 +855,10 @@ class Dataset:
         refuses to resume (:class:`~feedline.errors.ConfigurationError` saying what
         differs); with no interrupted write, the write starts from the beginning. See
         :mod:`feedline.store.write_journal`. On Spark and Ray the read tasks run in units (a
-        Spark partition, a Ray task) that record their verified shards, and a resume runs
-        only the units not recorded (Spark records every write of read tasks without
-        ``limit``; Ray writes in units with ``resume=True`` only, the first run's included):
-        :mod:`feedline.engines.write_resume`.
+        Spark partition, a Ray task) that record each shard as it completes, and a resume
+        continues each unit after its last verified shard (Spark records every write of
+        read tasks without ``limit``; Ray writes in units with ``resume=True`` only, the
+        first run's included): :mod:`feedline.engines.write_resume`.
 
         Examples
         --------

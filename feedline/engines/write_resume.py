@@ -10,11 +10,13 @@ staging folder; :func:`find_interrupted` finds the one of this identity, and ref
 another plan or input saying what differs.
 
 The Spark and Ray engines run the read tasks in *units* (:func:`unit_bounds`: contiguous
-ranges, a Spark partition or a Ray task each), and every completed unit records its shards
-(:class:`~feedline.store.write_journal.UnitRecord`). :func:`resume_units` keeps the units
-whose shards all verify, removes whatever else the interrupted run left in the staging
-folder, and says which units to run; :func:`shards_in_order` puts the kept and the new
-units' shards back in the order of an uninterrupted write.
+ranges, a Spark partition or a Ray task each). :func:`write_unit` writes one unit's shards
+and records each as it completes, with the position after its last row (read task, rows:
+as the local engine's journal), in a
+:class:`~feedline.store.write_journal.UnitRecord`. :func:`resume_units` keeps the complete
+units whose shards all verify, says where every other unit continues (after its last
+verified shard), and removes whatever else the interrupted run left in the staging folder;
+:func:`shards_in_order` puts the units' shards back in the order of an uninterrupted write.
 
 Examples
 --------

@@ -363,8 +363,8 @@ class RayEngine:
 
         ``resume=True`` writes in journaled units of read tasks, one Ray task each
         (:mod:`feedline.engines.ray.resumable_write`), and continues the interrupted
-        ``resume=True`` write of the same plan, input and options, running only the units
-        whose shards are not all there and verified."""
+        ``resume=True`` write of the same plan, input and options, each unit after its last
+        verified shard."""
 
         report = report if report is not None else ExecutionReport()
         if resume:

@@ -13,12 +13,12 @@ shards in unit order and commits, as :mod:`feedline.engines.ray.write` does.
 except the last one of each unit.
 
 Re-run with ``resume=True`` after a crash of the driver (SIGKILL, preemption), the same plan
-keeps the complete units whose shards all verify, continues the others after their
-last verified shard (as the local engine does) and runs the units with no shard from their
-start; the result is the bytes
-of an uninterrupted ``resume=True`` write (:mod:`feedline.engines.write_resume`). A plan
-with ``limit`` or an actor stage (a class ``map_batches``, a tokenizer) is refused: its
-rows are not a function of one unit's read tasks.
+keeps the complete units whose shards all verify, continues the others after their last
+verified shard (as the local engine does) and runs the units with no shard from their
+start; the result is the bytes of an uninterrupted ``resume=True`` write
+(:mod:`feedline.engines.write_resume`). A plan with ``limit`` or an actor stage (a class
+``map_batches``, a tokenizer) is refused: its rows are not a function of one unit's read
+tasks.
 """
 
 from __future__ import annotations

@@ -407,9 +407,9 @@ class SparkEngine:
         ``rows_per_shard`` and ``bytes_per_shard`` apply within each Spark partition: every
         shard is exact except the last one of each partition. ``on_rows`` is called once
         per shard after the Spark job finished. With the feedline writer, a plan of read
-        tasks without ``limit`` journals each partition's shards once they are complete;
+        tasks without ``limit`` journals each partition's shards as they complete;
         ``resume=True`` continues an interrupted write of the same plan, input and options,
-        running only the partitions whose shards are not all there and verified
+        each partition after its last verified shard
         (:mod:`feedline.engines.write_resume`).
         """
 
