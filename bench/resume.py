@@ -8,14 +8,14 @@ Usage::
 A plan of ``--tasks`` read tasks (``fl.range``) with a CPU-bound ``map_batches`` (a few
 vectorised passes per row) is written once in full, in a child process (timed); then again
 in a child process SIGKILLed (with the JVM or the Ray processes it started) once half of
-the work is recorded in its staging folder (half the shards on the local engine, half the
-units on Spark and Ray), and re-run with ``resume=True`` (timed). Prints, for both runs, the
-child's wall time and the write's own time (``WriteInfo.seconds``: without the interpreter,
-Spark or Ray start, nor the start of their workers: each child first runs a small write of
-the same plan on the same engine), the read tasks the resume skipped, and writes
-``bench/out/resume-<engine>.json``. Asserts that the two datasets' shards are byte-identical.
-Spark runs on ``local[2]``, Ray on 2 CPUs (``--cores``); a Ray write journals in units with
-``resume=True`` only, so its full run passes ``resume=True`` too (with nothing to resume).
+the shards are in its staging folder, and re-run with ``resume=True`` (timed). Prints, for
+both runs, the child's wall time and the write's own time (``WriteInfo.seconds``: without
+the interpreter, Spark or Ray start, nor the start of their workers: each child first runs
+a small write of the same plan on the same engine), the read tasks the resume skipped, and
+writes ``bench/out/resume-<engine>.json``. Asserts that the two datasets' shards are
+byte-identical. Spark runs on ``local[2]``, Ray on 2 CPUs (``--cores``); a Ray write
+journals in units with ``resume=True`` only, so its full run passes ``resume=True`` too
+(with nothing to resume).
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ def main() -> None:
     try:
         full_wall, full = _timed([*command, str(work / "full"), first, *size], env)
         shards = len(list((work / "full").glob("part-*.parquet")))
-        units = args.tasks if args.engine == "local" else min(args.tasks, 4 * args.cores)
-        pattern = "part-*.parquet" if args.engine == "local" else "_resume-unit-*.json"
-        half = shards // 2 if args.engine == "local" else units // 2
+        # the shards in the staging folder (on Spark and Ray, in one folder per unit)
+        pattern = "part-*.parquet" if args.engine == "local" else "*/part-*.parquet"
+        half = shards // 2
         out = work / "resumed"
         child = subprocess.Popen(
             [*command, str(out), first, *size], env=env, start_new_session=True,
