@@ -854,7 +854,11 @@ class Dataset:
         write's execution report). A changed plan, input, shard options or fitted state
         refuses to resume (:class:`~feedline.errors.ConfigurationError` saying what
         differs); with no interrupted write, the write starts from the beginning. See
-        :mod:`feedline.store.write_journal`.
+        :mod:`feedline.store.write_journal`. On Spark and Ray the read tasks run in units (a
+        Spark partition, a Ray task) that record each shard as it completes, and a resume
+        continues each unit after its last verified shard (Spark records every write of
+        read tasks without ``limit``; Ray writes in units with ``resume=True`` only, the
+        first run's included): :mod:`feedline.engines.write_resume`.
 
         Examples
         --------

@@ -151,11 +151,11 @@ def write(
         raise ConfigurationError(
             f"mode={mode!r} is not a write mode. Fix: pass one of {list(WRITE_MODES)}."
         )
-    if resume and engine.name != "local":
+    if resume and engine.name not in ("local", "spark", "ray"):
         raise ConfigurationError(
-            f"resume=True is supported on the local engine only; this write runs on "
-            f"{engine.name!r}. Fix: drop resume=True (the write starts over), or write with "
-            'engine="local".'
+            f"resume=True is supported on the local, Spark and Ray engines; this write runs "
+            f"on {engine.name!r}. Fix: drop resume=True (the write starts over), or write "
+            'with engine="local".'
         )
     resuming: dict[str, Any] = {"resume": True} if resume else {}
     target = resolve(path, storage_options)

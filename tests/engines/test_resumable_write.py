@@ -16,6 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import feedline as fl
@@ -160,8 +161,28 @@ def test_resume_refuses_another_input_then_a_fresh_write_replaces_it(tmp_path: P
 def test_resume_refused_where_no_journal_is_kept(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="limit"):
         fl.range(100).limit(5).write(tmp_path / "out", resume=True)
-    with pytest.raises(ConfigurationError, match="local engine only"):
-        fl.range(10).write(tmp_path / "out", resume=True, engine="spark")
+
+
+def test_resume_refused_on_spark_and_ray_where_no_journal_is_kept(tmp_path: Path) -> None:
+    """Refused before Spark or Ray starts (the resumes themselves:
+    tests/engines/test_resumable_write_engines.py)."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("ray")
+    from feedline.engines.ray.engine import RayEngine
+    from feedline.engines.spark.engine import SparkEngine
+
+    with pytest.raises(ConfigurationError, match="writer='spark'"):
+        fl.range(10).write(tmp_path / "out", resume=True, engine=SparkEngine(writer="spark"))
+
+    class Model:
+        def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+            return batch
+
+    ray_engine = RayEngine(num_cpus=1)
+    with pytest.raises(ConfigurationError, match="actor stage"):
+        fl.range(10).map_batches(Model).write(tmp_path / "out", resume=True, engine=ray_engine)
+    with pytest.raises(ConfigurationError, match=r"limit\(\)"):
+        fl.range(10).limit(3).write(tmp_path / "out", resume=True, engine=ray_engine)
 
 
 def test_resume_without_interrupted_write_writes_from_the_start(tmp_path: Path) -> None:

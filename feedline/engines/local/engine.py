@@ -12,8 +12,6 @@ rows re-cut across read tasks, while the read tasks keep running (see
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import time
@@ -35,9 +33,10 @@ from feedline.engines.batch.fusion import (
 from feedline.engines.batch.partials import TreeMerger, fold
 from feedline.engines.local.executor import run_stage, run_tasks
 from feedline.engines.local.relational import relational_tasks
-from feedline.engines.local.resumable_write import functions_digest, write_resumable
+from feedline.engines.local.resumable_write import write_resumable
 from feedline.engines.protocol import WriteInfo, WriteOptions
 from feedline.engines.schema import infer_schema
+from feedline.engines.write_resume import write_identity
 from feedline.errors import ConfigurationError
 from feedline.io.source import ExecutionReport, ReadTask, Source
 from feedline.io.storage.paths import Location
@@ -376,28 +375,6 @@ def lineage_of(plan: Plan, engine: str) -> dict[str, Any]:
         "engine": engine,
         "feedline_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def write_identity(
-    plan: Plan,
-    read_tasks: int,
-    options: dict[str, Any],
-    preprocessors: list[dict[str, Any]] | None,
-    base: WriteBase | None,
-) -> dict[str, Any]:
-    """What decides a write's bytes, journaled so that a resume of another plan, input or
-    options is refused (:mod:`feedline.store.write_journal`)."""
-    fitted = json.dumps(preprocessors or [], sort_keys=True, default=str).encode()
-    return {
-        "plan_fingerprint": plan.fingerprint(),
-        "functions": functions_digest(plan.ops),
-        "source_fingerprint": plan.source.fingerprint(),
-        "read_tasks": read_tasks,
-        "options": options,
-        "preprocessors": "sha256:" + hashlib.sha256(fitted).hexdigest(),
-        "base": None if base is None else base.token,
-        "mode": "append" if base is not None and base.append else "overwrite",
     }
 
 

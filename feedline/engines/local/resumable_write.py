@@ -10,11 +10,8 @@ marker, so the writer knows which task's output every shard ended in.
 from __future__ import annotations
 
 import base64
-import functools
-import hashlib
 import logging
 import posixpath
-import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,82 +19,18 @@ import pyarrow as pa
 
 from feedline.engines.batch.fusion import BatchPipeline, InstancePool
 from feedline.engines.local.executor import run_tasks
+from feedline.engines.write_resume import find_interrupted
 from feedline.io.source import ExecutionReport, ReadTask
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Operator
-from feedline.store.commit import STAGING_PREFIX, WriteBase, commit, writing
+from feedline.store.commit import WriteBase, commit, writing
 from feedline.store.manifest import Manifest
 from feedline.store.shards import ShardWriter
-from feedline.store.write_journal import JOURNAL_NAME, Journal, JournalShard, differences, refuse
+from feedline.store.write_journal import JOURNAL_NAME, Journal, JournalShard
 
-__all__ = ["functions_digest", "write_resumable"]
+__all__ = ["write_resumable"]
 
 logger = logging.getLogger(__name__)
-
-
-#: values of a function's globals and closure that go into :func:`functions_digest` by value
-_PLAIN = (int, float, str, bytes, bool, type(None))
-
-
-def _code_parts(code: types.CodeType) -> list[Any]:
-    parts: list[Any] = [code.co_code, code.co_names]
-    for const in code.co_consts:
-        parts.extend(_code_parts(const) if isinstance(const, types.CodeType) else [repr(const)])
-    return parts
-
-
-def _function_parts(fn: Any, depth: int = 0) -> list[Any]:
-    """What decides what ``fn`` computes, as far as cheaply known: its code (nested code
-    included), and the plain values (numbers, strings) of the globals it names and of its
-    closure; a class by its ``__call__``/``__init__``; anything else by its type name."""
-    if depth > 2:
-        return [getattr(fn, "__qualname__", type(fn).__name__)]
-    if isinstance(fn, functools.partial):
-        return [*_function_parts(fn.func, depth + 1), repr(fn.args), repr(sorted(fn.keywords))]
-    if isinstance(fn, type):
-        return [
-            fn.__qualname__,
-            *[p for name in ("__init__", "__call__") for p in _function_parts(
-                getattr(fn, name, None), depth + 1)],
-        ]  # fmt: skip
-    code = getattr(fn, "__code__", None)
-    if not isinstance(code, types.CodeType):
-        return [getattr(fn, "__qualname__", type(fn).__name__)]
-    parts = _code_parts(code)
-    names = getattr(fn, "__globals__", {})
-    for name in code.co_names:
-        value = names.get(name)
-        if isinstance(value, _PLAIN):
-            parts.append((name, repr(value)))
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        parts.extend(
-            [repr(value)] if isinstance(value, _PLAIN) else _function_parts(value, depth + 1)
-        )
-    return parts
-
-
-def functions_digest(ops: Sequence[Operator]) -> str:
-    """A digest of the user functions of ``ops`` (their code and the plain values they read),
-    which a plan's fingerprint (their names) does not cover: a resume refuses a function
-    whose code or constants changed.
-
-    Examples
-    --------
-    >>> from feedline.plan.plan import MapBatches
-    >>> a = functions_digest([MapBatches(lambda b: b)])
-    >>> a == functions_digest([MapBatches(lambda b: b)]), a == functions_digest([MapBatches(len)])
-    (True, False)
-    """
-    digest = hashlib.sha256()
-    for op in ops:
-        for value in vars(op).values() if hasattr(op, "__dict__") else ():
-            if callable(value):
-                digest.update(repr(_function_parts(value)).encode())
-    return "sha256:" + digest.hexdigest()
 
 
 class _TaskEnd:
@@ -107,28 +40,6 @@ class _TaskEnd:
 
     def __init__(self, index: int) -> None:
         self.index = index
-
-
-def _interrupted(target: Location, identity: dict[str, Any]) -> Journal | None:
-    """The journal of an interrupted write of this very plan at ``target`` (the one with the
-    most shards), ``None`` when there is none; an interrupted write of another plan or input
-    raises, saying what differs."""
-    fs = target.fs
-    if not fs.isdir(target.path):
-        return None
-    journals = []
-    for path in fs.ls(target.path, detail=False):
-        if posixpath.basename(path.rstrip("/")).startswith(STAGING_PREFIX):
-            journal = Journal.load(target.child(posixpath.basename(path.rstrip("/"))))
-            if journal is not None:
-                journals.append(journal)
-    same = [j for j in journals if j.identity == identity]
-    if same:
-        return max(same, key=lambda j: len(j.shards))
-    if journals:
-        other = max(journals, key=lambda j: len(j.shards))
-        raise refuse(target, differences(other.identity, identity))
-    return None
 
 
 def _schema_text(schema: pa.Schema) -> str:
@@ -159,7 +70,7 @@ def write_resumable(
 ) -> Manifest:
     """Run ``tasks`` through ``ops`` into shards at ``target``, journaling each shard, and
     commit; with ``resume``, continue the interrupted write of the same ``identity``."""
-    found = _interrupted(target, identity) if resume else None
+    found = find_interrupted(target, identity) if resume else None
     if resume and found is None:
         logger.info("No interrupted write of this plan at %s: writing from the start", target.url)
     with writing(target, base, found.write_id if found is not None else None) as write:

@@ -62,6 +62,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -79,14 +80,16 @@ from feedline.engines.ray.errors import (
 )
 from feedline.engines.ray.logs import quiet_ray, ray_log_level
 from feedline.engines.ray.merge import merge_in_tasks
+from feedline.engines.ray.resumable_write import check_units, write_in_units
 from feedline.engines.ray.runtime import check_workers, feedline_runtime_env
 from feedline.engines.ray.stages import ReportCollector, merge_report
-from feedline.engines.ray.write import write_plan
+from feedline.engines.ray.write import output_schema, write_plan
 from feedline.errors import ConfigurationError, MissingDependencyError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Operator, Plan, pushdown
 from feedline.store.commit import WriteBase
+from feedline.store.shards import writable_schema
 
 __all__ = ["RayEngine"]
 
@@ -353,10 +356,37 @@ class RayEngine:
         report: ExecutionReport | None = None,
         preprocessors: list[dict[str, Any]] | None = None,
         base: WriteBase | None = None,
+        resume: bool = False,
     ) -> WriteInfo:
         """Materialize the plan; Ray tasks write the shards (``feedline.engines.ray.write``),
-        committed only if the dataset is still at ``base``, when given."""
+        committed only if the dataset is still at ``base``, when given.
 
+        ``resume=True`` writes in journaled units of read tasks, one Ray task each
+        (:mod:`feedline.engines.ray.resumable_write`), and continues the interrupted
+        ``resume=True`` write of the same plan, input and options, each unit after its last
+        verified shard."""
+
+        report = report if report is not None else ExecutionReport()
+        if resume:
+            start = time.perf_counter()
+            check_units(plan, target)  # before Ray starts
+            with quiet_ray():
+                self.ensure_ray()
+                schema = writable_schema(output_schema(plan), "the plan")
+                manifest = write_in_units(
+                    self,
+                    plan,
+                    schema,
+                    target,
+                    options,
+                    on_rows=on_rows,
+                    report=report,
+                    preprocessors=preprocessors,
+                    base=base,
+                )
+            return WriteInfo.from_manifest(
+                target.url, manifest, started=start, engine=self.name, report=report
+            )
         with quiet_ray():
             return write_plan(
                 self,
@@ -365,7 +395,7 @@ class RayEngine:
                 options,
                 preserve_order=preserve_order,
                 on_rows=on_rows,
-                report=report if report is not None else ExecutionReport(),
+                report=report,
                 preprocessors=preprocessors,
                 base=base,
             )

@@ -399,19 +399,31 @@ class SparkEngine:
         report: ExecutionReport | None = None,
         preprocessors: list[dict[str, Any]] | None = None,
         base: WriteBase | None = None,
+        resume: bool = False,
     ) -> WriteInfo:
         """Materialize the plan as a feedline dataset at ``target`` (manifest committed last,
         only if the dataset is still at ``base``, when given).
 
         ``rows_per_shard`` and ``bytes_per_shard`` apply within each Spark partition: every
         shard is exact except the last one of each partition. ``on_rows`` is called once
-        per shard after the Spark job finished.
+        per shard after the Spark job finished. With the feedline writer, a plan of read
+        tasks without ``limit`` journals each partition's shards as they complete;
+        ``resume=True`` continues an interrupted write of the same plan, input and options,
+        each partition after its last verified shard
+        (:mod:`feedline.engines.write_resume`).
         """
 
         report = report if report is not None else ExecutionReport()
         start = time.perf_counter()
+        if resume and self.writer != "feedline":
+            raise ConfigurationError(
+                f"resume=True cannot resume the write to {target.url!r} with "
+                "SparkEngine(writer='spark') (Spark's own Parquet writer keeps no journal). "
+                "Fix: use SparkEngine(writer='feedline') (the default), or drop resume=True."
+            )
         prepared = prepare(self.ready(plan), plan, self.partitions)
-        writer = write_with_feedline if self.writer == "feedline" else write_with_spark
+        writer: Any = write_with_feedline if self.writer == "feedline" else write_with_spark
+        resuming = {"resume": True} if resume else {}
         try:
             manifest = writer(
                 self,
@@ -423,6 +435,7 @@ class SparkEngine:
                 preprocessors=preprocessors or [],
                 base=base,
                 source_plan=plan,  # the lineage names the inputs, not the computed frame
+                **resuming,
             )
         finally:
             prepared.finish(report)

@@ -34,10 +34,11 @@ from feedline.engines.spark.worker import (
     decode_error,
     fold_report,
 )
+from feedline.engines.write_resume import unit_bounds
 from feedline.io.source import ExecutionReport, ReadTask
 from feedline.plan.plan import Limit, Plan, pushdown
 
-__all__ = ["Job", "build_job", "dumps_tasks", "spark_errors"]
+__all__ = ["Job", "Units", "build_job", "dumps_tasks", "partition_bounds", "spark_errors"]
 
 #: a task list pickled to at most this many bytes is broadcast once; a larger one (an
 #: in-memory table) travels as one payload per partition, so no row is shipped twice
@@ -189,11 +190,26 @@ def build_job(
     partial: Callable[[pa.RecordBatch], Any] | None = None,
     merge: Callable[[Any, Any], Any] | None = None,
     write: WriteSpec | None = None,
+    units: Units | None = None,
 ) -> Job:
     """The DataFrame computing ``plan`` (``mode``: ``"rows"``, ``"stream"``, ``"partial"`` or
-    ``"write"``, see :class:`~feedline.engines.spark.worker.Stage`)."""
+    ``"write"``, see :class:`~feedline.engines.spark.worker.Stage`); ``units``: the read
+    tasks already listed, their split into partitions and the partitions to run (a
+    resumable write)."""
     with quiet_pandas_warning():
-        return _build_job(spark, plan, mode, preserve_order, partitions, partial, merge, write)
+        return _build_job(
+            spark, plan, mode, preserve_order, partitions, partial, merge, write, units
+        )
+
+
+@dataclass(frozen=True)
+class Units:
+    """The read tasks of a write in units, their split (:func:`~feedline.engines.
+    write_resume.unit_bounds`: one Spark partition per unit) and the units to run."""
+
+    tasks: list[ReadTask]
+    bounds: list[int]
+    run: list[int]
 
 
 def _build_job(
@@ -205,6 +221,7 @@ def _build_job(
     partial: Callable[[pa.RecordBatch], Any] | None,
     merge: Callable[[Any, Any], Any] | None,
     write: WriteSpec | None,
+    units: Units | None,
 ) -> Job:
 
     pushed = pushdown(plan)
@@ -235,8 +252,11 @@ def _build_job(
             "label": getattr(plan.source, "label", "the Spark DataFrame (partition {partition})"),
         }
     else:
-        tasks = plan.source.read_tasks(pushed.columns, pushed.predicate)
-        frame, broadcast = _task_frame(spark, tasks, partitions)
+        if units is None:
+            tasks = plan.source.read_tasks(pushed.columns, pushed.predicate)
+            frame, broadcast = _task_frame(spark, tasks, partitions)
+        else:
+            frame, broadcast = _task_frame(spark, units.tasks, None, units.bounds, units.run)
         job.broadcasts += [broadcast] if broadcast is not None else []
         first = {"tasks": broadcast}
     for index, (ops, limit) in enumerate(segments):
@@ -287,17 +307,24 @@ def _limit(frame: Any, n: int, preserve_order: bool) -> Any:
     return numbered.orderBy(_ORDER).limit(n).drop(_ORDER)
 
 
-def _task_frame(spark: Any, tasks: list[ReadTask], partitions: int | None) -> tuple[Any, Any]:
+def _task_frame(
+    spark: Any,
+    tasks: list[ReadTask],
+    partitions: int | None,
+    bounds: list[int] | None = None,
+    run: list[int] | None = None,
+) -> tuple[Any, Any]:
     """One row per Spark partition: ``(part, first task, task count, payload)``.
 
     The tasks are pickled together and broadcast when that is small; otherwise each
-    partition's row carries its own tasks.
+    partition's row carries its own tasks. ``bounds`` (else :func:`partition_bounds`) and
+    ``run`` (the parts to run; default all) come from a resumable write.
     """
     context = spark.sparkContext
-    count = len(tasks)
-    wanted = partitions or 4 * context.defaultParallelism
-    parts = max(1, min(count, wanted))
-    bounds = [count * i // parts for i in range(parts + 1)]
+    if bounds is None:
+        bounds = partition_bounds(spark, len(tasks), partitions)
+    parts = len(bounds) - 1
+    wanted = set(range(parts) if run is None else run)
     whole = dumps_tasks(tasks)
     broadcast = context.broadcast(whole) if len(whole) <= BROADCAST_BYTES else None
     rows = [
@@ -308,7 +335,13 @@ def _task_frame(spark: Any, tasks: list[ReadTask], partitions: int | None) -> tu
             None if broadcast is not None else dumps_tasks(tasks[bounds[part] : bounds[part + 1]]),
         )
         for part in range(parts)
-        if bounds[part + 1] > bounds[part]
+        if bounds[part + 1] > bounds[part] and part in wanted
     ]
     rdd = context.parallelize(rows, max(1, len(rows)))
     return spark.createDataFrame(rdd, TASK_COLUMNS), broadcast
+
+
+def partition_bounds(spark: Any, tasks: int, partitions: int | None) -> list[int]:
+    """The first read task of each Spark partition, then ``tasks``: ``partitions`` (else
+    four per core of the default parallelism) contiguous ranges of nearly equal size."""
+    return unit_bounds(tasks, partitions or 4 * spark.sparkContext.defaultParallelism)

@@ -24,12 +24,13 @@ Two things must reach the driver besides rows:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import traceback
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -39,11 +40,13 @@ from feedline import errors
 from feedline.engines.batch.fusion import BatchPipeline, InstancePool, construct
 from feedline.engines.batch.partials import TreeMerger, fold
 from feedline.engines.spark.types import from_spark_batch, to_spark_batch
+from feedline.engines.write_resume import write_unit
 from feedline.errors import FeedlineError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Operator, callable_name
 from feedline.store.shards import ShardWriter
+from feedline.store.write_journal import UnitRecord
 
 __all__ = ["ERROR_MARKER", "ReportParam", "Stage", "decode_error", "encode_error"]
 
@@ -219,10 +222,16 @@ def _broadcast_tasks(broadcast: Any) -> list[Any]:
 
 @dataclass(frozen=True)
 class WriteSpec:
-    """Where and how a ``"write"`` stage writes its shards."""
+    """Where and how a ``"write"`` stage writes its shards; with ``units``, each partition
+    (a unit of read tasks) records its shards as they complete
+    (:class:`~feedline.store.write_journal.UnitRecord`), for a resume."""
 
     staging: Location
     writer_kwargs: dict[str, Any]
+    units: bool = False
+    #: where units of an interrupted write continue: their records cut after their last
+    #: verified shard
+    resume: dict[int, UnitRecord] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -264,6 +273,9 @@ class Stage:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         report = ExecutionReport()
         try:
+            unit = None
+            if self.mode == "write" and self.from_tasks:  # the partition's task rows (small)
+                batches, unit = _unit_of(list(batches))
             pipeline = BatchPipeline(self.ops, report, _pool(self.token))
             leaves = self._leaves(batches, pipeline, report)
             outputs = (batch for _, stream in leaves for batch in stream)
@@ -278,7 +290,7 @@ class Stage:
             elif self.mode == "partial":
                 yield from self._partials(leaves)
             else:
-                yield from self._write(outputs, report)
+                yield from self._write(leaves, report, unit)
         except Exception as exc:  # every failure is re-raised, encoded
             raise RuntimeError(encode_error(exc)) from exc
         self.accumulator.add(report.as_dict())
@@ -343,32 +355,53 @@ class Stage:
             )
 
     def _write(
-        self, outputs: Iterator[pa.RecordBatch], report: ExecutionReport
+        self,
+        leaves: Iterator[tuple[int, Iterator[pa.RecordBatch]]],
+        report: ExecutionReport,
+        unit: tuple[int, int, int] | None,
     ) -> Iterator[pa.RecordBatch]:
+        """Write the partition's rows as shards; ``unit``: ``(unit, first task, task
+        count)`` of a partition of read tasks (the unit, not Spark's partition id, numbers
+        the shards: a resume runs only some of the units), whose shards are recorded as
+        they complete when the write journals (:func:`~feedline.engines.write_resume.
+        write_unit`, continuing after the kept shards of ``spec.resume[unit]``)."""
         from pyspark import TaskContext
 
         spec = self.write
         assert spec is not None  # set for the mode "write"
         context = TaskContext.get()
-        part = context.partitionId() if context else 0
+        part = unit[0] if unit is not None else context.partitionId() if context else 0
         attempt = context.attemptNumber() if context else 0
-        folder = spec.staging.child(f"task-{part:05d}-{attempt}-{uuid.uuid4().hex[:8]}")
-        writer = ShardWriter(folder, schema=self.out_schema, **spec.writer_kwargs)
-        try:
-            for batch in outputs:
-                if batch.num_rows:
-                    report.add(rows_out=batch.num_rows, batches_out=1)
-                    writer.write(batch)
-            shards = writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-        prefix = folder.path[len(spec.staging.path) :].strip("/")
+        name = f"task-{part:05d}-{attempt}-{uuid.uuid4().hex[:8]}"
+        if spec.units and unit is not None:
+            shards = write_unit(
+                spec.staging,
+                name,
+                unit,
+                leaves,
+                spec.writer_kwargs,
+                self.out_schema,
+                report,
+                spec.resume.get(unit[0]),
+            )
+        else:
+            writer = ShardWriter(
+                spec.staging.child(name), schema=self.out_schema, **spec.writer_kwargs
+            )
+            try:
+                for batch in (batch for _, stream in leaves for batch in stream):
+                    if batch.num_rows:
+                        report.add(rows_out=batch.num_rows, batches_out=1)
+                        writer.write(batch)
+                shards = [dataclasses.replace(s, path=f"{name}/{s.path}") for s in writer.close()]
+            except BaseException:
+                writer.abort()
+                raise
         yield pa.record_batch(
             {
                 "part": pa.array([part] * len(shards), pa.int64()),
                 "seq": pa.array(range(len(shards)), pa.int64()),
-                "path": pa.array([f"{prefix}/{s.path}" for s in shards], pa.string()),
+                "path": pa.array([s.path for s in shards], pa.string()),
                 "rows": pa.array([s.rows for s in shards], pa.int64()),
                 "bytes": pa.array([s.bytes for s in shards], pa.int64()),
                 "row_groups": pa.array([list(s.row_groups) for s in shards], pa.list_(pa.int64())),
@@ -376,6 +409,21 @@ class Stage:
                 "footer": pa.array([s.footer for s in shards], pa.string()),
             }
         )
+
+
+def _unit_of(
+    rows: list[pa.RecordBatch],
+) -> tuple[Iterator[pa.RecordBatch], tuple[int, int, int] | None]:
+    """The task rows of a write partition, and ``(unit, first task, task count)`` when the
+    partition is one unit (a row of :data:`TASK_COLUMNS`), as the write's task frame has."""
+    found = [
+        (int(part), int(first), int(count))
+        for batch in rows
+        for part, first, count in zip(
+            *(batch.column(c).to_pylist() for c in ("part", "first", "count")), strict=True
+        )
+    ]
+    return iter(rows), found[0] if len(found) == 1 else None
 
 
 def _ipc(batch: pa.RecordBatch) -> bytes:

@@ -26,29 +26,44 @@ and the staging folder is removed.
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from feedline.engines.batch.fusion import split_at_limits
 from feedline.engines.local.engine import lineage_of
 from feedline.engines.protocol import WriteOptions
-from feedline.engines.spark.plan import build_job, quiet_pandas_warning, spark_errors
+from feedline.engines.spark.plan import (
+    Units,
+    build_job,
+    partition_bounds,
+    quiet_pandas_warning,
+    spark_errors,
+)
 from feedline.engines.spark.worker import WriteSpec
+from feedline.engines.write_resume import (
+    find_interrupted,
+    resume_units,
+    shards_in_order,
+    write_identity,
+)
 from feedline.errors import ConfigurationError
-from feedline.io.source import ExecutionReport
+from feedline.io.source import ExecutionReport, ReadTask
 from feedline.io.storage.paths import Location
-from feedline.plan.plan import Plan
+from feedline.plan.plan import Plan, pushdown
 from feedline.store import dataset_files as fmt
 from feedline.store.commit import WriteBase
 from feedline.store.footers import footer_of
 from feedline.store.shards import writable_schema
+from feedline.store.write_journal import Journal
 
 if TYPE_CHECKING:
     from feedline.engines.spark.engine import SparkEngine
 
-__all__ = ["write_with_feedline", "write_with_spark"]
+__all__ = ["journaled_tasks", "write_with_feedline", "write_with_spark"]
 
 #: shard renames run at once by the driver
 MOVERS = 16
@@ -78,40 +93,77 @@ def write_with_feedline(
     preprocessors: list[dict[str, Any]],
     base: WriteBase | None = None,
     source_plan: Plan | None = None,
+    resume: bool = False,
 ) -> fmt.Manifest:
     """Executors write feedline shards; the driver renames them and commits.
 
     ``source_plan``: the plan as the user built it (``plan`` may have its relational source
-    computed as a DataFrame already), for the manifest's lineage."""
-    with fmt.writing(target, base) as write:
+    computed as a DataFrame already), for the manifest's lineage. A plan of read tasks
+    without ``limit`` is written in units (one per partition) that journal their shards
+    (:mod:`feedline.engines.write_resume`); ``resume`` continues its interrupted write."""
+    tasks = journaled_tasks(plan)
+    if resume and tasks is None:
+        raise ConfigurationError(
+            f"resume=True cannot resume the write to {target.url!r} on Spark: only a plan "
+            "that reads feedline read tasks (not a Spark DataFrame, a join or a sort) and "
+            "has no limit() keeps the journal a resume needs. Fix: drop resume=True (the "
+            "write starts over)."
+        )
+    identity: dict[str, Any] = {}
+    found = None
+    if tasks is not None:
+        kwargs = options.writer_kwargs()
+        identity = write_identity(plan, len(tasks), kwargs, preprocessors, base, engine="spark")
+        found = find_interrupted(target, identity) if resume else None
+    with fmt.writing(target, base, found.write_id if found is not None else None) as write:
         staging = write.staging
+        units = None
+        if tasks is not None:
+            bounds = partition_bounds(engine.spark, len(tasks), engine.partitions)
+            units = resume_units(staging, found, bounds)
+            Journal.start(identity, write.write_id, units.bounds).save(staging)
+            if found is not None:
+                report.count("resumed_units_kept", len(units.kept))
+                report.count("resumed_read_tasks_skipped", units.tasks_skipped())
         job = build_job(
             engine.spark,
             plan,
             mode="write",
             preserve_order=preserve_order,
             partitions=engine.partitions,
-            write=WriteSpec(staging, options.writer_kwargs()),
+            write=WriteSpec(
+                staging,
+                options.writer_kwargs(),
+                units=units is not None,
+                resume=units.partial if units is not None else {},
+            ),
+            units=None if units is None else Units(tasks or [], units.bounds, units.run),
         )
         writable_schema(job.schema, "the plan")  # refuse what Parquet cannot store, before any task
-        rows = job.collect(report).to_pylist()
-        rows.sort(key=lambda r: (r["part"], r["seq"]))
-        names = [write.shard_name(index) for index in range(len(rows))]
-        folder = write.shard_folder
-        pairs = zip(rows, names, strict=True)
-        _move_all(staging.fs, [(staging.join(r["path"]), folder.join(n)) for r, n in pairs])
-        shards = [
-            fmt.ShardInfo(
-                name,
-                row["rows"],
-                row["bytes"],
-                tuple(row["row_groups"]),
-                row["checksum"],
-                footer=row["footer"],
-                page_checksums=True,
+        if units is None or units.run:
+            rows = job.collect(report).to_pylist()
+        else:  # every unit was kept
+            job.finish(report)
+            rows = []
+        done: dict[int, list[fmt.ShardInfo]] = {}
+        for row in sorted(rows, key=lambda r: (r["part"], r["seq"])):
+            done.setdefault(row["part"], []).append(
+                fmt.ShardInfo(
+                    row["path"],
+                    row["rows"],
+                    row["bytes"],
+                    tuple(row["row_groups"]),
+                    row["checksum"],
+                    footer=row["footer"],
+                    page_checksums=True,
+                )
             )
-            for name, row in zip(names, rows, strict=True)
-        ]
+        staged = shards_in_order(units.kept if units is not None else {}, done)
+        names = [write.shard_name(index) for index in range(len(staged))]
+        folder = write.shard_folder
+        pairs = zip(staged, names, strict=True)
+        _move_all(staging.fs, [(staging.join(s.path), folder.join(n)) for s, n in pairs])
+        shards = [dataclasses.replace(s, path=n) for s, n in zip(staged, names, strict=True)]
         manifest = _manifest(
             engine, source_plan or plan, job.schema, shards, options, report, preprocessors
         )
@@ -178,6 +230,17 @@ def write_with_spark(
         )
         fmt.commit(write, manifest)
     return manifest
+
+
+def journaled_tasks(plan: Plan) -> list[ReadTask] | None:
+    """The read tasks of a plan written in units that journal their shards (one per Spark
+    partition), ``None`` for a plan that is not (a Spark DataFrame source, a ``limit``)."""
+    if getattr(plan.source, "native_frame", lambda: None)() is not None:
+        return None
+    pushed = pushdown(plan)
+    if len(split_at_limits(pushed.remaining)) != 1:
+        return None
+    return plan.source.read_tasks(pushed.columns, pushed.predicate)
 
 
 def _move_all(fs: Any, moves: list[tuple[str, str]]) -> None:
