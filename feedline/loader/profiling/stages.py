@@ -173,6 +173,7 @@ class Meter(Node):
             queue[1].queue_looks += 1
         if self._watch_busy:
             s.busy_s = self._busy_base + self.inner.busy_s  # type: ignore[attr-defined]
+            s.workers = self.inner.workers.num_workers  # type: ignore[attr-defined]
 
     def next(self) -> Batch:
         start = time.perf_counter()
