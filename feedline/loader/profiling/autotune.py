@@ -6,13 +6,14 @@ blocked on a full queue), in windows of at least :data:`WINDOW_BATCHES` batches 
 :data:`WINDOW_S` seconds, and changes one knob at a time:
 
 1. **Start** with 1 worker and a prefetch of 2 (the first window of each iteration is left
-   out: it holds the start, workers starting and the cache filling).
+   out: it holds the start, workers starting and the cache filling; so are the first
+   :data:`SETTLE_BATCHES` batches and :data:`SETTLE_S` seconds after each change).
 2. **Add a worker** when the loop waited more than :data:`WAIT` of the window, the workers
    were busy (more than :data:`BUSY` of their time: they are the bound, not the queue), a CPU
    is left (never more workers than :func:`~feedline.host.cpus_available`: the CPUs this
    process may run on, within its cgroup's ``cpu.max``) and, for processes, memory is left
    (:data:`PROCESS_BYTES` of :func:`~feedline.host.memory_available` per new one). The
-   worker is a trial: after :data:`SETTLE_BATCHES` batches the next window's throughput must
+   worker is a trial: once settled, the next window's throughput (batches/s at the loop) must
    beat the window's before by more than :data:`GAIN`, else the worker is removed again
    (a thread transform that holds the GIL, a machine whose CPUs others use) and no worker
    is tried again for :data:`RETRY_WINDOWS` windows.
@@ -63,6 +64,7 @@ __all__ = [
     "PROCESS_BYTES",
     "RETRY_WINDOWS",
     "SETTLE_BATCHES",
+    "SETTLE_S",
     "WAIT",
     "WINDOW_BATCHES",
     "WINDOW_S",
@@ -74,8 +76,8 @@ __all__ = [
 WINDOW_BATCHES = 16
 #: least seconds of a measuring window (fast pipelines: windows of more batches)
 WINDOW_S = 0.1
-#: batches left out after a change (new workers starting, the queue filling)
-SETTLE_BATCHES = 8
+#: batches, and seconds, left out after a change (new workers starting, the queue filling)
+SETTLE_BATCHES, SETTLE_S = 8, 0.25
 #: share of a window the loop waited for data above which the data is the bound
 WAIT = 0.05
 #: share of their time the workers must have been busy for another worker to be tried
@@ -152,6 +154,7 @@ class Autotuner:
         self._map: Map | None = None
         self._queue: Prefetch | None = None
         self._skip = SETTLE_BATCHES  # batches to leave out before the next window
+        self._changed = time.perf_counter()  # when the last change (or attach) was
         self._trial: tuple[float, int] | None = None  # (rate before, workers before)
         self._windows = 0
         self._retry_at = 0
@@ -175,6 +178,7 @@ class Autotuner:
         if self._queue is not None and self.tune_prefetch:
             self._queue.resize(self.prefetch)
         self._trial, self._skip = None, SETTLE_BATCHES
+        self._changed = time.perf_counter()
         self._start()
 
     def batch(self, wait_s: float, now: float, item: Batch) -> None:
@@ -182,8 +186,11 @@ class Autotuner:
         self.batches += 1
         if self._skip:
             self._skip -= 1
-            if not self._skip:
-                self._start(now)
+            if self._skip or now - self._changed < SETTLE_S:
+                self._skip = max(1, self._skip)
+                return
+            self._skip = 0
+            self._start(now)
             return
         self._count += 1
         self._wait += wait_s
@@ -223,7 +230,7 @@ class Autotuner:
             self.prefetch = new
             if self._queue is not None:
                 self._queue.resize(new)
-        self._skip = SETTLE_BATCHES
+        self._skip, self._changed = SETTLE_BATCHES, time.perf_counter()
 
     def _prefetch_bound(self) -> int:
         """Most hand-overs the queue may hold within ``room_bytes`` (measured batch bytes)."""
