@@ -112,6 +112,12 @@ def test_a_tuned_run_resumes_exactly_in_an_untuned_loader_and_back(
         assert auto.stats()["autotune"]["history"]
 
 
+@pytest.fixture(autouse=True)
+def short_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows of 0.1 s (not 0.5 s: these tests' timings are sleeps, not noisy work)."""
+    monkeypatch.setattr(autotune, "WINDOW_S", 0.1)
+
+
 def run(loader: fl.Loader, batches: int, step_s: float = 0.0,
         until: Any = None) -> dict[str, Any]:  # fmt: skip
     """Take up to ``batches`` batches (epoch after epoch) with a training step of ``step_s``;

@@ -75,7 +75,7 @@ __all__ = [
 #: least batches of a measuring window
 WINDOW_BATCHES = 16
 #: least seconds of a measuring window (fast pipelines: windows of more batches)
-WINDOW_S = 0.1
+WINDOW_S = 0.5
 #: batches, and seconds, left out after a change (new workers starting, the queue filling)
 SETTLE_BATCHES, SETTLE_S = 8, 0.25
 #: share of a window the loop waited for data above which the data is the bound
