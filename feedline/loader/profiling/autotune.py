@@ -13,10 +13,12 @@ blocked on a full queue), in windows of at least :data:`WINDOW_BATCHES` batches 
    is left (never more workers than :func:`~feedline.host.cpus_available`: the CPUs this
    process may run on, within its cgroup's ``cpu.max``) and, for processes, memory is left
    (:data:`PROCESS_BYTES` of :func:`~feedline.host.memory_available` per new one). The
-   worker is a trial: once settled, the next window's throughput (batches/s at the loop) must
-   beat the window's before by more than :data:`GAIN`, else the worker is removed again
-   (a thread transform that holds the GIL, a machine whose CPUs others use) and no worker
-   is tried again for :data:`RETRY_WINDOWS` windows.
+   worker is a trial: once settled, its throughput (batches/s at the loop, over a window
+   :data:`TRIAL_WINDOWS` times as long) must beat the throughput before it (over the last
+   :data:`BASE_WINDOWS` windows, at least two: one window on a shared machine is noisy) by
+   more than :data:`GAIN`, else the worker is removed again (a thread transform that holds
+   the GIL, a machine whose CPUs others use) and no worker is tried again for
+   :data:`RETRY_WINDOWS` windows.
 3. **Deepen the prefetch** (doubling, at most :data:`MAX_PREFETCH`) when the loop waited
    more than :data:`WAIT` although the prefetch thread was blocked on a full queue for more
    than :data:`BLOCKED` of the window: batches are made fast enough on average but unevenly
@@ -56,6 +58,7 @@ from feedline.loader.nodes.node import Batch, Node, Stage
 from feedline.loader.nodes.prefetch import Prefetch
 
 __all__ = [
+    "BASE_WINDOWS",
     "BLOCKED",
     "BUSY",
     "GAIN",
@@ -65,6 +68,7 @@ __all__ = [
     "RETRY_WINDOWS",
     "SETTLE_BATCHES",
     "SETTLE_S",
+    "TRIAL_WINDOWS",
     "WAIT",
     "WINDOW_BATCHES",
     "WINDOW_S",
@@ -81,7 +85,10 @@ SETTLE_BATCHES, SETTLE_S = 8, 0.25
 #: share of a window the loop waited for data above which the data is the bound
 WAIT = 0.05
 #: share of their time the workers must have been busy for another worker to be tried
-BUSY = 0.75
+BUSY = 0.5
+#: windows (at most) whose throughput a trial is compared with; a trial runs this many less one
+BASE_WINDOWS = 3
+TRIAL_WINDOWS = BASE_WINDOWS - 1
 #: throughput gain a tried worker must bring to stay
 GAIN = 0.10
 #: share of a window the prefetch thread was blocked on a full queue that says it has headroom
@@ -156,6 +163,7 @@ class Autotuner:
         self._skip = SETTLE_BATCHES  # batches to leave out before the next window
         self._changed = time.perf_counter()  # when the last change (or attach) was
         self._trial: tuple[float, int] | None = None  # (rate before, workers before)
+        self._recent: list[tuple[int, float]] = []  # (batches, seconds) at the current values
         self._windows = 0
         self._retry_at = 0
         self._start()
@@ -177,7 +185,7 @@ class Autotuner:
             self._map.workers.resize(self.num_workers)
         if self._queue is not None and self.tune_prefetch:
             self._queue.resize(self.prefetch)
-        self._trial, self._skip = None, SETTLE_BATCHES
+        self._trial, self._skip, self._recent = None, SETTLE_BATCHES, []
         self._changed = time.perf_counter()
         self._start()
 
@@ -194,7 +202,8 @@ class Autotuner:
             return
         self._count += 1
         self._wait += wait_s
-        if self._count >= WINDOW_BATCHES and now - self._t0 >= WINDOW_S:
+        span = 1 if self._trial is None else TRIAL_WINDOWS  # a trial is measured longer
+        if self._count >= WINDOW_BATCHES * span and now - self._t0 >= WINDOW_S * span:
             self.batch_bytes = _nbytes(item.data) * (self._queue.group if self._queue else 1)
             self._decide(now)
 
@@ -231,6 +240,7 @@ class Autotuner:
             if self._queue is not None:
                 self._queue.resize(new)
         self._skip, self._changed = SETTLE_BATCHES, time.perf_counter()
+        self._recent = []
 
     def _prefetch_bound(self) -> int:
         """Most hand-overs the queue may hold within ``room_bytes`` (measured batch bytes)."""
@@ -250,13 +260,14 @@ class Autotuner:
         numbers = (f"{rate:,.1f} batches/s, loop waited {wait:.0%}, workers busy "
                    f"{busy / max(1, n):.0%}, queue full {blocked:.0%}")  # fmt: skip
         trial, self._trial = self._trial, None
+        self._recent = [*self._recent[1 - BASE_WINDOWS :], (self._count, seconds)]
         bound = self._prefetch_bound()
         if self.tune_prefetch and self.prefetch > bound:
             self._change("prefetch", bound,
                          f"the memory budget holds {bound} batches of {self.batch_bytes:,} "
                          f"bytes beside those in flight")  # fmt: skip
             return self._start(now)
-        if trial is not None:
+        if trial is not None:  # this window ran with the worker tried
             before, old = trial
             if rate > before * (1 + GAIN):
                 kept = f"kept: {rate / before:.2f}x ({numbers})"
@@ -268,11 +279,15 @@ class Autotuner:
                              f"{1 + GAIN:.2f}x ({numbers})")  # fmt: skip
                 return self._start(now)
         waits = wait > WAIT
+        measured = len(self._recent) >= BASE_WINDOWS - 1  # a base to compare a trial with
         if (self.tune_workers and waits and self._map is not None and busy >= BUSY * n
-                and n < self.max_workers and self._windows >= self._retry_at
+                and n < self.max_workers and self._windows >= self._retry_at and measured
                 and self._memory_for_worker()):  # fmt: skip
-            self._trial = (rate, n)
-            self._change("num_workers", n + 1, f"trying one more: {numbers}")
+            batches, spent = map(sum, zip(*self._recent, strict=True))
+            base = batches / spent  # the throughput now, over the last windows
+            self._change("num_workers", n + 1, f"trying one more over {base:,.1f} batches/s: "
+                         f"{numbers}")  # fmt: skip
+            self._trial = (base, n)
         elif self.tune_prefetch and waits and self._queue is not None and blocked > BLOCKED \
                 and self.prefetch < bound:  # fmt: skip
             self._change("prefetch", min(bound, 2 * self.prefetch),
