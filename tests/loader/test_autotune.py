@@ -172,6 +172,9 @@ def test_uneven_batches_get_a_deeper_prefetch() -> None:
     assert report["prefetch"] >= 4, report["history"]
     assert all(d["reason"].startswith("uneven") for d in report["history"])
     assert report["num_workers"] is None  # a fixed count: never touched
+    row = loader.profile().stage("prefetch")  # its fill is a share of the depth of the time
+    assert row is not None and row.queue_occupancy is not None
+    assert 0.0 <= row.queue_occupancy <= 1.0
 
 
 @pytest.mark.timeout(120)

@@ -82,6 +82,8 @@ class StageStats:
     queue_sum: int = 0
     queue_looks: int = 0
     depth_of_queue: int = 0
+    #: the queue's depth summed over the looks (``prefetch="auto"`` changes it as it runs)
+    queue_capacity: int = 0
     busy_s: float = 0.0
     workers: int | None = None
     worker_type: str | None = None
@@ -100,12 +102,12 @@ class StageStats:
         """Mean share of the prefetch queue that was full (``None``: not a queue)."""
         if not self.queue_looks or not self.depth_of_queue:
             return None
-        return self.queue_sum / (self.queue_looks * self.depth_of_queue)
+        return self.queue_sum / (self.queue_capacity or self.queue_looks * self.depth_of_queue)
 
 
 #: the counters :meth:`StageMeters.since` subtracts
 _COUNTS = ("calls", "batches", "samples", "seconds", "sampled_bytes", "sampled_samples",
-           "queue_sum", "queue_looks", "busy_s")  # fmt: skip
+           "queue_sum", "queue_looks", "queue_capacity", "busy_s")  # fmt: skip
 
 
 def _nbytes(data: Any) -> int:
@@ -143,7 +145,7 @@ class Meter(Node):
         self.inner, self.stats = inner, stats
         self._busy_base = stats.busy_s
         self._watch_busy = hasattr(inner, "busy_s")
-        self._queue = queue  # (occupancy(), stats) of the prefetch this node feeds
+        self._queue = queue  # (the prefetch node this node feeds, its stats)
         if hasattr(inner, "take"):
             self.take = self._take
 
@@ -169,8 +171,11 @@ class Meter(Node):
             s.sampled_samples += sum(len(item.indices) for item in items)
         queue = self._queue
         if queue is not None and s.calls & (QUEUE_EVERY - 1) == 1:
-            queue[1].queue_sum += queue[0]()
-            queue[1].queue_looks += 1
+            prefetch, stats = queue
+            stats.queue_sum += prefetch.occupancy()
+            stats.queue_looks += 1
+            depth = getattr(prefetch, "depth", 0)  # resized by prefetch="auto"
+            stats.depth_of_queue, stats.queue_capacity = depth, stats.queue_capacity + depth
         if self._watch_busy:
             s.busy_s = self._busy_base + self.inner.busy_s  # type: ignore[attr-defined]
             s.workers = self.inner.workers.num_workers  # type: ignore[attr-defined]
@@ -309,7 +314,7 @@ class StageMeters:
             if not isinstance(current, Stage):
                 break
             occupancy = getattr(current, "occupancy", None)
-            queue = None if occupancy is None else (occupancy, stats)
+            queue = None if occupancy is None else (current, stats)
             if occupancy is not None:  # a prefetching node: its sources run apart
                 thread = "prefetch"
             parent, current, depth = current, current.source, depth + 1
