@@ -129,10 +129,14 @@ def tune_part(args: argparse.Namespace) -> None:
         for key, m in medians.items():
             print(f"| {key} | {m['all']:,.0f} | {m['steady']:,.0f} |")
         fixed = {k: m for k, m in medians.items() if not k.startswith("auto")}
+        cpus = cpus_available()
+        within = {k: m for k, m in fixed.items() if int(k.split("/")[0]) <= cpus}
+        print()
         for metric in ("all", "steady"):
-            best = max(fixed, key=lambda k: fixed[k][metric])
-            ratio = medians["auto/auto"][metric] / fixed[best][metric]
-            print(f"\nauto / best ({best}), {metric}: **{ratio:.2f}**")
+            for label, pool in (("any setting", fixed), (f"num_workers <= {cpus} CPUs", within)):
+                best = max(pool, key=lambda k, p=pool, m=metric: p[k][m])
+                ratio = medians["auto/auto"][metric] / pool[best][metric]
+                print(f"auto / best of {label} ({best}), {metric}: **{ratio:.2f}**")
         for r in runs["auto/auto"]:
             t = r["autotune"]
             changes = [(d["batch"], d["knob"], d["old"], d["new"]) for d in t["history"]
