@@ -80,8 +80,10 @@ __all__ = [
 WINDOW_BATCHES = 16
 #: least seconds of a measuring window (fast pipelines: windows of more batches)
 WINDOW_S = 0.5
-#: batches, and seconds, left out after a change (new workers starting, the queue filling)
-SETTLE_BATCHES, SETTLE_S = 8, 0.25
+#: batches left out after a change (new workers starting, the queue filling)...
+SETTLE_BATCHES = 8
+#: ...and at least these seconds
+SETTLE_S = 0.25
 #: share of a window the loop waited for data above which the data is the bound
 WAIT = 0.05
 #: share of their time the workers must have been busy for another worker to be tried
