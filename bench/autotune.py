@@ -13,7 +13,9 @@ Each run is a fresh loader iterated epoch after epoch for ``--seconds`` from its
 (the cache fill and the workers' start are left out for every setting alike), with a loop
 that does nothing (data-bound: the best setting is the fastest). Two rates: over the whole
 run (auto's convergence included) and over its second half (steady state). The figure of
-merit is auto / the best fixed setting (goal: at least 0.9). What the meters that feed the
+merit is auto / the best fixed setting (goal: at least 0.9): the ratio of the medians, and,
+less sensitive to slow swings of the machine's load, the median over the rounds of auto's
+rate over each setting's in the same round (the lowest of the settings shown). What the meters that feed the
 tuner cost is ``bench/profile_overhead.py``'s.
 
 Run: ``python bench/autotune.py [--seconds 12] [--rounds 2] [--images 2000] [--cases JP]``.
@@ -137,6 +139,14 @@ def tune_part(args: argparse.Namespace) -> None:
                 best = max(pool, key=lambda k, p=pool, m=metric: p[k][m])
                 ratio = medians["auto/auto"][metric] / pool[best][metric]
                 print(f"auto / best of {label} ({best}), {metric}: **{ratio:.2f}**")
+        for metric in ("all", "steady"):  # paired: auto against each setting in its round
+            paired = {k: statistics.median(a[metric] / f[metric] for a, f in
+                                           zip(runs["auto/auto"], v, strict=True))
+                      for k, v in runs.items() if not k.startswith("auto")}  # fmt: skip
+            worst = min(paired, key=lambda k, p=paired: p[k])
+            print(f"auto / {worst}, the median of the rounds' ratios (the lowest of the "
+                  f"settings), {metric}: **{paired[worst]:.2f}**; each setting: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in paired.items()))
         for r in runs["auto/auto"]:
             t = r["autotune"]
             changes = [(d["batch"], d["knob"], d["old"], d["new"]) for d in t["history"]
