@@ -15,8 +15,8 @@ that does nothing (data-bound: the best setting is the fastest). Two rates: over
 run (auto's convergence included) and over its second half (steady state). The figure of
 merit is auto / the best fixed setting (goal: at least 0.9): the ratio of the medians, and,
 less sensitive to slow swings of the machine's load, the median over the rounds of auto's
-rate over each setting's in the same round (the lowest of the settings shown). What the meters that feed the
-tuner cost is ``bench/profile_overhead.py``'s.
+rate over each setting's in the same round (the lowest of the settings shown). What the
+meters that feed the tuner cost is ``bench/profile_overhead.py``'s.
 
 Run: ``python bench/autotune.py [--seconds 12] [--rounds 2] [--images 2000] [--cases JP]``.
 """
@@ -144,9 +144,11 @@ def tune_part(args: argparse.Namespace) -> None:
                                            zip(runs["auto/auto"], v, strict=True))
                       for k, v in runs.items() if not k.startswith("auto")}  # fmt: skip
             worst = min(paired, key=lambda k, p=paired: p[k])
-            print(f"auto / {worst}, the median of the rounds' ratios (the lowest of the "
-                  f"settings), {metric}: **{paired[worst]:.2f}**; each setting: "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in paired.items()))
+            print(
+                f"auto / {worst}, the median of the rounds' ratios (the lowest of the "
+                f"settings), {metric}: **{paired[worst]:.2f}**; each setting: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in paired.items())
+            )
         for r in runs["auto/auto"]:
             t = r["autotune"]
             changes = [(d["batch"], d["knob"], d["old"], d["new"]) for d in t["history"]
