@@ -233,6 +233,7 @@ def test_auto_options_are_checked() -> None:
 def test_the_profile_names_the_tuned_values() -> None:
     loader = fl.range(64).loader(batch_size=8, format="numpy", prefetch="auto")
     _ = list(loader)
-    profile = loader.profile()
-    assert profile.autotune is not None and profile.autotune["prefetch"] == 2
-    assert "autotuned to prefetch=2" in str(profile)
+    profile = loader.profile()  # small batches, no transform: one group ready at a time
+    assert profile.autotune is not None and profile.autotune["prefetch"] == 1
+    assert profile.autotune["batches_per_prefetch"] > 1
+    assert "autotuned to prefetch=1" in str(profile)

@@ -5,7 +5,9 @@ and the pipeline's meters (the transform workers' busy time, the time the prefet
 blocked on a full queue), in windows of at least :data:`WINDOW_BATCHES` batches and
 :data:`WINDOW_S` seconds, and changes one knob at a time:
 
-1. **Start** with 1 worker and a prefetch of 2 (the first window of each iteration is left
+1. **Start** with 1 worker and a prefetch of 2 (without a transform, small batches travel in
+   groups: one group ready; the prefetch counts hand-overs of ``batches_per_prefetch``
+   batches) (the first window of each iteration is left
    out: it holds the start, workers starting and the cache filling; so are the first
    :data:`SETTLE_BATCHES` batches and :data:`SETTLE_S` seconds after each change).
 2. **Add a worker** when the loop waited more than :data:`WAIT` of the window, the workers
@@ -137,6 +139,9 @@ class Autotuner:
     max_workers:
         Most workers (default: :func:`~feedline.host.cpus_available`, at most
         :data:`MAX_WORKERS`).
+    start_prefetch:
+        The prefetch until a pipeline is attached; then the pipeline's own depth (hand-overs:
+        small batches without a transform travel in groups, one group ready at a time).
     room_bytes:
         Bytes the prefetch queue and the batches in flight may hold together (``None``: no
         limit); the :class:`~feedline.loader.Loader` passes half of ``memory_budget`` less
@@ -158,6 +163,8 @@ class Autotuner:
         self.prefetch = max(1, int(start_prefetch))
         self.max_prefetch = MAX_PREFETCH
         self.history: list[Decision] = []
+        self.group = 1  # batches per hand-over of the prefetch queue
+        self._adopt = True  # take the first pipeline's prefetch depth as the start
         self.batches = 0  # taken by the loop, every iteration together
         self.batch_bytes = 0  # of the last batch measured
         self._map: Map | None = None
@@ -186,7 +193,10 @@ class Autotuner:
         if self._map is not None and self.tune_workers:
             self._map.workers.resize(self.num_workers)
         if self._queue is not None and self.tune_prefetch:
+            if self._adopt:  # the pipeline's own start (1 group of small batches, else 2)
+                self.prefetch, self._adopt = self._queue.depth, False
             self._queue.resize(self.prefetch)
+            self.group = self._queue.group
         self._trial, self._skip, self._recent = None, SETTLE_BATCHES, []
         self._changed = time.perf_counter()
         self._start()
@@ -214,6 +224,7 @@ class Autotuner:
         return {
             "num_workers": self.num_workers if self.tune_workers else None,
             "prefetch": self.prefetch if self.tune_prefetch else None,
+            "batches_per_prefetch": self.group,
             "max_workers": self.max_workers,
             "max_prefetch": self._prefetch_bound(),
             "batch_bytes": self.batch_bytes,
