@@ -1,16 +1,22 @@
 """What the per-stage meters of ``loader.profile()`` cost: samples/s with them on and off.
 
-Three loaders, each run with the meters on (the default) and off
-(``loader._stages.enabled = False``), rounds interleaved (on, off, on, off...) so that load
-from other processes spreads over both; the figure is the median samples/s over the rounds
-and the overhead ``1 - on / off``:
+Three loaders, each run many times, briefly, with the meters on (the default) and off
+(``loader._stages.enabled = False``), in this one process:
 
-* ``small``: ``fl.range(N)``, batch 256, NumPy batches, a loop that does nothing (the
-  fastest path: small cached batches handed over in groups; the worst case for meters);
+* ``batch 256``: ``fl.range(N)``, NumPy batches, a loop that does nothing (the fastest path:
+  small cached batches handed over in groups; the worst case for meters);
 * ``batch 32``: the same with batch 32 (more batches, so more meter calls per sample);
 * ``transform``: batch 64 with a trivial per-sample transform in 2 thread workers.
 
-Run: ``python bench/profile_overhead.py [--samples N] [--rounds R]``.
+Noise from other processes on a shared machine is larger than the meters' cost, so the runs
+come in adjacent pairs (on then off, then off then on: the order alternates, so a drift in
+load favours neither) and each pair gives one ratio ``on / off``; the table shows the median
+ratio over the pairs and its quartiles (the spread), and the overhead ``1 - median``. Two
+ratios: samples per second of wall time (what training sees, and what other processes'
+load disturbs most) and samples per CPU second of this process, all its threads (what the
+meters add to the work; far less sensitive to the other processes on a shared machine).
+
+Run: ``python bench/profile_overhead.py [--samples N] [--pairs P]``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,39 +36,53 @@ def ident(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     return {"id": sample["id"]}
 
 
-def one_round(make: Any, on: bool) -> float:
+def one_run(make: Callable[[], fl.Loader], on: bool) -> tuple[float, float]:
+    """Samples per second of wall time and per CPU second of this process (all its threads)."""
     loader = make()
     loader._stages.enabled = on
     loader._prepare()
-    start, samples = time.perf_counter(), 0
+    start, cpu, samples = time.perf_counter(), time.process_time(), 0
     for batch in loader:
         samples += len(batch["id"])
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     loader.close()
-    return samples / seconds
+    return samples / seconds, samples / max(cpu, 1e-9)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=2_000_000, help="samples per epoch")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds per configuration")
+    parser.add_argument("--samples", type=int, default=1_000_000, help="samples per epoch")
+    parser.add_argument("--pairs", type=int, default=21, help="on/off pairs per case")
     args = parser.parse_args()
     n = args.samples
-    cases = {
-        "small, batch 256": lambda: fl.range(n).loader(batch_size=256, format="numpy", seed=0),
-        "small, batch 32": lambda: fl.range(n // 4).loader(batch_size=32, format="numpy", seed=0),
+    cases: dict[str, Callable[[], fl.Loader]] = {
+        "fl.range, batch 256": lambda: fl.range(n).loader(batch_size=256, format="numpy", seed=0),
+        "fl.range, batch 32": lambda: fl.range(n // 4).loader(
+            batch_size=32, format="numpy", seed=0
+        ),
         "transform, 2 threads": lambda: fl.range(n // 100).loader(
             batch_size=64, format="numpy", seed=0, transform=ident, num_workers=2
         ),
     }
-    print(f"{'case':24} {'on samples/s':>14} {'off samples/s':>14} {'overhead':>9}")
+    print(f"{args.pairs} pairs of runs per case (on/off, order alternating)\n")
+    print(
+        "| case | clock | on / off, median | quartiles | overhead (1 - median) | off, samples/s |"
+    )
+    print("|---|---|---:|---:|---:|---:|")
     for name, make in cases.items():
-        rates: dict[bool, list[float]] = {True: [], False: []}
-        for _ in range(args.rounds):
-            for on in (True, False):
-                rates[on].append(one_round(make, on))
-        on, off = statistics.median(rates[True]), statistics.median(rates[False])
-        print(f"{name:24} {on:14,.0f} {off:14,.0f} {1 - on / off:9.1%}")
+        one_run(make, True)  # warm-up: imports, first allocations
+        ratios: dict[int, list[float]] = {0: [], 1: []}
+        offs: dict[int, list[float]] = {0: [], 1: []}
+        for k in range(args.pairs):
+            order = (True, False) if k % 2 == 0 else (False, True)
+            rate = {on: one_run(make, on) for on in order}
+            for i in (0, 1):
+                ratios[i].append(rate[True][i] / rate[False][i])
+                offs[i].append(rate[False][i])
+        for i, clock in enumerate(("wall", "CPU")):
+            q1, median, q3 = statistics.quantiles(ratios[i], n=4)
+            print(f"| {name} | {clock} | {median:.3f} | {q1:.3f} - {q3:.3f} | {1 - median:.1%} | "
+                  f"{statistics.median(offs[i]):,.0f} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What this host offers a process: memory, within the limits of its cgroup.
+"""What this host offers a process: memory and CPUs, within the limits of its cgroup.
 
 One answer, read where it is needed: the loader's node cache (is a cache file larger than
 the page cache can hold?), the loader's default ``memory_budget`` (how much may it hold?) and
@@ -8,23 +8,45 @@ or v1 ``memory.limit_in_bytes`` / ``memory.usage_in_bytes``, found through
 ``/proc/self/mountinfo``, so a container's own view and hybrid v1/v2 hosts both work);
 elsewhere, or when there is none, the machine's physical (or available) memory is the answer.
 
+:func:`cpus_available` is the CPUs this process may keep busy: those it may run on
+(``os.sched_getaffinity``) or its CPU cgroup's quota when that is lower (v2 ``cpu.max``, v1
+``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, the tightest of the group and its ancestors,
+rounded up): what the loader's autotuning (:mod:`feedline.loader.profiling.autotune`) and its
+diagnosis never go beyond.
+
 Examples
 --------
 >>> memory_room() > 0
 True
 >>> 0 <= memory_available() <= memory_room()
 True
+>>> cpus_available() >= 1
+True
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CgroupMemory", "cgroup_memory", "memory_available", "memory_room"]
+__all__ = [
+    "CgroupMemory",
+    "cgroup_memory",
+    "cpu_quotas",
+    "cpus_available",
+    "memory_available",
+    "memory_room",
+]
+
+#: per controller, the file that marks a group with it: (cgroup v2, cgroup v1)
+_MARKERS = {
+    "memory": ("memory.max", "memory.limit_in_bytes"),
+    "cpu": ("cpu.max", "cpu.cfs_quota_us"),
+}
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,48 @@ def cgroup_memory(proc: str | os.PathLike[str] = "/proc/self") -> list[CgroupMem
     return out
 
 
+def cpus_available(proc: str | os.PathLike[str] = "/proc/self") -> int:
+    """CPUs this process may keep busy: those it may run on, or fewer when a CPU cgroup
+    quota (its own or an ancestor's) allows less (a quota of 1.5 CPUs counts as 2).
+
+    Examples
+    --------
+    >>> 1 <= cpus_available() <= (os.cpu_count() or 1)
+    True
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    for quota in cpu_quotas(proc):
+        cpus = min(cpus, math.ceil(quota))
+    return max(1, cpus)
+
+
+def cpu_quotas(proc: str | os.PathLike[str] = "/proc/self") -> list[float]:
+    """The CPU quotas (in CPUs: quota / period) of this process's CPU cgroup and each ancestor
+    that has one, its own first (empty off Linux or without a quota).
+
+    Examples
+    --------
+    >>> all(q > 0 for q in cpu_quotas())
+    True
+    """
+    out = []
+    for folder, version in _cgroup_folders(Path(proc), "cpu"):
+        with contextlib.suppress(OSError, ValueError, IndexError, ZeroDivisionError):
+            if version == 2:
+                quota, period = (folder / "cpu.max").read_text().split()[:2]
+                if quota != "max":
+                    out.append(int(quota) / int(period))
+            else:
+                quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+                if int(quota) > 0:  # -1: no quota
+                    period = (folder / "cpu.cfs_period_us").read_text().strip()
+                    out.append(int(quota) / int(period))
+    return [q for q in out if q > 0]
+
+
 def _physical() -> int:
     return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
@@ -124,8 +188,9 @@ def _read_group(folder: Path, version: int) -> CgroupMemory:
     return CgroupMemory(folder, limit, max(0, used - inactive))
 
 
-def _cgroup_folders(proc: Path) -> Iterator[tuple[Path, int]]:
-    """Folders of this process's memory cgroup and its ancestors, with the cgroup version."""
+def _cgroup_folders(proc: Path, controller: str = "memory") -> Iterator[tuple[Path, int]]:
+    """Folders of this process's cgroup of ``controller`` (``"memory"`` or ``"cpu"``) and its
+    ancestors, with the cgroup version."""
     try:
         groups = (proc / "cgroup").read_text().splitlines()
         mounts = (proc / "mountinfo").read_text().splitlines()
@@ -136,7 +201,7 @@ def _cgroup_folders(proc: Path) -> Iterator[tuple[Path, int]]:
         _, controllers, group = line.split(":", 2)
         if controllers == "":
             own[2] = group
-        elif "memory" in controllers.split(","):
+        elif controller in controllers.split(","):
             own[1] = group
     for line in mounts:
         fields, _, tail = line.partition(" - ")
@@ -144,7 +209,7 @@ def _cgroup_folders(proc: Path) -> Iterator[tuple[Path, int]]:
         if len(parts) < 5 or len(extra) < 3:
             continue
         root, point, fstype, options = parts[3], Path(parts[4]), extra[0], extra[2].split(",")
-        version = 2 if fstype == "cgroup2" else 1 if "memory" in options else 0
+        version = 2 if fstype == "cgroup2" else 1 if controller in options else 0
         if fstype not in ("cgroup", "cgroup2") or version not in own:
             continue
         group = own[version]
@@ -152,10 +217,11 @@ def _cgroup_folders(proc: Path) -> Iterator[tuple[Path, int]]:
             continue
         relative = os.path.relpath(group, root) if group.startswith(root) else group
         folder = point / relative.lstrip("/") if relative != "." else point
-        if version == 2 and "memory" not in _controllers(point):
+        if version == 2 and controller not in _controllers(point):
             continue
+        marker = _MARKERS[controller][0 if version == 2 else 1]
         while True:  # the group, then each ancestor up to the mount point
-            if (folder / ("memory.max" if version == 2 else "memory.limit_in_bytes")).exists():
+            if (folder / marker).exists():
                 yield folder, version
             if folder == point or point not in folder.parents:
                 break

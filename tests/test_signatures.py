@@ -176,7 +176,7 @@ def test_user_facing_calls_name_their_types(name: str) -> None:
 def test_help_shows_the_loader_parameters_and_defaults() -> None:
     text = pydoc.render_doc(fl.Dataset.loader, renderer=pydoc.plaintext)
     for shown in ("batch_size: 'int' = 256", "shuffle: 'bool' = True", "cache: 'str' = 'auto'",
-                  "memory_budget: 'int | str' = 'auto'", "num_workers: 'int' = 0",
+                  "memory_budget: 'int | str' = 'auto'", "num_workers: 'int | str' = 0",
                   "-> 'Loader'"):  # fmt: skip
         assert shown in text, shown
 

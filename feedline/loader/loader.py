@@ -66,6 +66,7 @@ from feedline.loader.order.stage_routes import StagePlan, stage_plan
 from feedline.loader.order.state import Segment, State, epoch_batches, parse_states
 from feedline.loader.packing.packed_loader import PackedLoader, UnknownLength
 from feedline.loader.pipeline import default_pipeline, group_size
+from feedline.loader.profiling.autotune import Autotuner
 from feedline.loader.profiling.diagnose import Diagnosis, diagnose
 from feedline.loader.profiling.report import Profile, build_profile
 from feedline.loader.profiling.stages import StageMeters
@@ -78,9 +79,12 @@ if TYPE_CHECKING:
 
     from feedline.store.shard_source import BatchStream, ShardSource
 
-__all__ = ["Loader"]
+__all__ = ["AUTO_PREFETCH", "Loader"]
 
 logger = logging.getLogger(__name__)
+
+#: the prefetch ``prefetch="auto"`` starts at (and sizes the gather's groups by)
+AUTO_PREFETCH = 2
 
 
 class Loader:
@@ -129,7 +133,9 @@ class Loader:
         # what this loader does with them, resolved against this process
         self.rank, self.world_size = ranks(o)
         self.ranks_per_node = ranks_per_node(o, self.world_size)
-        self.batch_size, self.prefetch, self.shuffle = o.batch_size, o.prefetch, o.shuffle
+        self.batch_size, self.shuffle = o.batch_size, o.shuffle
+        # "auto" (feedline.loader.profiling.autotune) starts at 2 batches, 1 worker
+        self.prefetch = AUTO_PREFETCH if o.prefetch == "auto" else int(o.prefetch)
         self.seed = 0 if o.seed is None else o.seed
         self.drop_last = self.shuffle if o.drop_last is None else o.drop_last
         self.columns, self.cache, self.format = o.columns, o.cache, o.format
@@ -166,6 +172,7 @@ class Loader:
         self._timing = Timing(self.batch_size)
         self._stages = StageMeters()  # per-stage accounting (feedline.loader.profiling)
         self._skips = Skips()
+        self._tuner = self._make_tuner()
         self._tracker = None if o.track is False else EpochLogger(o.track)
         self._packed = None if o.pack is None else self._packed_loader()
 
@@ -238,6 +245,16 @@ class Loader:
         if self.return_padding_mask:
             shapes["_padded"] = ((), np.dtype(bool))
         return shapes
+
+    def _make_tuner(self) -> Autotuner | None:
+        """The autotuner of ``num_workers="auto"`` / ``prefetch="auto"`` (else ``None``)."""
+        o = self.options
+        workers = o.num_workers == "auto" and o.transform is not None
+        prefetch = o.prefetch == "auto"
+        if not (workers or prefetch):
+            return None
+        return Autotuner(workers=workers, prefetch=prefetch, worker_type=o.worker_type,
+                         start_prefetch=self.prefetch)  # fmt: skip
 
     def _make_workers(self) -> Any:
         """The transform's worker pool (started on first use, closed with the loader)."""
@@ -412,12 +429,16 @@ class Loader:
         backend = self._prepare()
         group = group_size(backend, self._shapes(), self.batch_size, self.prefetch)
         order = Order(self._plan, epoch=self._epoch, batch=self._consumed, ahead=self._draw_ahead)
-        return self._stages.instrument(default_pipeline(
+        node = default_pipeline(
             order, backend,
             shuffle=self.shuffle, seed=self.seed, fmt=fmt, group=group, transform=self.transform,
             batched=self.batched, workers=self._workers, padding_mask=self.return_padding_mask,
             pin=self.pin_memory, prefetch=self.prefetch, device=self.device,
-        ))  # fmt: skip
+        )  # fmt: skip
+        if self._tuner is not None:  # the ready batches share what the cache leaves
+            self._tuner.room_bytes = max(0, self.memory_budget - backend.nbytes) // 2
+            self._tuner.attach(node)
+        return self._stages.instrument(node)
 
     def _consume(self, node: Node, plan: EpochPlan, start: int, epoch: int, token: object,
                  asked: float) -> Generator[dict[str, Any], None, None]:  # fmt: skip
@@ -425,6 +446,7 @@ class Loader:
         timing, clock, got, tail = self._timing, time.perf_counter, None, None
         run, append = timing.start_run(epoch, reset=start == 0), timing.rows.append
         pull, limit, size = node.next, timing.limit, self.batch_size
+        tune = None if self._tuner is None else self._tuner.batch
         try:
             while True:
                 try:
@@ -442,6 +464,8 @@ class Loader:
                     if item.skipped and not len(item.indices):
                         continue  # the transform skipped every sample: counted, not yielded
                 now = clock()
+                if tune is not None:
+                    tune(now - asked, now, item)
                 append((run, k, asked, now, got))
                 got = now
                 yield item.data
@@ -709,8 +733,9 @@ class Loader:
         >>> [(row.name, row.batches) for row in p.stages], p.samples
         ([('gather', 8), ('order', 8)], 64)
         """
+        tuned = None if self._tuner is None else self._tuner.report()
         return build_profile(list(self._stages.stages.values()), self.metrics(),
-                             self.batch_size)  # fmt: skip
+                             self.batch_size, tuned)  # fmt: skip
 
     def diagnose(
         self,
@@ -750,9 +775,16 @@ class Loader:
         ``feedline`` logger) or ``"none"``
         (``shuffle=False``); ``shuffle_reason`` says why, and what to pass for the exact one.
 
-        With a ``transform``: ``num_workers``, ``worker_type``, ``skipped`` (samples it dropped
-        from the batches delivered so far) and ``skipped_examples`` (the first 20, each naming
-        its epoch, sample and reason).
+        With a ``transform``: ``num_workers`` (now), ``worker_type``, ``skipped`` (samples it
+        dropped from the batches delivered so far) and ``skipped_examples`` (the first 20, each
+        naming its epoch, sample and reason).
+
+        With ``num_workers="auto"`` or ``prefetch="auto"``: ``autotune``, the tuner's values
+        now (``num_workers``, ``prefetch``; ``None`` for a knob not tuned), their bounds
+        (``max_workers``: the CPUs this process may use; ``max_prefetch``: what the memory
+        budget holds), ``batch_bytes``, ``batches_seen`` and ``history``: each change with the
+        batch it came after and the reason, with the window's numbers (see
+        :mod:`feedline.loader.profiling.autotune`).
 
         ``cache="staged"`` (``stats()["cache"] == "staged"``, ``shuffle_mode`` ``"exact"``)
         adds ``staged_dir``, ``stage_nodes``, ``stage_node``, ``stage_bucket_rows`` and
@@ -786,6 +818,8 @@ class Loader:
             out |= {"num_workers": self._workers.num_workers, "worker_type": self._workers.kind,
                     "skipped": self._skips.total,
                     "skipped_examples": list(self._skips.examples)}  # fmt: skip
+        if self._tuner is not None:
+            out["autotune"] = self._tuner.report()
         return out
 
     # ------------------------------------------------------------------ lifetime

@@ -135,7 +135,10 @@ class LoaderOptions:
         Batches a background thread keeps ready (at least). It gathers them in groups with one
         take per column (the batches are views of it): ``prefetch`` batches, or as many as make
         about 1 MiB when cached batches are small, at most 64. 0 gathers in the calling thread,
-        one batch at a time.
+        one batch at a time. ``"auto"``: start at 2 and deepen the queue while the training
+        loop waits for batches the pipeline makes fast enough on average (uneven batches),
+        within half of what ``memory_budget`` leaves beside the cache (see
+        :mod:`feedline.loader.profiling.autotune`).
     format:
         ``"torch"`` (dict of ``torch.Tensor`` via ``torch.from_numpy``), ``"numpy"`` or ``"tf"``.
         Dtypes: bool → ``torch.bool``; ints and floats kept; uint16/uint32 widened to
@@ -212,7 +215,12 @@ class LoaderOptions:
         transform must be importable, outputs come back through shared memory); 0 runs it
         in the prefetch thread. Workers start once per loader and stop on
         :meth:`~feedline.loader.Loader.close`, garbage collection or exit; batches come out
-        in order regardless of worker timing.
+        in order regardless of worker timing. ``num_workers="auto"`` starts one worker and
+        adds one at a time while the training loop waits, the workers are busy, a CPU is
+        free (``os.sched_getaffinity``, the cgroup's ``cpu.max``) and the last one added
+        raised throughput by more than 10% (else removes it); the batches are the same as
+        with any fixed count (:mod:`feedline.loader.profiling.autotune`,
+        ``stats()["autotune"]``).
     timeout:
         Seconds one call of ``transform`` (one sample; one batch with ``batched=True``) may
         run in a worker; a call running longer raises
@@ -272,7 +280,7 @@ class LoaderOptions:
     drop_last: bool | None = None
     columns: Sequence[str] | None = None
     cache: str = "auto"
-    prefetch: int = 2
+    prefetch: int | str = 2
     format: str = "torch"
     pin_memory: bool = False
     shuffle_window: int | None = None
@@ -289,7 +297,7 @@ class LoaderOptions:
     pad_last: bool = False
     transform: Callable[..., Any] | None = None
     batched: bool = False
-    num_workers: int = 0
+    num_workers: int | str = 0
     worker_type: str = "thread"
     device: Any = None
     shapes: Mapping[str, Sequence[int]] | None = None
@@ -309,7 +317,13 @@ class LoaderOptions:
             keep(self, "world_size", _count("world_size", self.world_size, 1, MAX_WORLD_SIZE))
         if self.rank is not None:
             keep(self, "rank", _count("rank", self.rank, 0, MAX_WORLD_SIZE - 1))
-        keep(self, "prefetch", _count("prefetch", self.prefetch, 0))
+        if isinstance(self.prefetch, str) and self.prefetch != "auto":
+            raise ConfigurationError(
+                f"Loader: prefetch must be an int >= 0 or 'auto', got {self.prefetch!r}. Fix: "
+                "pass prefetch=2 (batches kept ready), 0 (none) or 'auto' (tuned as it runs)."
+            )
+        if self.prefetch != "auto":  # "auto": tuned while the loader runs
+            keep(self, "prefetch", _count("prefetch", self.prefetch, 0))
         if self.rank is not None and self.world_size is not None:
             _check_rank(self.rank, self.world_size)
         if self.format not in FORMATS or self.cache not in CACHES:
@@ -346,7 +360,8 @@ class LoaderOptions:
                 "rng) -> dict (or fn(batch, rngs) -> dict with batched=True)."
             )
         keep(self, "num_workers", check_workers(self.num_workers, self.worker_type))
-        keep(self, "timeout", check_timeout(self.timeout, self.num_workers))
+        workers = 1 if self.num_workers == "auto" else int(self.num_workers)  # auto: 1 or more
+        keep(self, "timeout", check_timeout(self.timeout, workers))
         if self.device is not None and self.format != "torch":
             raise ConfigurationError(
                 f"Loader: device={self.device!r} needs format='torch' (got {self.format!r}). "

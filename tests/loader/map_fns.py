@@ -126,3 +126,23 @@ def half_ms(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
 def ident(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """The sample's id, at once."""
     return {"id": sample["id"]}
+
+
+def two_ms(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """2 ms per sample, releasing the GIL (a slow transform more workers speed up)."""
+    time.sleep(0.002)
+    return {"id": sample["id"], "u": rng.random()}
+
+
+def uneven(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """Trivial, but 20 ms on every 128th sample: batches made fast on average, unevenly."""
+    if int(sample["id"]) % 128 == 0:
+        time.sleep(0.02)
+    return {"id": sample["id"]}
+
+
+def uneven_big(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """``uneven`` with a 64 KiB float32 array per sample (batches that weigh on memory)."""
+    if int(sample["id"]) % 128 == 0:
+        time.sleep(0.02)
+    return {"id": sample["id"], "image": np.zeros((16, 1024), np.float32)}

@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 
 import map_fns
+import numpy as np
 import pytest
 
 import feedline as fl
-from feedline.loader.profiling.stages import StageMeters
+from feedline.loader.nodes.node import Batch
+from feedline.loader.profiling.stages import Meter, StageMeters, StageStats
 
 
 def test_every_stage_counts_the_batches_and_samples_that_pass() -> None:
@@ -121,3 +123,23 @@ def test_stages_appear_in_the_torch_profiler() -> None:
     assert {"feedline.transform", "feedline.gather", "feedline.order"} <= names
     # and without an active profiler no range is opened
     _ = list(fl.range(64).loader(batch_size=8, format="numpy", prefetch=0))
+
+
+def test_group_samples_are_exact_also_when_a_group_breaks_the_full_batches_rule() -> None:
+    full = [Batch(0, k, np.arange(8 if k < 3 else 5)) for k in range(4)]  # the last short
+    odd = [Batch(0, k, np.arange(8 if k != 1 else 3)) for k in range(4)]  # a short one inside
+
+    class Groups:
+        def __init__(self, groups: list[list[Batch]]) -> None:
+            self.groups = iter(groups)
+
+        def next_group(self) -> list[Batch]:
+            return next(self.groups)
+
+    for groups, exact in (([full] * 40, False), ([odd] * 40, True)):
+        meter = Meter(Groups(groups), StageStats("gather", "Gather", 1))  # type: ignore[arg-type]
+        for _ in groups:
+            meter.next_group()
+        assert meter.stats.samples == sum(len(b.indices) for g in groups for b in g)
+        assert meter.stats.batches == 4 * len(groups)
+        assert meter._exact is exact

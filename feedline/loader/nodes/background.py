@@ -5,12 +5,17 @@ generator closes it when the loop ends, breaks or raises. Should a caller keep a
 iterator until the interpreter exits, the thread notices that the main thread has finished
 and stops, so exit never hangs. An exception in the thread is handed over and re-raised in
 the consumer as the same object, its traceback (the thread's frames) intact.
+
+The queue's bound can change while the thread runs (:meth:`Prefetcher.resize`, what
+``prefetch="auto"`` uses), and the time the thread spent blocked on a full queue is counted
+(:attr:`Prefetcher.blocked_s`): the producer had headroom then.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
@@ -39,19 +44,39 @@ class Prefetcher(Generic[T]):
         self._queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
+        #: seconds the thread spent blocked on a full queue (only it adds to this)
+        self.blocked_s = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=False)
         self._thread.start()
 
     def _put(self, item: tuple[int, Any]) -> bool:
-        main = threading.main_thread()
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=POLL_S)
-                return True
-            except queue.Full:
-                if not main.is_alive():  # the interpreter is exiting: give up quietly
-                    return False
-        return False
+        try:
+            self._queue.put_nowait(item)
+            return True
+        except queue.Full:  # the consumer is behind: wait, and count the wait
+            pass
+        main, start = threading.main_thread(), time.perf_counter()
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=POLL_S)
+                    return True
+                except queue.Full:
+                    if not main.is_alive():  # the interpreter is exiting: give up quietly
+                        return False
+            return False
+        finally:
+            self.blocked_s += time.perf_counter() - start
+
+    def resize(self, depth: int) -> None:
+        """Keep up to ``depth`` items ready from now on (a smaller bound lets the queue drain
+        to it; nothing queued is dropped)."""
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        q = self._queue
+        with q.mutex:  # queue.Queue reads maxsize under this lock
+            q.maxsize = depth
+            q.not_full.notify_all()
 
     def _run(self) -> None:
         try:

@@ -48,9 +48,9 @@ class Gather(Stage):
     threads:
         Threads a group's gather is split across, whole batches per thread, when the backend
         gathers into fresh arrays with GIL-free copies (windows; see :mod:`~feedline.loader.
-        nodes.gather_threads`). Default: the CPUs this process may use, at most 4, while the
-        other processes leave a CPU idle (else 1). The batches are the same, in the same
-        order, whatever the count.
+        nodes.gather_threads`). Default: the CPUs this process may use (within its cgroup's
+        quota), at most 2, while the other processes leave a CPU idle (else 1). The batches
+        are the same, in the same order, whatever the count.
 
     Examples
     --------

@@ -48,6 +48,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from feedline.host import cpus_available
+
 __all__ = [
     "CHECK_S",
     "FIRST_CHECK_S",
@@ -76,19 +78,16 @@ T = TypeVar("T")
 
 
 def gather_threads() -> int:
-    """Threads to split a group's gather across: the CPUs this process may use, at most
-    :data:`MAX_GATHER_THREADS`.
+    """Threads to split a group's gather across: the CPUs this process may use
+    (:func:`~feedline.host.cpus_available`: its affinity, within its cgroup's CPU quota), at
+    most :data:`MAX_GATHER_THREADS`.
 
     Examples
     --------
     >>> 1 <= gather_threads() <= MAX_GATHER_THREADS
     True
     """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(MAX_GATHER_THREADS, cpus))
+    return max(1, min(MAX_GATHER_THREADS, cpus_available()))
 
 
 def cpu_ticks() -> tuple[int, int] | None:

@@ -84,8 +84,6 @@ class Map(Stage):
         if workers is None:
             workers = make_workers(fn, num_workers, worker_type, timeout)
         self.workers = workers
-        n = self.workers.num_workers
-        self._window = 2 * n if n else 1  # chunks in flight
         self._pending: deque[tuple[Batch, list[tuple[int, Pending]]]] = deque()
         self._inflight = 0
         self._exhausted = False
@@ -127,7 +125,9 @@ class Map(Stage):
         return tasks
 
     def _fill(self) -> None:
-        while not self._exhausted and (not self._pending or self._inflight < self._window):
+        n = self.workers.num_workers  # read per fill: autotuning may resize the pool
+        window = 2 * n if n else 1  # chunks in flight
+        while not self._exhausted and (not self._pending or self._inflight < window):
             try:
                 item = self.source.next()
             except StopIteration:

@@ -35,6 +35,26 @@ class Prefetch(Stage):
         self._thread: Prefetcher | None = None
         self._ready: deque[Batch] = deque()
         self._done = False
+        self._blocked_before = 0.0  # blocked_s of the threads already stopped
+
+    @property
+    def blocked_s(self) -> float:
+        """Seconds the background thread(s) spent blocked on a full queue, so far."""
+        thread = self._thread
+        return self._blocked_before + (0.0 if thread is None else thread.blocked_s)
+
+    def resize(self, depth: int) -> None:
+        """Keep ``depth`` hand-overs ready from now on (also in a running thread)."""
+        self.depth = max(1, int(depth))
+        thread = self._thread
+        if thread is not None:
+            thread.resize(self.depth)
+
+    def _stop_thread(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._blocked_before += thread.blocked_s
+            thread.close()
 
     def _groups(self) -> Iterator[list[Batch]]:
         source, group = self.source, self.group
@@ -59,10 +79,11 @@ class Prefetch(Stage):
         try:
             items = next(self._thread)
         except StopIteration:
-            self._thread, self._done = None, True
+            self._stop_thread()
+            self._done = True
             raise
         except BaseException:
-            self._thread = None
+            self._stop_thread()
             raise
         self._ready.extend(items)
         return self._ready.popleft()
@@ -73,8 +94,6 @@ class Prefetch(Stage):
         return 0 if thread is None else thread.queued()
 
     def clear(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.close()
+        self._stop_thread()
         self._ready.clear()
         self._done = False

@@ -309,10 +309,22 @@ class ProcessWorkers:
 
     def _start(self) -> _Processes:
         if self._state is not None and self._state.procs:
-            return self._state
-        context = _context()
+            state = self._state
+            if len(state.procs) < self.num_workers:  # resized: more processes
+                self._spawn(state, self.num_workers)
+            return state
         state = _Processes(self.fn_name, self.timeout)
-        for i in range(self.num_workers):
+        self._spawn(state, self.num_workers)
+        self._state = state
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, state.close)
+        return state
+
+    def _spawn(self, state: _Processes, count: int) -> None:
+        """Start processes until ``state`` has ``count``."""
+        context = _context()
+        for i in range(len(state.procs), count):
             parent, child = context.Pipe(duplex=True)
             slots = context.RawArray("d", 3)  # the worker's Progress, in shared memory
             proc = context.Process(target=process_main, args=(child, self._fn_bytes,
@@ -325,20 +337,22 @@ class ProcessWorkers:
             state.conns.append(parent)
             state.inputs.append(shm.Segments())
             state.load.append(0)
-        self._state = state
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, state.close)
-        return state
+
+    def resize(self, num_workers: int) -> None:
+        """Give chunks to ``num_workers`` processes from the next :meth:`submit` on: more are
+        started there (in the submitting thread); the others are parked (no new chunks; they
+        stay alive, idle, until :meth:`close`, and are the first used again)."""
+        self.num_workers = max(1, int(num_workers))
 
     def submit(self, columns: Mapping[str, Any], indices: np.ndarray, *, batched: bool,
                seed: int, epoch: int, into: Any = None) -> Pending:  # fmt: skip
         """Send a chunk to the least busy worker (``into``, a batch's Stacker, is for the
         workers that share this process's memory: ignored)."""
         state = self._start()
-        while min(state.load) >= PER_WORKER:
+        active = max(1, min(self.num_workers, len(state.load)))  # the rest are parked
+        while min(state.load[:active]) >= PER_WORKER:
             state.pump()
-        i = int(np.argmin(state.load))
+        i = int(np.argmin(state.load[:active]))
         arrays, objects = split_columns(columns)
         arrays = {INDICES: np.ascontiguousarray(indices, dtype=np.int64), **arrays}
         if objects:

@@ -29,6 +29,13 @@ killed and the pool restarts on the next iteration. A thread cannot be stopped: 
 abandoned (a daemon thread, so it never holds up the interpreter's exit), a new thread takes
 its place, and the stuck call keeps its CPU and memory until it returns, when its result is
 dropped and the thread ends.
+
+:meth:`~ThreadWorkers.resize` changes the number of workers between chunks (what
+``num_workers="auto"`` does, :mod:`feedline.loader.profiling.autotune`): threads are started
+or told to end once their current chunk is done; processes are started (in the thread that
+submits the next chunk) or parked (given no more chunks; they stay alive, idle, until
+:meth:`close`, and are used again first when the count grows). Which worker runs a chunk never
+changes what it computes: a sample's generator depends on ``(seed, epoch, row index)`` only.
 """
 
 from __future__ import annotations
@@ -104,6 +111,9 @@ class InlineWorkers:
     def start(self) -> None:
         """Start the workers now (they start on first use otherwise)."""
 
+    def resize(self, num_workers: int) -> None:
+        """Use ``num_workers`` workers from the next chunk on (inline: always none)."""
+
     def close(self) -> None:
         """Stop the workers (a later :meth:`submit` starts new ones)."""
 
@@ -168,6 +178,7 @@ class ThreadWorkers(InlineWorkers):
         self._lock = threading.Lock()
         self._started = 0
         self._next_task = 0
+        self._retiring = 0  # threads told to end (resize) that have not yet
         #: threads given up on (stuck past the timeout), kept to be told apart in tests
         self.abandoned: list[threading.Thread] = []
 
@@ -185,6 +196,25 @@ class ThreadWorkers(InlineWorkers):
             while len(self._threads) < self.num_workers:
                 self._threads.append(self._spawn())
 
+    def resize(self, num_workers: int) -> None:
+        """Run ``num_workers`` threads: more start at the next :meth:`submit`; each one too
+        many ends when it takes its next job (after the chunks queued before it).
+
+        Examples
+        --------
+        >>> pool = ThreadWorkers(lambda s, rng: s, 1)
+        >>> pool.resize(3)
+        >>> pool.num_workers
+        3
+        >>> pool.close()
+        """
+        n = max(1, int(num_workers))
+        with self._lock:
+            for _ in range(len(self._threads) - n - self._retiring):
+                self._queue.put(None)  # the thread that takes it ends
+                self._retiring += 1
+            self.num_workers = n
+
     def submit(self, columns: Mapping[str, Any], indices: np.ndarray, *, batched: bool,
                seed: int, epoch: int,
                into: tuple[Stacker, int] | None = None) -> Pending:  # fmt: skip
@@ -199,6 +229,7 @@ class ThreadWorkers(InlineWorkers):
             job = jobs.get()
             if job is None or not job.future.set_running_or_notify_cancel():
                 if job is None:
+                    self._retire(worker)
                     return
                 continue
             worker.job = job
@@ -223,6 +254,13 @@ class ThreadWorkers(InlineWorkers):
                 except InvalidStateError:  # pragma: no cover - set once, under the lock
                     pass
             del outcome, job
+
+    def _retire(self, worker: _Thread) -> None:
+        """A thread ends: out of the pool's list when :meth:`resize` told it to."""
+        with self._lock:
+            if worker in self._threads:  # else close() took the list (or reap replaced it)
+                self._threads.remove(worker)
+                self._retiring = max(0, self._retiring - 1)
 
     def reap(self) -> None:
         """Give up on every thread whose call has run past the timeout: its chunk fails
@@ -260,6 +298,7 @@ class ThreadWorkers(InlineWorkers):
         with self._lock:
             threads, self._threads = self._threads, []
             jobs, self._queue = self._queue, queue.SimpleQueue()  # new threads, new queue
+            self._retiring = 0
         while True:  # the chunks still queued never start
             try:
                 job = jobs.get_nowait()
@@ -280,9 +319,11 @@ class ThreadWorkers(InlineWorkers):
 
 
 def make_workers(
-    fn: Callable[..., Any], num_workers: int, worker_type: str, timeout: float | None = None
-) -> Any:
-    """The pool for ``Map``: inline (0 workers), threads or processes.
+    fn: Callable[..., Any], num_workers: int | str, worker_type: str,
+    timeout: float | None = None,
+) -> Any:  # fmt: skip
+    """The pool for ``Map``: inline (0 workers), threads or processes (``"auto"``: one, for
+    :mod:`~feedline.loader.profiling.autotune` to :meth:`~ThreadWorkers.resize`).
 
     ``timeout``: seconds one call of ``fn`` may run (see the module docstring); it needs
     workers (:func:`check_timeout`).
@@ -294,7 +335,8 @@ def make_workers(
     >>> make_workers(lambda s, rng: s, 2, "thread", timeout=30).timeout
     30.0
     """
-    num_workers = check_workers(num_workers, worker_type)
+    checked = check_workers(num_workers, worker_type)
+    num_workers = 1 if checked == "auto" else int(checked)  # "auto" starts with one
     timeout = check_timeout(timeout, num_workers)
     if num_workers == 0:
         return InlineWorkers(fn)
@@ -335,18 +377,19 @@ def check_timeout(timeout: Any, num_workers: int) -> float | None:
     return float(timeout)
 
 
-def check_workers(num_workers: int, worker_type: str) -> int:
-    """``num_workers`` as an int, when it is one >= 0 and ``worker_type`` is one of
-    :data:`WORKER_TYPES`; else :class:`~feedline.errors.ConfigurationError` saying what to pass.
+def check_workers(num_workers: int | str, worker_type: str) -> int | str:
+    """``num_workers`` as an int, when it is one >= 0 (or ``"auto"``, kept) and
+    ``worker_type`` is one of :data:`WORKER_TYPES`; else
+    :class:`~feedline.errors.ConfigurationError` saying what to pass.
 
     Examples
     --------
-    >>> check_workers(2, "process")
-    2
+    >>> check_workers(2, "process"), check_workers("auto", "thread")
+    (2, 'auto')
     >>> check_workers(-1, "thread")
     Traceback (most recent call last):
     ...
-    feedline.errors.ConfigurationError: num_workers=-1 must be an int >= 0. Fix: 0 runs ...
+    feedline.errors.ConfigurationError: num_workers=-1 must be an int >= 0 or 'auto'. Fix: ...
     """
     if worker_type not in WORKER_TYPES:
         raise ConfigurationError(
@@ -354,11 +397,14 @@ def check_workers(num_workers: int, worker_type: str) -> int:
             "GIL-releasing work (Pillow, NumPy, tokenizers), 'process' for Python-heavy "
             "transforms."
         )
+    if num_workers == "auto":
+        return "auto"
 
     def fail(expected: str) -> ConfigurationError:
         return ConfigurationError(
-            f"num_workers={num_workers!r} must be {expected}. Fix: 0 runs the transform in "
-            "the loader's own thread; N > 0 starts N workers."
+            f"num_workers={num_workers!r} must be {expected} or 'auto'. Fix: 0 runs the "
+            "transform in the loader's own thread; N > 0 starts N workers; 'auto' starts one "
+            "and adds more while they help (feedline.loader.profiling.autotune)."
         )
 
     return checked_int(num_workers, 0, fail=fail)

@@ -49,6 +49,7 @@ import numpy as np
 
 from feedline.charts import plot_stage_times
 from feedline.errors import ConfigurationError
+from feedline.host import cpus_available
 from feedline.loader.options import OPTION_NAMES
 from feedline.loader.profiling.report import Profile, StageRow, build_profile
 from feedline.ui.inert_text import inert
@@ -64,11 +65,9 @@ MAX_PREFETCH = 16
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    """The CPUs this process may keep busy (:func:`~feedline.host.cpus_available`: its
+    affinity, within its cgroup's CPU quota)."""
+    return cpus_available()
 
 
 @dataclass

@@ -120,6 +120,9 @@ class Profile:
     samples_per_s: float
     data_wait_fraction: float
     stages: list[StageRow] = field(default_factory=list)
+    #: ``num_workers="auto"`` / ``prefetch="auto"``: the tuner's values and decisions
+    #: (``stats()["autotune"]``, see :mod:`feedline.loader.profiling.autotune`); else ``None``
+    autotune: dict[str, Any] | None = None
 
     def stage(self, name: str) -> StageRow | None:
         """The first stage called ``name`` (``"gather"``, ``"transform"``...), or ``None``."""
@@ -149,10 +152,16 @@ class Profile:
              "ms/batch", "queue full", "workers", "busy")  # fmt: skip
 
     def _summary(self) -> str:
-        return (
+        line = (
             f"{self.samples:,} samples in {self.seconds:,.2f} s: {self.samples_per_s:,.0f} "
             f"samples/s, the loop waited for data {self.data_wait_fraction:.0%} of the time"
         )
+        tuned = self.autotune
+        if tuned is None:
+            return line
+        picked = [f"{k}={tuned[k]}" for k in ("num_workers", "prefetch") if tuned[k] is not None]
+        changes = sum(d["old"] != d["new"] for d in tuned["history"])
+        return f"{line}; autotuned to {', '.join(picked)} ({changes} changes)"
 
     def table(self) -> Table:
         """A Rich table of the stages."""
@@ -186,8 +195,9 @@ class Profile:
 
 
 def build_profile(
-    stats: Sequence[StageStats], metrics: Sequence[dict[str, Any]], batch_size: int
-) -> Profile:
+    stats: Sequence[StageStats], metrics: Sequence[dict[str, Any]], batch_size: int,
+    autotune: dict[str, Any] | None = None,
+) -> Profile:  # fmt: skip
     """The :class:`Profile` of a loader's meters and ``loader.metrics()`` (epochs summed).
 
     Examples
@@ -202,5 +212,5 @@ def build_profile(
                      samples=samples) if s.from_loop else s for s in stats]  # fmt: skip
     return Profile(
         batch_size, seconds, samples, samples / seconds if seconds > 0 else 0.0,
-        wait / seconds if seconds > 0 else 0.0, stage_rows(stats, seconds),
+        wait / seconds if seconds > 0 else 0.0, stage_rows(stats, seconds), autotune,
     )  # fmt: skip
