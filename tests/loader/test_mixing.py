@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import feedline as fl
+import feedline.loader.mixing.schedule as schedule_module
 from feedline.errors import ConfigurationError
 from feedline.loader.mixing.schedule import MixSchedule, window_counts
 
@@ -379,6 +381,16 @@ def test_draw_numbers_match_a_brute_force_count(weights, window, cuts, seed, sta
         assert d == offsets[c] + int((every[:p] == c).sum())
         assert s.position_of(c, d - offsets[c]) == p
     assert s.drawn_before(start).tolist() == np.bincount(every[:start], minlength=3).tolist()
+    # the vectorised chunk (what the loader reads) reads each draw's sample of its pass, with
+    # the sources' first rows in a combined cache added, by either way of putting rows in place
+    bases = np.array([0, 100, 1000])
+    want = bases[codes] + np.array([s.rows(c, np.array([d]))[0] for c, d in
+                                    zip(codes.tolist(), draws.tolist(), strict=True)])  # fmt: skip
+    for few in (8, 0):
+        with mock.patch.object(schedule_module, "_FEW", few):
+            got_codes, got_rows = s.chunk(start, start + length, bases)
+        assert got_codes.tolist() == codes.tolist()
+        assert got_rows.tolist() == want.astype(np.int64).tolist()
 
 
 def _doc_mix(seed, sizes=(23, 17), stop="first_exhausted"):

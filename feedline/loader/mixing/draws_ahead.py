@@ -7,8 +7,10 @@ computed anywhere and early without changing a single index, like one dataset's 
 :data:`CHUNK` positions, computes a chunk vectorised (:meth:`MixSchedule.chunk`: the windows'
 layouts, the sources' permutations, one stable sort) when a batch first needs it, and starts
 the next chunk (at an epoch's end: the next epoch's first) in a short-lived background thread
-(NumPy's shuffles and sorts release the GIL), so the gathering thread only slices and takes.
-Memory holds at most three chunks: 16 bytes a position.
+(most of its work is in NumPy calls that release the GIL), so the gathering thread only slices
+and takes. Memory holds at most three chunks: 16 bytes a position. A chunk costs about as
+much as one dataset's order of as many rows (the layouts, and each source's permutation once
+per pass): with no core to spare, the thread takes its share from the gathers.
 
 Examples
 --------

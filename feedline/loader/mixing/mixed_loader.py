@@ -405,7 +405,8 @@ class MixedLoader:
         if self.transform is not None:
             node = Map(node, self.transform, batched=self.batched, seed=self.seed,
                        workers=self._workers)  # fmt: skip
-        node = Format(node, self.format, padding_mask=self.padding_mask)
+        if self.format != "numpy" or self.padding_mask:  # numpy batches need no conversion
+            node = Format(node, self.format, padding_mask=self.padding_mask)
         if self.prefetch:
             node = Prefetch(node, depth=self.prefetch if group == 1 else 1, group=group)
         return node

@@ -23,7 +23,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -110,7 +110,7 @@ class MixSchedule:
         #: the sources' codes in the smallest int type (a stable argsort of them is a radix sort)
         self._code_type = np.int8 if len(self.sizes) < 128 else np.int16
 
-    @property
+    @cached_property
     def key(self) -> tuple[Any, ...]:
         """What the order depends on: equal keys, equal schedules."""
         return (tuple(self.sizes), self.window, self.seed, self.epoch, tuple(self.offsets.tolist()),
