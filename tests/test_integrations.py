@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -147,3 +148,22 @@ def test_accelerate_loop_on_two_processes_shares_each_epoch(tmp_path: Path) -> N
     assert result["train_ids"] == [list(range(4096))] * 3  # the two ranks together: each once
     assert result["eval_ids"] == [list(range(4096, 4596))] * 3
     assert result["train_loss"][-1] < 0.1 * result["train_loss"][0]
+
+
+def test_causal_lm_mix_trains_on_every_token_once_across_an_elastic_resume(
+    tmp_path: Path,
+) -> None:
+    """examples/causal_lm_mix.py at a tiny size: 2 ranks, a checkpoint, 3 ranks finish the
+    epoch; the tokens trained on are the epoch's mixed documents' tokens, each once."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("sklearn")
+    example = load_example("causal_lm_mix")
+    result = example.main(tmp_path, docs=60, steps_before=2, seq_len=32, batch_size=2)
+    documents = result["mix"].loader(
+        64, format="numpy", drop_last=False, ragged="list", columns=["input_ids"]
+    )
+    want = Counter(int(t) for b in documents for d in b["input_ids"] for t in d)
+    assert Counter(result["tokens_seen"]) == want
+    losses = result["losses"]
+    assert len(losses) > result["steps_before"] and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) / 3 < losses[0]

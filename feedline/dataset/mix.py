@@ -71,6 +71,7 @@ class Mix:
             return self._packed(pack, batch_size, rank, world_size, drop_last, format,
                                 transform, batched, num_workers, worker_type,
                                 source_options)  # fmt: skip
+        padding_mask = bool(source_options.pop("return_padding_mask", False))
         if transform is not None:
             source_options.setdefault("strings", "list")
         names = list(self.sources)
@@ -81,7 +82,7 @@ class Mix:
                            stop=self.stop, window=self.window, batch_size=batch_size,
                            drop_last=drop_last, fmt=format, transform=transform,
                            batched=batched, num_workers=num_workers, worker_type=worker_type,
-                           prefetch=prefetch)  # fmt: skip
+                           prefetch=prefetch, padding_mask=padding_mask)  # fmt: skip
 
     def _packed(self, pack: Packing, batch_size: int, rank: int | None, world_size: int | None,
                 drop_last: bool, fmt: str, transform: Callable[..., Any] | None, batched: bool,
@@ -94,10 +95,11 @@ class Mix:
             source_options["ragged"] = {**ragged, pack.column: "list"}
 
         def make_docs(r: int | None, w: int | None) -> MixedLoader:
+            # the packer leaves out the repeats marked in "_padded" (never a document twice)
             return self.loader(pack.buffer_size, rank=r, world_size=w, drop_last=False,
                                format="numpy", transform=transform, batched=batched,
                                num_workers=num_workers, worker_type=worker_type, prefetch=0,
-                               **source_options)  # fmt: skip
+                               return_padding_mask=True, **source_options)  # fmt: skip
 
         docs = make_docs(rank, world_size)
         return PackedLoader(docs, make_docs, pack, batch_size=batch_size, drop_last=drop_last,

@@ -287,3 +287,25 @@ def test_tokenize_without_padding_and_as_a_thread_transform(tmp_path):
                        num_workers=2, worker_type="thread", pack=pack)  # fmt: skip
     got = [int(t) for b in loader for t in b["input_ids"].ravel() if t]
     assert sorted(got) == sorted(t for r in table["text"].to_pylist() for t in r)
+
+
+@pytest.mark.parametrize(("old", "new"), [(2, 3), (3, 2)])
+def test_elastic_resume_from_ranks_of_which_some_had_finished(old, new):
+    """Rank 0 had packed its last row (its state names the next epoch), the others had rows
+    left: the resume on another world_size puts rank 0 at the epoch's end and delivers the
+    rest, every token once (the states of different epochs were refused before)."""
+    ds, docs = _corpus(n=150)
+    before, states = [], []
+    for rank in range(old):
+        loader = _loader(ds, rank, old)
+        it = iter(loader)
+        before += list(it) if rank == 0 else [next(it)]
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    assert states[0]["epoch"] == 1 and states[0]["ended"] is not None
+    assert all(s["epoch"] == 0 for s in states[1:])
+    after = []
+    for rank in range(new):
+        loader = _loader(ds, rank, new)
+        loader.load_state_dict(states)
+        after += list(loader)
+    assert sorted(_tokens(before + after)) == sorted(t for d in docs for t in d)

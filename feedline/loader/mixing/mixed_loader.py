@@ -29,6 +29,7 @@ import numpy as np
 from feedline.errors import ConfigurationError
 from feedline.loader.data.buffers import BufferPool
 from feedline.loader.mixing.combined_cache import combine_caches
+from feedline.loader.mixing.draws_ahead import DrawsAhead
 from feedline.loader.mixing.schedule import MixSchedule
 from feedline.loader.nodes.collate import Format
 from feedline.loader.nodes.map import Map
@@ -41,7 +42,7 @@ __all__ = ["MIX_STATE_VERSION", "STOPS", "MixedLoader"]
 MIX_STATE_VERSION = 1
 STOPS = ("first_exhausted", "all_exhausted")
 #: a group's columns (in the batches' order) and each row's tokens
-_Taken = tuple[dict[str, Any], np.ndarray]
+_Taken = tuple[dict[str, Any], np.ndarray | None]
 _KEYS = ("version", "sources", "sizes", "window", "seed", "stop", "epoch", "offsets",
          "segments", "pending", "start", "batches", "rank", "world_size", "batch_size")  # fmt: skip
 
@@ -125,18 +126,23 @@ class MixedLoader:
         ``"all_exhausted"``); positions per window of the schedule.
     batch_size, drop_last, fmt, transform, batched, num_workers, worker_type, prefetch:
         As for (``fmt``: ``format``) :class:`~feedline.loader.Loader`.
+    padding_mask:
+        Add ``"_padded"``: True for a sample that repeats one so that every rank has as many
+        batches (``drop_last=False``: a rank past the stream's end); a packer leaves them out.
     """
 
     def __init__(self, names: Sequence[str], loaders: Sequence[Any],
                  weights: Sequence[float] | Mapping[str, float],
                  *, seed: int, stop: int | str, window: int, batch_size: int, drop_last: bool,
                  fmt: str, transform: Callable[..., Any] | None, batched: bool,
-                 num_workers: int, worker_type: str, prefetch: int) -> None:  # fmt: skip
+                 num_workers: int, worker_type: str, prefetch: int,
+                 padding_mask: bool = False) -> None:  # fmt: skip
         self.sources, self._loaders = list(names), list(loaders)
         self.rank, self.world_size = self._loaders[0].rank, self._loaders[0].world_size
         self.seed, self.stop, self.window = int(seed), check_stop(stop), int(window)
         self.batch_size, self.drop_last, self.format = int(batch_size), bool(drop_last), fmt
         self.transform, self.batched, self.prefetch = transform, batched, int(prefetch)
+        self.padding_mask = bool(padding_mask)
         self._workers = None if transform is None else make_workers(
             transform, num_workers, worker_type, None)  # fmt: skip
         if self._workers is not None:  # closed with the loader, as a one-dataset loader's
@@ -166,11 +172,15 @@ class MixedLoader:
             for loader in self._loaders:
                 loader._backend = None
             self._backends, self._sessions = [], []
+        # the stream's draws, a chunk at a time, the next one computed ahead
+        bases = None if self._combined is None else self._combined[1]
+        self._draws = DrawsAhead(self.stop, bases=bases)
         self._weights0 = self._check_weights(weights)
         self._start_run()
         self._active: Node | None = None
         self._token: object = None  # the running iteration's
-        self._counts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        #: per batch read ahead: its samples (row 0) and tokens (row 1) per source
+        self._counts: dict[tuple[int, int], np.ndarray] = {}
         self._metrics: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ the schedule
@@ -324,21 +334,21 @@ class MixedLoader:
             v0 = spans[0][1]
             rel = np.concatenate([np.arange(a - v0, b - v0) for _, a, b, _ in spans])
             positions = positions[rel]
-        s0, e0 = int(positions.min()), int(positions.max()) + 1
-        codes, draws = self._schedule.draws(s0, e0)
-        if e0 - s0 != len(positions) or int(positions[0]) != s0:
-            codes, draws = codes[positions - s0], draws[positions - s0]
+        codes, rows = self._draws.take(self._schedule, positions)
+        codes = codes.copy()  # the batches' own (a chunk's codes are shared)
         names = self.sources
         if self._combined is not None:
-            columns, tokens = self._take_combined(codes, draws)
+            columns, tokens = self._take_combined(rows)
         else:
-            columns, tokens = self._take_each(codes, draws)
+            columns, tokens = self._take_each(codes, rows)
         # per batch and source: samples and tokens (one bincount for the group)
         sizes = [b - a for _, a, b, _ in spans]
+        cells = len(spans) * len(names)
         key = np.repeat(np.arange(len(spans)) * len(names), sizes) + codes
-        count = np.bincount(key, minlength=len(spans) * len(names)).reshape(len(spans), -1)
-        toks = (np.bincount(key, tokens, minlength=len(spans) * len(names)).reshape(
-            len(spans), -1).astype(np.int64) if tokens.any() else np.zeros_like(count))  # fmt: skip
+        counts = np.zeros((len(spans), 2, len(names)), np.int64)
+        counts[:, 0] = np.bincount(key, minlength=cells).reshape(len(spans), -1)
+        if tokens is not None:
+            counts[:, 1] = np.bincount(key, tokens, minlength=cells).reshape(len(spans), -1)
         objects = [name for name, col in columns.items() if col.dtype.kind == "O"]
         items, at = [], 0
         for j, (number, a, b, repeat) in enumerate(spans):
@@ -348,29 +358,23 @@ class MixedLoader:
                 data[name] = data[name].tolist()
             data["source"] = codes[at:end]
             if not repeat:
-                self._counts[(epoch, number)] = (count[j], toks[j])
+                self._counts[(epoch, number)] = counts[j]
             items.append(Batch(epoch, number, positions[at:end], data=data,
                                padded=np.ones(b - a, bool) if repeat else None))  # fmt: skip
             at = end
         return items
 
-    def _take_combined(self, codes: np.ndarray, draws: np.ndarray) -> _Taken:
-        """The rows of these draws from the combined cache: one take per block."""
+    def _take_combined(self, idx: np.ndarray) -> _Taken:
+        """Rows ``idx`` of the combined cache: one take per block."""
         assert self._combined is not None
-        cache, bases = self._combined
-        idx = np.empty(len(codes), np.int64)
-        for s in range(len(self.sources)):
-            where = codes == s
-            if where.any():
-                idx[where] = bases[s] + self._schedule.rows(s, draws[where])
-        n = len(codes)
+        n = len(idx)
         if self._pool is None or self._pool.rows < n:
             self._pool = BufferPool(self._buffer_shapes, n, keep=4)
-        columns = dict(cache.gather(idx, self._pool.get(n), self._scratch))
+        columns = dict(self._combined[0].gather(idx, self._pool.get(n), self._scratch))
         return columns, _lengths(columns, n)
 
-    def _take_each(self, codes: np.ndarray, draws: np.ndarray) -> _Taken:
-        """The rows of these draws, gathered per source and placed at their positions."""
+    def _take_each(self, codes: np.ndarray, rows: np.ndarray) -> _Taken:
+        """Samples ``rows`` of sources ``codes``, gathered per source and put in place."""
         n, names = len(codes), self.sources
         columns: dict[str, Any] = {}
         drawn = 0
@@ -379,7 +383,7 @@ class MixedLoader:
             if not where.any():
                 continue
             drawn += 1
-            got = self._sessions[s].gather(self._schedule.rows(s, draws[where]))
+            got = self._sessions[s].gather(rows[where])
             for name, values in got.items():
                 if name not in columns:
                     if drawn > 1:
@@ -401,7 +405,8 @@ class MixedLoader:
         if self.transform is not None:
             node = Map(node, self.transform, batched=self.batched, seed=self.seed,
                        workers=self._workers)  # fmt: skip
-        node = Format(node, self.format)
+        if self.format != "numpy" or self.padding_mask:  # numpy batches need no conversion
+            node = Format(node, self.format, padding_mask=self.padding_mask)
         if self.prefetch:
             node = Prefetch(node, depth=self.prefetch if group == 1 else 1, group=group)
         return node
@@ -424,9 +429,10 @@ class MixedLoader:
         node = self._active = self._pipeline()
         self._token = token = object()
         epoch, names = self._epoch, self.sources
-        m = self._metrics.setdefault(epoch, {"batches": 0, "samples": 0, "seconds": 0.0,
-                                             "per_source": {n: {"samples": 0, "tokens": 0}
-                                                            for n in names}})  # fmt: skip
+        m = self._metrics.setdefault(epoch, {
+            "batches": 0, "samples": 0, "seconds": 0.0,
+            "per_source": np.zeros((2, len(names)), np.int64)})  # fmt: skip
+        per_source = m["per_source"]
         started = time.perf_counter()
         try:
             while True:
@@ -440,11 +446,9 @@ class MixedLoader:
                 except StopIteration:
                     break
                 self._batches = item.number + 1
-                samples, tokens = self._counts.pop((epoch, item.number), (None, None))
-                if samples is not None and tokens is not None:
-                    for s, name in enumerate(names):
-                        m["per_source"][name]["samples"] += int(samples[s])
-                        m["per_source"][name]["tokens"] += int(tokens[s])
+                counts = self._counts.pop((epoch, item.number), None)
+                if counts is not None:
+                    per_source += counts
                 m["batches"] += 1
                 m["samples"] += len(item.indices) if item.padded is None else int(
                     (~item.padded).sum())  # fmt: skip
@@ -551,7 +555,8 @@ class MixedLoader:
         out = []
         for epoch, m in sorted(self._metrics.items()):
             rate = m["samples"] / m["seconds"] if m["seconds"] else 0.0
-            per = {n: dict(v) for n, v in m["per_source"].items()}
+            per = {n: {"samples": int(m["per_source"][0, s]), "tokens": int(m["per_source"][1, s])}
+                   for s, n in enumerate(self.sources)}  # fmt: skip
             out.append(
                 {
                     "epoch": epoch,
@@ -590,13 +595,15 @@ def _runs(positions: np.ndarray) -> list[tuple[int, int]]:
     return [(int(p[0]), int(p[-1]) + 1) for p in np.split(positions, cuts)]
 
 
-def _lengths(columns: Mapping[str, Any], n: int) -> np.ndarray:
-    """Per row: the total length of its list values (the tokens of list columns)."""
-    tokens = np.zeros(n, np.int64)
+def _lengths(columns: Mapping[str, Any], n: int) -> np.ndarray | None:
+    """Per row: the total length of its list values (the tokens of list columns); ``None``
+    when no column holds lists."""
+    tokens = None
     for values in columns.values():
         if isinstance(values, np.ndarray) and values.dtype.kind == "O" and n and isinstance(
                 values[0], np.ndarray | list):  # fmt: skip
-            tokens += np.fromiter((len(v) for v in values), np.int64, n)
+            lengths = np.fromiter((len(v) for v in values), np.int64, n)
+            tokens = lengths if tokens is None else tokens + lengths
     return tokens
 
 

@@ -23,7 +23,8 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,8 @@ __all__ = ["MixSchedule", "source_permutation", "window_counts"]
 
 #: keeps the window layouts' and the sources' generators apart from the loader's shuffles
 _LAYOUT, _PASS = 0x4D49584C, 0x4D495850
+#: up to this many sources, a chunk's rows are put in place source by source (else: one sort)
+_FEW = 8
 #: about this many positions are laid out at once
 _BLOCK_POSITIONS = 1 << 14
 
@@ -103,24 +106,43 @@ class MixSchedule:
         #: windows laid out together (one generator and one vectorized shuffle per block)
         self.block = max(1, _BLOCK_POSITIONS // self.window)
         self._blocks = lru_cache(maxsize=4)(self._make_block)
+        self._ranks = lru_cache(maxsize=4)(self._make_ranks)
+        #: the sources' codes in the smallest int type (a stable argsort of them is a radix sort)
+        self._code_type = np.int8 if len(self.sizes) < 128 else np.int16
 
-    def _make_block(self, segment: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    @cached_property
+    def key(self) -> tuple[Any, ...]:
+        """What the order depends on: equal keys, equal schedules."""
+        return (tuple(self.sizes), self.window, self.seed, self.epoch, tuple(self.offsets.tolist()),
+                tuple(zip(self.starts, self.weights, strict=True)))  # fmt: skip
+
+    def following(self, length: int) -> MixSchedule:
+        """The next epoch's schedule when this one ends at ``length`` positions: the sources'
+        draws carried over, the last weights from its start."""
+        return MixSchedule(self.sizes, [(0, self.weights[-1])], window=self.window,
+                           seed=self.seed, epoch=self.epoch + 1,
+                           offsets=self.offsets + self.drawn_before(length))  # fmt: skip
+
+    def _make_block(self, segment: int, block: int) -> np.ndarray:
         """Windows ``block * self.block ...`` of a segment, flat: each window's codes shuffled
-        by a generator keyed by ``(seed, epoch, segment, block)``, and each position's rank
-        among its window's positions of the same source."""
+        by a generator keyed by ``(seed, epoch, segment, block)``."""
         codes = np.repeat(np.arange(len(self.sizes), dtype=np.int64), self.counts[segment])
         rng = np.random.default_rng([self.seed, _LAYOUT, self.epoch, segment, block])
-        layout = rng.permuted(np.tile(codes, (self.block, 1)), axis=1)
+        return rng.permuted(np.tile(codes, (self.block, 1)), axis=1).ravel()
+
+    def _make_ranks(self, segment: int, block: int) -> np.ndarray:
+        """Each position's rank among its window's positions of the same source."""
+        layout = self._blocks(segment, block).reshape(self.block, self.window)
         ranks = np.zeros(layout.shape, np.int64)
         for s in range(len(self.sizes)):
             mask = layout == s
             ranks[mask] = (np.cumsum(mask, axis=1) - 1)[mask]
-        return layout.ravel(), ranks.ravel()
+        return ranks.ravel()
 
     def _layout(self, segment: int, index: int) -> np.ndarray:
         """Window ``index`` of a segment: its source codes."""
         block, row = divmod(index, self.block)
-        return self._blocks(segment, block)[0][row * self.window : (row + 1) * self.window]
+        return self._blocks(segment, block)[row * self.window : (row + 1) * self.window]
 
     def _chunks(self, start: int, stop: int) -> Iterator[tuple[int, int, int, int, int]]:
         """``(p, end, segment, block, at)``: runs of positions in one block of one segment."""
@@ -142,7 +164,7 @@ class MixSchedule:
         """Source codes of positions ``start`` to ``stop`` (exclusive)."""
         out = np.empty(max(0, stop - start), np.int64)
         for p, end, seg, block, at in self._chunks(start, stop):
-            out[p - start : end - start] = self._blocks(seg, block)[0][at : at + end - p]
+            out[p - start : end - start] = self._blocks(seg, block)[at : at + end - p]
         return out
 
     def _drawn_in(self, seg: int, length: int) -> np.ndarray:
@@ -203,7 +225,7 @@ class MixSchedule:
         codes = np.empty(max(0, stop - start), np.int64)
         draws = np.empty(len(codes), np.int64)
         for p, end, seg, block, at in self._chunks(start, stop):
-            layout, ranks = self._blocks(seg, block)
+            layout, ranks = self._blocks(seg, block), self._ranks(seg, block)
             c = layout[at : at + end - p]
             first = self.starts[seg]
             base = self.offsets + self.drawn_before(first)
@@ -245,6 +267,54 @@ class MixSchedule:
                 idx[sel] = _permutation(n, self.seed, s, int(j))[rows[sel]]
             out.append(idx)
         return out
+
+    def chunk(self, start: int, stop: int,
+              bases: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Positions ``start`` to ``stop``: their source codes and the sample each one reads
+        (plus ``bases[code]`` when given: rows of a cache over every source), vectorised.
+
+        A source's draws in a run of positions are consecutive numbers, so its samples are
+        slices of its passes' permutations, put in place by one stable sort of the codes.
+
+        Examples
+        --------
+        >>> s = MixSchedule([4, 6], [(0, (0.5, 0.5))], window=4, seed=0, epoch=0)
+        >>> codes, rows = s.chunk(0, 8)
+        >>> sorted(rows[codes == 0].tolist()), len(set(rows[codes == 1].tolist()))
+        ([0, 1, 2, 3], 4)
+        """
+        codes = self.sources(start, stop)
+        if not len(codes):
+            return codes, np.empty(0, np.int64)
+        before = self.offsets + self.drawn_before(start)
+        small = codes.astype(self._code_type)
+        rows = np.empty(len(codes), np.int64)
+        if len(self.sizes) > _FEW:  # a stable sort of the codes lists each source's positions
+            where = np.argsort(small, kind="stable")
+            counts = np.bincount(small, minlength=len(self.sizes))
+            parts = [self._consecutive(s, int(before[s]), int(c), bases)
+                     for s, c in enumerate(counts.tolist()) if c]  # fmt: skip
+            rows[where] = np.concatenate(parts)
+            return codes, rows
+        for s in range(len(self.sizes)):
+            at = np.flatnonzero(small == s)
+            if len(at):
+                rows[at] = self._consecutive(s, int(before[s]), len(at), bases)
+        return codes, rows
+
+    def _consecutive(self, source: int, first: int, count: int,
+                     bases: np.ndarray | None) -> np.ndarray:  # fmt: skip
+        """The samples read by ``source``'s draws ``first`` to ``first + count - 1`` (plus
+        ``bases[source]``)."""
+        n = self.sizes[source]
+        parts, k, end = [], first, first + count
+        while k < end:
+            npass, at = divmod(k, n)
+            take = min(end - k, n - at)
+            parts.append(_permutation(n, self.seed, source, npass)[at : at + take])
+            k += take
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return rows + bases[source] if bases is not None else rows
 
 
 @lru_cache(maxsize=16)

@@ -12,6 +12,9 @@ order, ``buffer_size`` documents per block), packs each block by itself
 - ``target``: with ``equal_batches``, the batches every rank yields this epoch (the most any
   rank packs, planned from every rank's documents at the epoch's start); a rank whose rows
   ran out yields batches of empty rows up to it.
+- ``ended``: once a rank has delivered its epoch's last row (its state then names the next
+  epoch's start), its document loader's state at the end of that epoch: an elastic resume
+  from ranks of which only some had finished puts those at the end of the others' epoch.
 
 Resume on as many ranks replays the block and skips ``rows``. Resume on another number of
 ranks recomputes, from every old rank's state, that rank's rows not yet delivered (the rest
@@ -36,9 +39,9 @@ from feedline.loader.packing.spec import Packing
 
 __all__ = ["PACK_STATE_VERSION", "PackedLoader", "UnknownLength"]
 
-PACK_STATE_VERSION = 2
+PACK_STATE_VERSION = 3
 _KEYS = ("version", "packing", "epoch", "batches", "rank", "world_size", "docs", "rows",
-         "carry", "taken", "target")  # fmt: skip
+         "carry", "taken", "target", "ended")  # fmt: skip
 
 
 class UnknownLength(ConfigurationError, TypeError):
@@ -93,6 +96,7 @@ class PackedLoader:
         self._epoch, self._batches, self._finished = epoch, 0, False
         self._docs_state, self._rows, self._carry, self._taken = None, 0, None, 0
         self._target = None
+        self._ended: dict[str, Any] | None = None  # the documents' state once all are packed
 
     # ------------------------------------------------------------------ rows
 
@@ -234,6 +238,7 @@ class PackedLoader:
                 yield batch
                 started = time.perf_counter()
             self._finished = True
+            self._ended = docs.state_dict()
         finally:
             close = getattr(blocks, "close", None)
             if close is not None:
@@ -252,7 +257,8 @@ class PackedLoader:
                 "epoch": epoch, "batches": 0 if self._finished else self._batches,
                 "rank": self.rank, "world_size": self.world_size, "docs": docs, "rows": rows,
                 "carry": carry, "taken": taken,
-                "target": None if self._finished else self._target}  # fmt: skip
+                "target": None if self._finished else self._target,
+                "ended": self._ended if self._finished else None}  # fmt: skip
 
     def _parse(self, state: Any) -> list[dict[str, Any]]:
         states = [state] if isinstance(state, Mapping) else list(state)
@@ -273,9 +279,21 @@ class PackedLoader:
                     f"{self.packing.as_dict()}. Fix: resume with the checkpoint's fl.Packing "
                     "(another packing would change which rows were delivered)."
                 )
-        if len({s["epoch"] for s in states}) != 1:
-            raise _fail(f"the states are of different epochs {[s['epoch'] for s in states]}")
         return [dict(s) for s in states]
+
+    def _one_epoch(self, states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The old ranks' states in one epoch: a rank that had packed its last row (its state
+        names the next epoch's start) while others had rows left is put at the end of the
+        others' epoch (its document loader's state at that end, kept in ``ended``)."""
+        epochs = sorted({s["epoch"] for s in states})
+        if len(epochs) == 1:
+            return states
+        done = [s for s in states if s["epoch"] == epochs[-1]]
+        if len(epochs) != 2 or epochs[1] != epochs[0] + 1 or any(s["ended"] is None
+                                                                 for s in done):  # fmt: skip
+            raise _fail(f"the states are of different epochs {[s['epoch'] for s in states]}")
+        return [dict(s, epoch=epochs[0], docs=s["ended"], rows=0, carry=None, taken=0,
+                     ended=None) if s["epoch"] == epochs[-1] else s for s in states]  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resume from ``state_dict()``: this rank's own state on as many ranks, or every old
@@ -296,6 +314,7 @@ class PackedLoader:
             if [s["rank"] for s in states] != list(range(old_world)):
                 raise _fail(f"world_size changed from {old_world} to {self.world_size}: pass all "
                             f"{old_world} old ranks' states in rank order")  # fmt: skip
+            states = self._one_epoch(states)
             pulled = []
             for s in states:  # the documents each old rank pulled, its block included
                 loader = self._make_docs(s["rank"], old_world)
