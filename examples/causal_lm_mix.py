@@ -221,6 +221,7 @@ if __name__ == "__main__":
     parser.add_argument("--docs", type=int, default=1000)
     parser.add_argument("--steps-before", type=int, default=20)
     args = parser.parse_args()
+    torch.set_num_threads(1)  # a model this small only contends with more threads
     result = main(args.out, docs=args.docs, steps_before=args.steps_before)
     losses = result["losses"]
     print(

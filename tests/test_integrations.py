@@ -158,7 +158,12 @@ def test_causal_lm_mix_trains_on_every_token_once_across_an_elastic_resume(
     pytest.importorskip("tokenizers")
     pytest.importorskip("sklearn")
     example = load_example("causal_lm_mix")
-    result = example.main(tmp_path, docs=60, steps_before=2, seq_len=32, batch_size=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only contend (5x slower here)
+    try:
+        result = example.main(tmp_path, docs=60, steps_before=2, seq_len=32, batch_size=2)
+    finally:
+        torch.set_num_threads(threads)
     documents = result["mix"].loader(
         64, format="numpy", drop_last=False, ragged="list", columns=["input_ids"]
     )
