@@ -178,6 +178,20 @@ def test_resume_at_any_batch_is_exact(k):
     assert _key(head) + _key(resumed) == whole
 
 
+def test_a_version_2_checkpoint_still_resumes_exactly():
+    """Checkpoints written before ``ended`` (state version 2) resume: nothing had ended."""
+    ds, _ = _corpus()
+    whole = _key(_loader(ds))
+    first = _loader(ds)
+    it = iter(first)
+    head = [next(it) for _ in range(4)]
+    state = dict(first.state_dict(), version=2)
+    assert state.pop("ended") is None
+    resumed = _loader(ds)
+    resumed.load_state_dict(state)
+    assert _key(head) + _key(resumed) == whole
+
+
 @pytest.mark.parametrize(("old", "new", "steps"), [(2, 3, (3, 5)), (3, 2, (2, 4, 1)),
                                                     (2, 3, (0, 7)), (3, 2, (6, 6, 6))])  # fmt: skip
 def test_elastic_resume_delivers_every_token_once(old, new, steps):

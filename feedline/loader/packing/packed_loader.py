@@ -264,6 +264,8 @@ class PackedLoader:
         states = [state] if isinstance(state, Mapping) else list(state)
         if not states:
             raise _fail("got no state")
+        # a version-2 state (before ``ended``) is a version-3 state with nothing ended
+        states = [_upgraded(s) for s in states]
         for s in states:
             if not isinstance(s, Mapping) or set(s) != set(_KEYS):
                 raise _fail(f"expected a dict with keys {list(_KEYS)}, got {str(s)[:120]!r}")
@@ -348,3 +350,11 @@ class PackedLoader:
                 "tokens_per_s": c["tokens"] / c["seconds"] if c["seconds"] else 0.0,
             })  # fmt: skip
         return out
+
+
+def _upgraded(state: Any) -> Any:
+    """A version-2 state as version 3: the same keys and ``ended=None`` (version 2 kept no
+    end state, so a rank that had finished its epoch resumes as version 2 did)."""
+    if isinstance(state, Mapping) and state.get("version") == 2 and "ended" not in state:
+        return dict(state, version=PACK_STATE_VERSION, ended=None)
+    return state
