@@ -43,7 +43,7 @@ from feedline.errors import FeedlineError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Operator, callable_name
-from feedline.store.shards import ShardWriter
+from feedline.store.shards import ShardWriter, task_first_shard
 
 __all__ = ["ERROR_MARKER", "ReportParam", "Stage", "decode_error", "encode_error"]
 
@@ -223,6 +223,10 @@ class WriteSpec:
 
     staging: Location
     writer_kwargs: dict[str, Any]
+    #: where the tasks write their shards under final names instead of ``staging`` (object
+    #: stores, where renaming them at the commit copies every byte), and the write's id
+    into: Location | None = None
+    write_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -352,8 +356,15 @@ class Stage:
         context = TaskContext.get()
         part = context.partitionId() if context else 0
         attempt = context.attemptNumber() if context else 0
-        folder = spec.staging.child(f"task-{part:05d}-{attempt}-{uuid.uuid4().hex[:8]}")
-        writer = ShardWriter(folder, schema=self.out_schema, **spec.writer_kwargs)
+        if spec.into is not None:  # final names, straight into the dataset folder
+            folder = spec.into
+            writer = ShardWriter(
+                folder, schema=self.out_schema, write_id=spec.write_id,
+                first_shard=task_first_shard(part), **spec.writer_kwargs,
+            )  # fmt: skip
+        else:
+            folder = spec.staging.child(f"task-{part:05d}-{attempt}-{uuid.uuid4().hex[:8]}")
+            writer = ShardWriter(folder, schema=self.out_schema, **spec.writer_kwargs)
         try:
             for batch in outputs:
                 if batch.num_rows:
@@ -363,12 +374,14 @@ class Stage:
         except BaseException:
             writer.abort()
             raise
-        prefix = folder.path[len(spec.staging.path) :].strip("/")
+        prefix = "" if spec.into is not None else folder.path[len(spec.staging.path) :].strip("/")
         yield pa.record_batch(
             {
                 "part": pa.array([part] * len(shards), pa.int64()),
                 "seq": pa.array(range(len(shards)), pa.int64()),
-                "path": pa.array([f"{prefix}/{s.path}" for s in shards], pa.string()),
+                "path": pa.array(
+                    [f"{prefix}/{s.path}" if prefix else s.path for s in shards], pa.string()
+                ),
                 "rows": pa.array([s.rows for s in shards], pa.int64()),
                 "bytes": pa.array([s.bytes for s in shards], pa.int64()),
                 "row_groups": pa.array([list(s.row_groups) for s in shards], pa.list_(pa.int64())),

@@ -79,7 +79,11 @@ def write_with_feedline(
     base: WriteBase | None = None,
     source_plan: Plan | None = None,
 ) -> fmt.Manifest:
-    """Executors write feedline shards; the driver renames them and commits.
+    """Executors write feedline shards; the driver renames them (local disk) and commits.
+
+    On object stores the executors write each shard under its final name straight into
+    the dataset folder (:func:`~feedline.store.shards.task_first_shard`): the commit copies
+    nothing.
 
     ``source_plan``: the plan as the user built it (``plan`` may have its relational source
     computed as a DataFrame already), for the manifest's lineage."""
@@ -91,15 +95,23 @@ def write_with_feedline(
             mode="write",
             preserve_order=preserve_order,
             partitions=engine.partitions,
-            write=WriteSpec(staging, options.writer_kwargs()),
+            write=WriteSpec(
+                staging,
+                options.writer_kwargs(),
+                into=None if target.is_local else write.shard_folder,
+                write_id=write.write_id,
+            ),
         )
         writable_schema(job.schema, "the plan")  # refuse what Parquet cannot store, before any task
         rows = job.collect(report).to_pylist()
         rows.sort(key=lambda r: (r["part"], r["seq"]))
-        names = [write.shard_name(index) for index in range(len(rows))]
-        folder = write.shard_folder
-        pairs = zip(rows, names, strict=True)
-        _move_all(staging.fs, [(staging.join(r["path"]), folder.join(n)) for r, n in pairs])
+        if target.is_local:  # staged: renamed into the folder in dataset order
+            names = [write.shard_name(index) for index in range(len(rows))]
+            folder = write.shard_folder
+            pairs = zip(rows, names, strict=True)
+            _move_all(staging.fs, [(staging.join(r["path"]), folder.join(n)) for r, n in pairs])
+        else:  # written under their final names by the tasks: nothing to copy
+            names = [r["path"] for r in rows]
         shards = [
             fmt.ShardInfo(
                 name,
