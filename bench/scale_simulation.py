@@ -4,7 +4,7 @@ Usage::
 
     git worktree add /tmp/h25-before 0dbe281      # the code before (issue 25, item 5)
     .venv/bin/python bench/scale_simulation.py [--shards 2000] [--ranks 100]
-        [--sample-ranks 3] [--before /tmp/h25-before] [--rows 10**6,10**7,10**8]
+        [--sample-ranks 3] [--before /tmp/h25-before] [--rows 10**6,...,5*10**10]
 
 Each side (``before``: the worktree ``--before``; ``after``: this checkout) runs in its own
 process against its own S3 API (moto on loopback, behind a counting proxy:
@@ -13,10 +13,12 @@ process against its own S3 API (moto on loopback, behind a counting proxy:
 - ``write``: a dataset of ``--shards`` one-row-group shards written by the local engine
   (``fl.range(...).write("s3://...")``): requests of the whole write and of its commit step,
   and the bytes copied (S3 ``CopyObject``) at the commit;
-- ``engine_commit``: the commit of a Spark or Ray write, simulated without a cluster: the
-  shards its tasks would have written (``--shards`` files under the write's staging folder,
-  as Ray's write tasks leave them), then the Ray engine's own finishing step
-  (``feedline.engines.ray.write._finalize``) and the commit: requests and bytes copied;
+- ``engine_commit``: the commit of a Ray write, simulated without a cluster: the Ray
+  engine's own sink (``ShardSink.write``, what each write task runs) writes ``--shards``
+  tasks' shards where the write tasks put them (the staging folder before; the dataset
+  folder under final names after), then the driver's finishing step
+  (``feedline.engines.ray.write._finalize``) and the commit: requests and bytes copied
+  (the Spark engine's feedline writer does the same);
 - ``open``: per simulated rank (a fresh S3 client each), the requests of ``fl.open`` plus
   ``ds.loader(...)`` (the open), and of the rank's first batch (``cache="none"``,
   ``cache_dir=False``: read straight from the bucket), the wall time of each. All
@@ -26,8 +28,9 @@ process against its own S3 API (moto on loopback, behind a counting proxy:
   shards (format 1; and on ``after`` format 2, the compact shard table);
 - ``order`` (``after`` only: both paths live there): peak memory (tracemalloc) of one rank's
   order for an exact shuffle of N rows among ``--ranks`` ranks: the whole permutation
-  materialized then split (what every rank did before ``LAZY_ROWS``), and the lazy Feistel
-  permutation evaluated at the rank's first 1,000 batches and at its whole share.
+  materialized then split (what every rank did before ``LAZY_ROWS``; up to 10**8 rows), and
+  the lazy Feistel permutation evaluated at the rank's first 1,000 batches (every N) and at
+  its whole share (up to 10**8 rows).
 """
 
 from __future__ import annotations
@@ -108,28 +111,31 @@ out["write"] = {"requests": requests, "commit_requests": commit_requests,
                 "seconds": round(write_s, 2)}
 commit_mod.commit = files_mod.commit = real_commit
 
-# --- a Spark/Ray write's commit: the tasks' shards under staging, then the engine's finish
+# --- a Ray write's finish and commit, without a cluster: the engine's own sink writes each
+# task's shards (as its write tasks do), then the driver's _finalize and the commit
+import inspect, types
 from feedline.io.storage.paths import resolve
-from feedline.store.shards import ShardWriter
+from feedline.engines.protocol import WriteOptions
 from feedline.engines.ray import write as ray_write
+from feedline.store.manifest import Manifest
+schema = pa.schema({"id": pa.int64()})
 target = resolve("s3://bench/engine", options())
 with commit_mod.writing(target) as write:
+    wopts = WriteOptions(rows_per_shard=rows_per_shard)
+    if "into" in inspect.signature(ray_write.ShardSink.__init__).parameters:  # as write_plan
+        into = None if target.is_local else write.shard_folder
+        sink = ray_write.ShardSink(write.staging, schema, wopts, into, write.write_id)
+    else:
+        sink = ray_write.ShardSink(write.staging, schema, wopts)
     results = []
-    root = ray_write.task_root(write) if hasattr(ray_write, "task_root") else write.staging
     for task in range(shards):
-        name = f"task-{task:06d}-{uuid.uuid4().hex[:8]}"
-        writer = ShardWriter(root.child(name), schema=pa.schema({"id": pa.int64()}))
-        writer.write(pa.record_batch({"id": pa.array(range(rows_per_shard), pa.int64())}))
-        for seq, shard in enumerate(writer.close()):
-            results.append({"task": task, "seq": seq, "path": f"{name}/{shard.path}",
-                            "rows": shard.rows, "bytes": shard.bytes,
-                            "row_groups": list(shard.row_groups), "checksum": shard.checksum,
-                            "footer": shard.footer})
+        block = pa.table({"id": pa.array(range(rows_per_shard), pa.int64())})
+        results += sink.write([block], types.SimpleNamespace(task_idx=task))
+    results.sort(key=lambda row: (row["task"], row["seq"]))
     start = mark()
     t0 = time.perf_counter()
     made = ray_write._finalize(write, results, None)
-    from feedline.store.manifest import Manifest
-    commit_mod.commit(write, Manifest(pa.schema({"id": pa.int64()}), made))
+    commit_mod.commit(write, Manifest(schema, made))
     requests, copied = since(start)
 out["engine_commit"] = {"requests": requests, "copies": len(copied),
                         "bytes_copied": copied_bytes(copied),
@@ -199,22 +205,25 @@ if side == "after":
     for n in [int(eval(r)) for r in rows_list.split(",")]:
         rank = ranks - 1
         row = {}
-        tracemalloc.start()
-        perm = epoch_permutation(n, 0, 0)
-        plan = split_for_rank(perm, rank=rank, world_size=ranks, batch_size=batch,
-                              drop_last=True)
-        first = plan.indices[: 1000 * batch].copy()
-        row["materialized_mb"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
-        tracemalloc.stop()
-        del perm, plan
+        if n <= 10**8:  # materialized: 8 bytes a row and more (10**9: 7.6 GB, BENCHMARKS.md)
+            tracemalloc.start()
+            perm = epoch_permutation(n, 0, 0)
+            plan = split_for_rank(perm, rank=rank, world_size=ranks, batch_size=batch,
+                                  drop_last=True)
+            first = plan.indices[: 1000 * batch].copy()
+            row["materialized_mb"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
+            tracemalloc.stop()
+            del perm, plan
         share = n // (ranks * batch)
-        for label, count in (("lazy_first_1000_batches_mb", min(1000, share)),
-                             ("lazy_share_mb", share)):
+        counts = [("lazy_first_1000_batches_mb", min(1000, share))]
+        if n <= 10**8:
+            counts.append(("lazy_share_mb", share))
+        for label, count in counts:
             tracemalloc.start()
             lazy = LazyPermutation(n, 0, 0).take(_positions(rank, count * batch, ranks, batch))
             row[label] = round(tracemalloc.get_traced_memory()[1] / 2**20, 2)
             tracemalloc.stop()
-        assert (lazy[: first.size] >= 0).all()
+        assert lazy.size == min(1000, share) * batch and int(lazy.max()) < n
         order[str(n)] = row
     out["order"] = order
 
@@ -230,7 +239,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=100)
     parser.add_argument("--sample-ranks", type=int, default=3)
     parser.add_argument("--before", default="/tmp/h25-before")
-    parser.add_argument("--rows", default="10**6,10**7,10**8")
+    parser.add_argument("--rows", default="10**6,10**7,10**8,10**9,5*10**10")
     parser.add_argument("--sides", default="before,after")
     args = parser.parse_args()
     here = Path(__file__).resolve().parent.parent

@@ -26,11 +26,14 @@ dataset or the new one, and the next write cleans up whatever the crash left:
    exactly one commits.
 2. **Stage.** Shards are written under their final names (new to this write) to
    ``.feedline-staging-<write id>/`` (hidden from readers and from plain Parquet
-   listings). On object stores, where a rename is a full copy, the local engine writes
-   them straight into the dataset folder instead (:attr:`PendingWrite.shard_folder`);
+   listings). On object stores, where a rename is a full copy, the engines write them
+   straight into the dataset folder instead (:attr:`PendingWrite.shard_folder`; Spark and
+   Ray tasks under names of their own: :func:`feedline.store.shards.task_first_shard`);
    no manifest names them yet, so readers ignore them.
-3. **Move in.** Check that the lock is still this write's and that the manifest is still
-   the one it started from, then move the staged shards into the folder, several at once
+3. **Move in.** Check (one listing of the staging folder, and on object stores one of the
+   dataset folder) that every shard the manifest names is there, that the lock is still
+   this write's and that the manifest is still the one it started from, then move the
+   staged shards (none on object stores) into the folder, several at once
    (local disk: ``fsync`` each shard, rename, ``fsync`` the folder; object stores: copy). The names
    are new, so no file of the committed dataset is touched; the old manifest still
    names only the old shards.

@@ -202,9 +202,11 @@ def open_source(
     (:func:`~feedline.store.version_files.version_manifest`).
     """
     target = resolve(path, storage_options)
-    if not target.fs.exists(target.path):
-        raise FormatError(f"{target.url!r} does not exist. Fix: check the path.")
-    manifest = read_manifest(target) if target.fs.isdir(target.path) else None
+    manifest = None if target.is_local else _remote_manifest(target)
+    if manifest is None:
+        if not target.fs.exists(target.path):
+            raise FormatError(f"{target.url!r} does not exist. Fix: check the path.")
+        manifest = read_manifest(target) if target.fs.isdir(target.path) else None
     if manifest is None:
         if version is not None or as_of is not None:
             raise ConfigurationError(
@@ -218,6 +220,18 @@ def open_source(
     elif len(manifest.shards) <= EAGER_FOOTER_SHARDS:
         check_footers(target, manifest)
     return FeedlineSource(target, manifest)
+
+
+def _remote_manifest(target: Location) -> Manifest | None:
+    """The manifest of a dataset in an object store, read first thing (a ``HEAD`` and a
+    ``GET``), ``None`` when there is none: an existence check and a folder test there are
+    listings, which grow with the shards (a page per thousand objects)."""
+    where = f"{target.url.rstrip('/')}/{MANIFEST_NAME}"
+    try:
+        text = read_small(target.child(MANIFEST_NAME), MAX_MANIFEST_BYTES, what="the manifest")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None  # no dataset here, or an interrupted write: read_manifest says which
+    return Manifest.from_json(text, where)
 
 
 def check_footers(target: Location, manifest: Manifest, threads: int = FOOTER_THREADS) -> None:

@@ -448,7 +448,8 @@ def test_ray_write_to_s3_copies_no_shard_at_the_commit(engine, s3_proxy):
     is a manifest write, with no server-side copy (before: every shard renamed, i.e. copied)."""
     bucket, proxy = s3_proxy
     url = f"{bucket.url}/ray"
-    fl.range(40).write(url, engine=engine, rows_per_shard=10, storage_options=bucket.storage_options)
+    options = bucket.storage_options
+    fl.range(40).write(url, engine=engine, rows_per_shard=10, storage_options=options)
     assert proxy.copies == []
     ds = fl.open(url, storage_options=bucket.storage_options)
     assert ds.to_arrow()["id"].to_pylist() == list(range(40))
