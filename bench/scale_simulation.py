@@ -223,7 +223,7 @@ if side == "after":
             lazy = LazyPermutation(n, 0, 0).take(_positions(rank, count * batch, ranks, batch))
             row[label] = round(tracemalloc.get_traced_memory()[1] / 2**20, 2)
             tracemalloc.stop()
-        assert lazy.size == min(1000, share) * batch and int(lazy.max()) < n
+            assert lazy.size == count * batch and int(lazy.max()) < n
         order[str(n)] = row
     out["order"] = order
 
