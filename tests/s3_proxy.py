@@ -66,6 +66,8 @@ class S3Proxy:
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.rules: list[Rule] = []
         self.requests: list[tuple[str, str]] = []
+        #: the paths of the server-side copies requested (``PUT`` with ``x-amz-copy-source``)
+        self.copies: list[str] = []
         self._lock = threading.Lock()
         proxy = self
 
@@ -116,6 +118,8 @@ class S3Proxy:
         body = _read_body(handler)
         with self._lock:
             self.requests.append((method, path))
+            if handler.headers.get("x-amz-copy-source"):
+                self.copies.append(path)
             rule = next((r for r in self.rules if r.matches(method, path, body)), None)
             if rule is not None:
                 rule._used += 1

@@ -482,7 +482,7 @@ def per_file_inputs(
     shards = manifest.shards
 
     def check(index: int) -> None:
-        check_identity(target.child(shards[index].path), shards[index])
+        check_identity(target.child(shards[index].path), shards[index], manifest.schema)
 
     return list(source.files), check
 

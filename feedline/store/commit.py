@@ -26,11 +26,14 @@ dataset or the new one, and the next write cleans up whatever the crash left:
    exactly one commits.
 2. **Stage.** Shards are written under their final names (new to this write) to
    ``.feedline-staging-<write id>/`` (hidden from readers and from plain Parquet
-   listings). On object stores, where a rename is a full copy, the local engine writes
-   them straight into the dataset folder instead (:attr:`PendingWrite.shard_folder`);
+   listings). On object stores, where a rename is a full copy, the engines write them
+   straight into the dataset folder instead (:attr:`PendingWrite.shard_folder`; Spark and
+   Ray tasks under names of their own: :func:`feedline.store.shards.task_first_shard`);
    no manifest names them yet, so readers ignore them.
-3. **Move in.** Check that the lock is still this write's and that the manifest is still
-   the one it started from, then move the staged shards into the folder, several at once
+3. **Move in.** Check (one listing of the staging folder, and on object stores one of the
+   dataset folder) that every shard the manifest names is there, that the lock is still
+   this write's and that the manifest is still the one it started from, then move the
+   staged shards (none on object stores) into the folder, several at once
    (local disk: ``fsync`` each shard, rename, ``fsync`` the folder; object stores: copy). The names
    are new, so no file of the committed dataset is touched; the old manifest still
    names only the old shards.
@@ -102,6 +105,7 @@ __all__ = [
     "begin_write",
     "check_append_schema",
     "commit",
+    "files_under",
     "fsync_dir",
     "fsync_file",
     "note_base",
@@ -171,6 +175,30 @@ def prepare_target(target: Location) -> None:
 
 
 # --------------------------------------------------------------------------- writes
+
+
+def files_under(folder: Location) -> set[str]:
+    """The paths (relative to ``folder``) of the files under ``folder``, from one recursive
+    listing (on S3 one paginated LIST); empty when it does not exist.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from feedline.io.storage.paths import resolve
+    >>> folder = resolve(tempfile.mkdtemp())
+    >>> os.makedirs(folder.join("sub")); _ = open(folder.join("sub/a"), "w").write("x")
+    >>> files_under(folder), files_under(folder.child("missing"))
+    ({'sub/a'}, set())
+    """
+    fs = folder.fs
+    root = folder.path.rstrip("/") + "/"
+    with contextlib.suppress(Exception):  # no listing cache may hide a task's new shards
+        fs.invalidate_cache(folder.path)
+    try:
+        found = fs.find(folder.path)
+    except FileNotFoundError:
+        return set()
+    return {p[len(root) :] for p in found if p.startswith(root)}
 
 
 def _manifest_bytes(target: Location) -> bytes:
@@ -388,11 +416,18 @@ def commit(write: PendingWrite, manifest: Manifest) -> None:
         "nothing was committed.",
     )
     manifest.write = dict(manifest.write) | {"id": write.write_id}
+    # one listing of each folder, not a request per shard (on S3 an existence check is a
+    # HEAD, and a missing key a HEAD and a LIST)
+    in_staging = files_under(staging)
+    in_target: set[str] | None = set() if target.is_local else None
     staged = []
     for shard in manifest.shards:
-        if fs.exists(staging.join(shard.path)):
+        if shard.path in in_staging:
             staged.append(shard.path)
-        elif target.is_local or not fs.exists(target.join(shard.path)):
+            continue
+        if in_target is None:
+            in_target = files_under(target)
+        if shard.path not in in_target:
             raise FormatError(
                 f"The shard {shard.path} of the write {write.write_id} is missing from "
                 f"{staging.url}; nothing was committed. Fix: re-run the write."

@@ -71,6 +71,12 @@ __all__ = [
 _REWRITE = "Fix: re-run the write that produced this dataset."
 #: shard footers read at once when a dataset is opened (remote reads are latency-bound)
 FOOTER_THREADS = 16
+#: a dataset of at most this many shards has every footer checked on open (its errors
+#: surface there, for a bounded cost); one of more shards has each shard's footer checked
+#: with the first read of that shard, from the footer read the read makes anyway
+#: (:func:`~feedline.store.footers.check_identity`), so opening costs the same few requests
+#: whatever the number of shards
+EAGER_FOOTER_SHARDS = 64
 
 
 def read_manifest(target: Location) -> Manifest | None:
@@ -132,19 +138,28 @@ class FeedlineSource(ParquetSource):
         return [
             ReadTask(
                 task.label,
-                _checked(task, self.target.child(shard.path), shard, predicate is None),
+                _checked(
+                    task,
+                    self.target.child(shard.path),
+                    shard,
+                    predicate is None,
+                    self.manifest.schema,
+                ),
                 task.estimated_bytes,
             )
             for task, shard in zip(tasks, self.manifest.shards, strict=True)
         ]
 
 
-def _checked(task: ReadTask, location: Location, shard: ShardInfo, count: bool) -> ReadFn:
+def _checked(
+    task: ReadTask, location: Location, shard: ShardInfo, count: bool, schema: pa.Schema
+) -> ReadFn:
     """``task.read`` checked against the manifest (footer, then row count); pyarrow errors as
     DataError."""
 
     def read(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
-        check_identity(location, shard)  # still the shard whose footer open checked
+        # still the shard whose footer was checked (on open, or now on its first read)
+        check_identity(location, shard, schema)
         rows = 0
         try:
             for batch in task.read(report):
@@ -178,15 +193,20 @@ def open_source(
 ) -> ParquetSource:
     """The source for ``feedline.open``: a feedline dataset, or a plain Parquet folder.
 
-    A feedline dataset's shard footers are checked against its manifest first
-    (:func:`check_footers`); ``verify=True`` checks every shard's sha256 as well.
+    A feedline dataset's shard footers are checked against its manifest (:func:`check_footers`):
+    all of them here when it has at most :data:`EAGER_FOOTER_SHARDS` shards, else each one
+    before its first read (the same checks, made from the footer that read fetches anyway),
+    so the requests of an open do not grow with the shards. ``verify=True`` checks every
+    shard's footer and sha256 here.
     ``version`` or ``as_of`` opens an older retained version
     (:func:`~feedline.store.version_files.version_manifest`).
     """
     target = resolve(path, storage_options)
-    if not target.fs.exists(target.path):
-        raise FormatError(f"{target.url!r} does not exist. Fix: check the path.")
-    manifest = read_manifest(target) if target.fs.isdir(target.path) else None
+    manifest = None if target.is_local else _remote_manifest(target)
+    if manifest is None:
+        if not target.fs.exists(target.path):
+            raise FormatError(f"{target.url!r} does not exist. Fix: check the path.")
+        manifest = read_manifest(target) if target.fs.isdir(target.path) else None
     if manifest is None:
         if version is not None or as_of is not None:
             raise ConfigurationError(
@@ -197,9 +217,21 @@ def open_source(
     manifest = version_manifest(target, manifest, version=version, as_of=as_of)
     if verify:
         verify_manifest(target, manifest)
-    else:
+    elif len(manifest.shards) <= EAGER_FOOTER_SHARDS:
         check_footers(target, manifest)
     return FeedlineSource(target, manifest)
+
+
+def _remote_manifest(target: Location) -> Manifest | None:
+    """The manifest of a dataset in an object store, read first thing (a ``HEAD`` and a
+    ``GET``), ``None`` when there is none: an existence check and a folder test there are
+    listings, which grow with the shards (a page per thousand objects)."""
+    where = f"{target.url.rstrip('/')}/{MANIFEST_NAME}"
+    try:
+        text = read_small(target.child(MANIFEST_NAME), MAX_MANIFEST_BYTES, what="the manifest")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None  # no dataset here, or an interrupted write: read_manifest says which
+    return Manifest.from_json(text, where)
 
 
 def check_footers(target: Location, manifest: Manifest, threads: int = FOOTER_THREADS) -> None:

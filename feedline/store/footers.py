@@ -16,6 +16,15 @@ A footer is a few KiB read with one ranged read; hashing and parsing it takes te
 microseconds, so this runs on every open and every read (``bench/read_write.py`` measures
 it). A check of the whole file's sha256 is :func:`feedline.store.dataset_files.verify`'s job.
 
+Every read of a shard reads its footer block anyway (:func:`check_identity`, or the loader's
+:meth:`~feedline.store.shard_source.ShardSource.iter_read`), so the full check (rows, row
+groups, schema) can ride on that read instead of an extra one on open: the first read of a
+shard in a process checks everything, and the footer blocks that passed are remembered by
+digest (:func:`mark_checked`, :func:`was_checked`), so later reads only compare the digest.
+A dataset of many shards is opened that way (``feedline.store.dataset_files.open_source``):
+each rank pays for the footers of the shards it reads, when it reads them, not for all of
+them on open.
+
 A footer without a recorded digest (a plain Parquet file, an older dataset) has its column
 chunks' compression codecs checked to be ones Parquet defines before pyarrow reads a chunk
 (:func:`check_codecs`, in :func:`check_footer`, once per distinct footer): pyarrow (26 here)
@@ -53,9 +62,11 @@ __all__ = [
     "footer_digest",
     "footer_of",
     "footer_of_handle",
+    "mark_checked",
     "parse_footer",
     "read_footer_block",
     "shard_footer",
+    "was_checked",
 ]
 
 #: bytes read from the end of a file at first; a longer footer costs a second read
@@ -68,6 +79,33 @@ _CODECS = range(8)
 #: digests of footers whose codecs were checked (a few thousand: a set per process)
 _CHECKED: set[str] = set()
 _CHECKED_MAX = 4096
+#: (manifest entry, schema or None, footer digest) of the footers fully checked in this
+#: process (:func:`mark_checked`); cleared when it reaches :data:`_PASSED_MAX` entries
+_PASSED: set[tuple[ShardInfo, pa.Schema | None, str]] = set()
+_PASSED_MAX = 1 << 20
+
+
+def mark_checked(shard: ShardInfo, schema: pa.Schema | None, digest: str) -> None:
+    """Remember that the footer block of digest ``digest`` passed :func:`check_footer` against
+    ``shard`` (and ``schema``): a later read of that same block needs no parse.
+
+    Examples
+    --------
+    >>> shard = ShardInfo("p.parquet", 1, 20, (1,), "")
+    >>> mark_checked(shard, None, "sha256:" + "0" * 64)
+    >>> was_checked(shard, None, "sha256:" + "0" * 64), was_checked(shard, None, "other")
+    (True, False)
+    """
+    if len(_PASSED) >= _PASSED_MAX:
+        _PASSED.clear()
+    _PASSED.add((shard, schema, digest))
+    _PASSED.add((shard, None, digest))  # checked with a schema: checked without one too
+
+
+def was_checked(shard: ShardInfo, schema: pa.Schema | None, digest: str) -> bool:
+    """Whether a footer block of digest ``digest`` passed :func:`check_footer` against
+    ``shard`` and ``schema`` in this process (see :func:`mark_checked`)."""
+    return (shard, schema, digest) in _PASSED
 
 
 def check_codecs(block: bytes, where: str, digest: str | None = None) -> None:
@@ -293,6 +331,7 @@ def check_footer(
             f"The shard {where} has the schema {_fields(footer.schema)}; the manifest says "
             f"{_fields(schema)}. The shard was replaced or the manifest is damaged. {_RESTORE}"
         )
+    mark_checked(shard, schema, footer.digest)
 
 
 def shard_footer(location: Location, shard: ShardInfo, schema: pa.Schema | None = None) -> Footer:
@@ -320,10 +359,12 @@ def shard_footer(location: Location, shard: ShardInfo, schema: pa.Schema | None 
     return footer
 
 
-def check_identity(location: Location, shard: ShardInfo) -> None:
-    """Check that the file at ``location`` is still the one :func:`shard_footer` checked: its
-    size and footer digest (one ranged read, no parsing). For reads after the open; a shard
-    without a recorded digest is only size-checked.
+def check_identity(location: Location, shard: ShardInfo, schema: pa.Schema | None = None) -> None:
+    """Check that the file at ``location`` is the one ``shard`` describes, before it is read:
+    its size and footer digest (one ranged read). A footer block not yet checked in this
+    process against ``shard`` (and ``schema``) is parsed and fully checked
+    (:func:`check_footer`: rows, row groups, schema) from that same read, so a dataset opened
+    without reading its footers gets the same checks as one that read them on open.
 
     Examples
     --------
@@ -335,14 +376,16 @@ def check_identity(location: Location, shard: ShardInfo) -> None:
     >>> check_identity(resolve(out).child(shard.path), shard)
     """
     try:
-        _, block = _footer_block_of(location, shard)
+        size, block = _footer_block_of(location, shard)
     except FileNotFoundError:
         raise IntegrityError(
             f"The shard {location.url!r} named by the manifest is missing. {_RESTORE}"
         ) from None
-    if shard.footer and footer_digest(block) != shard.footer:
-        where, digest = repr(location.url), footer_digest(block)
+    where, digest = repr(location.url), footer_digest(block)
+    if shard.footer and digest != shard.footer:
         raise IntegrityError(f"{_swapped(where, digest, shard.footer)} {_RESTORE}")
+    if not was_checked(shard, schema, digest):
+        check_footer(parse_footer(block, size, where), shard, where, schema)
 
 
 def _swapped(where: str, digest: str, expected: str) -> str:

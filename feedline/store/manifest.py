@@ -14,6 +14,14 @@ and range before anything else uses it, so a hostile or damaged manifest raises
   duplicates;
 - checksums are ``sha256:<64 hex digits>`` (or empty for plain Parquet files).
 
+A dataset of many shards (more than :data:`COMPACT_SHARDS`) gets a compact manifest, format
+version 2: the same document, with the shard list stored as one table instead of one JSON
+object per shard, ``"shard_table": {"columns": ["path", "rows", ...], "rows": [[...], ...]}``
+(the column names written out, one shard per line), about half the bytes of version 1 and
+still one request to read. Its rows go through the same checks as version-1 entries. A
+dataset of fewer shards keeps version 1, which every feedline reads; a feedline older than
+version 2 refuses a compact manifest with a message to upgrade.
+
 A shard entry also records what protects the shard when it is read (both absent in
 datasets written before feedline recorded them, which still open): ``footer``, the
 sha256 of the shard's Parquet footer bytes (checked whenever feedline reads a footer:
@@ -39,6 +47,7 @@ from feedline.arrow.pandas_metadata import valid_pandas_schema
 from feedline.errors import FormatError
 
 __all__ = [
+    "COMPACT_SHARDS",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
@@ -48,7 +57,12 @@ __all__ = [
     "schema_to_json",
 ]
 
-FORMAT_VERSION = 1
+#: the newest manifest format this feedline reads and writes (2: the compact shard table)
+FORMAT_VERSION = 2
+#: a manifest of more shards than this is written in the compact format (version 2)
+COMPACT_SHARDS = 1024
+#: the columns of a compact manifest's shard table, in the order they are written
+SHARD_COLUMNS = ("path", "rows", "bytes", "row_groups", "checksum", "footer", "page_checksums")
 MANIFEST_NAME = "_feedline.json"
 MAX_MANIFEST_BYTES = 64 << 20
 #: the largest count (rows, bytes) a manifest may state: exact in a float64, far above any
@@ -95,7 +109,8 @@ class Manifest:
     preprocessors: list[dict[str, Any]] = field(default_factory=list)
     statistics: dict[str, Any] = field(default_factory=dict)
     write: dict[str, Any] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
+    #: the format version read (1 or 2); :meth:`to_json` writes 2 only for a compact manifest
+    format_version: int = 1
     created: str = ""
     #: this commit as a version of the dataset: ``{"id", "time", "operation", "parent"}``
     #: (:mod:`feedline.store.version_files`); empty in datasets written before versions
@@ -126,11 +141,23 @@ class Manifest:
         return [n for shard in self.shards for n in shard.row_groups]
 
     def to_json(self) -> str:
-        """The manifest as JSON text."""
+        """The manifest as JSON text: format version 1, or for more than
+        :data:`COMPACT_SHARDS` shards the compact version 2 (one table row per shard).
 
+        Examples
+        --------
+        >>> shards = [ShardInfo(f"p{i}.parquet", 1, 10, (1,), "") for i in range(1025)]
+        >>> text = Manifest(pa.schema({"x": pa.int64()}), shards).to_json()
+        >>> doc = json.loads(text)
+        >>> doc["format_version"], doc["shard_table"]["rows"][0]
+        (2, ['p0.parquet', 1, 10, [1], '', '', False])
+        >>> Manifest.from_json(text, "example").shards == shards
+        True
+        """
+        compact = len(self.shards) > COMPACT_SHARDS
         document = {
             "format": "feedline",
-            "format_version": self.format_version,
+            "format_version": 2 if compact else 1,
             "feedline_version": __version__,
             "created": self.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "rows": self.rows,
@@ -144,7 +171,13 @@ class Manifest:
         }
         if self.version:
             document["version"] = self.version
-        return json.dumps(document, indent=1, allow_nan=False, default=_json_default)
+        if not compact:
+            return json.dumps(document, indent=1, allow_nan=False, default=_json_default)
+        del document["shards"]
+        document["shard_table"] = {"columns": list(SHARD_COLUMNS), "rows": _HOLE}
+        text = json.dumps(document, indent=1, allow_nan=False, default=_json_default)
+        rows = ",\n".join(_table_row(s) for s in self.shards)
+        return text.replace(json.dumps(_HOLE), "[\n" + rows + "\n  ]", 1)
 
     @classmethod
     def from_json(cls, text: str | builtins.bytes, where: str) -> Manifest:
@@ -173,7 +206,7 @@ class Manifest:
                 f"{where} has format version {_short(version)}; this feedline reads versions 1 "
                 f"to {FORMAT_VERSION}. Fix: upgrade feedline or rewrite the dataset."
             )
-        shards = doc.get("shards")
+        shards = _shard_table(doc, where) if version >= 2 else doc.get("shards")
         if not isinstance(shards, list):
             raise FormatError(f"The manifest {where} has no list of shards. {_REWRITE}")
         parsed = [_shard_from(entry, where) for entry in shards]
@@ -200,6 +233,48 @@ class Manifest:
                 f"{manifest.rows}. {_REWRITE}"
             )
         return manifest
+
+
+#: a placeholder the compact shard table's rows replace in the JSON text (one line each)
+_HOLE = "\u0000feedline-shard-rows\u0000"
+
+
+def _table_row(shard: ShardInfo) -> str:
+    """One shard as a row of the compact shard table (values in :data:`SHARD_COLUMNS` order)."""
+    values = [shard.path, shard.rows, shard.bytes, list(shard.row_groups), shard.checksum,
+              shard.footer, shard.page_checksums]  # fmt: skip
+    return json.dumps(values, separators=(",", ":"), allow_nan=False, default=_json_default)
+
+
+def _shard_table(doc: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The shard entries of a compact (version 2) manifest, as version-1 objects: the table's
+    rows matched to its columns. A malformed table raises :class:`FormatError`."""
+    table = doc.get("shard_table")
+    columns = table.get("columns") if isinstance(table, dict) else None
+    rows = table.get("rows") if isinstance(table, dict) else None
+    if (
+        "shards" in doc
+        or not isinstance(columns, list)
+        or not isinstance(rows, list)
+        or not all(isinstance(c, str) for c in columns)
+        or len(set(columns)) != len(columns)
+        or not {"path", "rows", "bytes", "row_groups", "checksum"} <= set(columns)
+        or not set(columns) <= set(SHARD_COLUMNS)
+    ):
+        raise FormatError(
+            f"The manifest {where} (format version 2) has no readable 'shard_table' (expected "
+            f"'columns' naming {list(SHARD_COLUMNS)} and 'rows', one list per shard, and no "
+            f"'shards'). {_REWRITE}"
+        )
+    entries = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != len(columns):
+            raise FormatError(
+                f"The manifest {where} has a malformed row {index} in its shard table "
+                f"({_short(row)}; expected {len(columns)} values: {columns}). {_REWRITE}"
+            )
+        entries.append(dict(zip(columns, row, strict=True)))
+    return entries
 
 
 def _version_from(doc: dict[str, Any], where: str) -> dict[str, Any]:

@@ -269,7 +269,7 @@ class RowGroupSample(Source):
                 read = _file_reader(loc, origin, schema, columns, predicate, (g,))
                 rows = shard.row_groups[g] if shard is not None else None
                 checked = (
-                    (shard, target.child(shard.path))
+                    (shard, target.child(shard.path), self.schema())
                     if shard is not None and target is not None
                     else None
                 )
@@ -302,8 +302,8 @@ def _sampled(
 
     def run(report: ExecutionReport) -> Iterator[pa.RecordBatch]:
         if checked is not None:
-            shard, location = checked
-            check_identity(location, shard)
+            shard, location, stored = checked
+            check_identity(location, shard, stored)
         rng = np.random.default_rng([*seed, _SALT]) if keep < 1.0 else None
         seen = 0
         for batch in read(report):

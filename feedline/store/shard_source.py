@@ -43,7 +43,7 @@ from feedline.io.source import check_columns
 from feedline.io.storage.local_files import regular_size
 from feedline.io.storage.paths import Location
 from feedline.store.dataset_files import open_source, plain_parquet_shards
-from feedline.store.footers import Footer, check_footer, footer_of_handle
+from feedline.store.footers import Footer, check_footer, footer_of_handle, was_checked
 from feedline.store.manifest import ShardInfo
 from feedline.store.stored_files import check_regular
 
@@ -89,6 +89,11 @@ class ShardSource:
     dataset, version:
         A feedline dataset's URL and the version these shards are (``None`` otherwise):
         what a loader's checkpoint records, and :meth:`at_version` reopens.
+    stored_schema:
+        A feedline dataset's schema as its manifest states it (every column, whatever
+        :meth:`select` keeps): each shard's footer is checked against it before the shard's
+        first read in the process (a dataset of many shards is opened without reading its
+        footers: ``feedline.store.dataset_files.EAGER_FOOTER_SHARDS``).
     """
 
     files: tuple[Location, ...]
@@ -101,6 +106,7 @@ class ShardSource:
     description: str = ""
     dataset: str | None = field(default=None, compare=False)
     version: int | None = None
+    stored_schema: pa.Schema | None = field(default=None, compare=False)
 
     @classmethod
     def from_source(
@@ -131,6 +137,7 @@ class ShardSource:
             fingerprint, has_checksums=manifest is not None, description=source.describe(),
             dataset=None if manifest is None or target is None else target.url,
             version=None if manifest is None else manifest.version_id,
+            stored_schema=None if manifest is None else manifest.schema,
         )  # fmt: skip
         return made if columns is None else made.select(columns)
 
@@ -232,8 +239,10 @@ class ShardSource:
                     metadata = opened[1].metadata
                 elif self.shards:
                     where = f"{loc.url!r}"
-                    footer = footer_of_handle(handle, where, self.shards[file])
-                    check_footer(footer, self.shards[file], where)
+                    shard = self.shards[file]
+                    footer = footer_of_handle(handle, where, shard)
+                    if not was_checked(shard, self.stored_schema, footer.digest):
+                        check_footer(footer, shard, where, self.stored_schema)
                     metadata = footer.metadata
                 parquet = pq.ParquetFile(
                     handle, metadata=metadata, pre_buffer=False, buffer_size=READ_BUFFER,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +30,13 @@ __all__ = [
     "file_checksum",
     "parquet_codec",
     "shard_name",
+    "task_first_shard",
     "writable_schema",
 ]
+
+#: shards one write task may write under :func:`task_first_shard` names before its indices
+#: run into the next draw's
+TASK_SHARDS = 10**4
 
 _CHECKSUM_CHUNK = 8 << 20
 #: bytes of a data page of a wide fixed-size column (pyarrow checks its 1 MiB page size only
@@ -39,6 +45,25 @@ _CHECKSUM_CHUNK = 8 << 20
 #: serves a batch of a filling cache once the few pages its rows lie in are read
 #: (feedline/loader/data/page_tasks.py).
 PAGE_BYTES = 1 << 20
+
+
+def task_first_shard(task: int) -> int:
+    """The index of the first shard that write task ``task`` (a Spark partition, a Ray write
+    task; any attempt of it) names when it writes straight into the dataset folder, as
+    engine writes do on object stores (where renaming a shard afterwards copies it): the task
+    number, then a random draw, so two tasks, or two attempts of one task, never write the
+    same name. The names keep the shape ``part-<digits>-<write id>.parquet``, so a failed
+    attempt's shards are cleaned up like any interrupted write's.
+
+    Examples
+    --------
+    >>> first = task_first_shard(7)
+    >>> first // 10**12, first % TASK_SHARDS
+    (7, 0)
+    >>> shard_name(first, "0a1b2c3d4e5f").startswith("part-7")
+    True
+    """
+    return (task * 10**8 + secrets.randbelow(10**8)) * TASK_SHARDS
 
 
 def shard_name(index: int, write_id: str = "") -> str:

@@ -185,6 +185,8 @@ def version_manifest(
     """
     if version is not None and as_of is not None:
         raise ConfigurationError("Pass either version= or as_of=, not both. Fix: drop one of them.")
+    if version is None and as_of is None:  # the current version: no listing of the versions
+        return current
     retained = retained_versions(target, current)
     if as_of is not None:
         if not isinstance(as_of, datetime):

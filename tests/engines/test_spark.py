@@ -430,3 +430,17 @@ def test_spark_writer_manifest_schema_agrees_with_its_shards(spark, tmp_path):
     for got in (ds.to_pandas(), pd.read_parquet(out)):
         assert str(got["cat"].dtype) == "int64"
         assert sorted(got["id"]) == list(range(12))
+
+
+def test_spark_write_to_s3_copies_no_shard_at_the_commit(engine, s3_proxy):
+    """On an object store the executors write each shard under its final name: the commit
+    is a manifest write, with no server-side copy (before: every shard renamed, i.e. copied)."""
+    bucket, proxy = s3_proxy
+    url = f"{bucket.url}/spark"
+    options = bucket.storage_options
+    fl.range(40).write(url, engine=engine, rows_per_shard=10, storage_options=options)
+    assert proxy.copies == []
+    ds = fl.open(url, storage_options=bucket.storage_options)
+    assert sorted(ds.to_arrow()["id"].to_pylist()) == list(range(40))
+    names = {p.rsplit("/", 1)[-1] for p in bucket.fs().ls(url, detail=False)}
+    assert names == {"_feedline.json", "_versions", *(s.path for s in ds.manifest.shards)}

@@ -50,7 +50,7 @@ from feedline.io.storage.paths import Location
 from feedline.plan.plan import MapBatches, Plan, pushdown
 from feedline.store import dataset_files as fmt
 from feedline.store.commit import PendingWrite, WriteBase
-from feedline.store.shards import conform, writable_schema
+from feedline.store.shards import conform, task_first_shard, writable_schema
 
 if TYPE_CHECKING:
     from feedline.engines.ray.engine import RayEngine
@@ -86,8 +86,19 @@ class ShardSink:
     [(2, [2]), (1, [1])]
     """
 
-    def __init__(self, staging: Location, schema: pa.Schema, options: WriteOptions) -> None:
+    def __init__(
+        self,
+        staging: Location,
+        schema: pa.Schema,
+        options: WriteOptions,
+        into: Location | None = None,
+        write_id: str = "",
+    ) -> None:
         self.staging = staging
+        #: where the tasks write their shards under their final names instead of ``staging``
+        #: (object stores, where renaming them at the commit would copy every byte)
+        self.into = into
+        self.write_id = write_id
         self.schema = schema
         self.writer_kwargs = options.writer_kwargs()
         self.min_bytes = None if options.rows_per_shard else options.bytes_per_shard
@@ -97,10 +108,17 @@ class ShardSink:
         self.results: list[dict[str, Any]] = []
 
     @classmethod
-    def create(cls, staging: Location, schema: pa.Schema, options: WriteOptions) -> Any:
+    def create(
+        cls,
+        staging: Location,
+        schema: pa.Schema,
+        options: WriteOptions,
+        into: Location | None = None,
+        write_id: str = "",
+    ) -> Any:
         """A sink that is a real ``ray.data.Datasink`` (Ray is imported only here)."""
         kind = type("FeedlineShardSink", (cls, _sink_base()), {})
-        return kind(staging, schema, options)
+        return kind(staging, schema, options, into, write_id)
 
     @property
     def min_bytes_per_write(self) -> int | None:
@@ -113,8 +131,17 @@ class ShardSink:
         """Write one task's blocks as shards; return their descriptions (runs in the task)."""
         from ray.data.block import BlockAccessor
 
-        name = f"task-{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}"
-        writer = fmt.ShardWriter(self.staging.child(name), schema=self.schema, **self.writer_kwargs)
+        if self.into is not None:  # final names, straight into the dataset folder
+            name = ""
+            writer = fmt.ShardWriter(
+                self.into, schema=self.schema, write_id=self.write_id,
+                first_shard=task_first_shard(ctx.task_idx), **self.writer_kwargs,
+            )  # fmt: skip
+        else:
+            name = f"task-{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}"
+            writer = fmt.ShardWriter(
+                self.staging.child(name), schema=self.schema, **self.writer_kwargs
+            )
         try:
             for block in blocks:
                 for batch in BlockAccessor.for_block(block).to_arrow().to_batches():
@@ -127,7 +154,8 @@ class ShardSink:
             {
                 "task": ctx.task_idx,
                 "seq": seq,
-                "path": f"{name}/{shard.path}",
+                "path": f"{name}/{shard.path}" if name else shard.path,
+                "final": not name,
                 "rows": shard.rows,
                 "bytes": shard.bytes,
                 "row_groups": list(shard.row_groups),
@@ -166,7 +194,8 @@ def write_plan(
     schema = writable_schema(output_schema(plan), "the plan")
     collector, run_id = engine._collector(), uuid.uuid4().hex
     with fmt.writing(target, base) as write:
-        sink = ShardSink.create(write.staging, schema, options)
+        into = None if target.is_local else write.shard_folder
+        sink = ShardSink.create(write.staging, schema, options, into, write.write_id)
         try:
             rds = _dataset(engine, plan, schema, preserve_order, report, collector, run_id)
             if rds is not None:
@@ -257,17 +286,23 @@ def _finalize(
     results: list[dict[str, Any]],
     on_rows: Callable[[int], None] | None,
 ) -> list[fmt.ShardInfo]:
-    """Rename the tasks' shards to ``write.shard_name(n)`` in dataset order (in parallel) and
-    describe them from what the tasks returned: no shard byte is read here."""
+    """Rename the tasks' staged shards to ``write.shard_name(n)`` in dataset order (in
+    parallel; shards the tasks wrote under their final names, on object stores, stay where
+    they are: no copy) and describe them from what the tasks returned: no shard byte is read
+    here."""
     staging, into = write.staging, write.shard_folder
-    names = [write.shard_name(number) for number in range(len(results))]
+    names = [
+        row["path"] if row.get("final") else write.shard_name(number)
+        for number, row in enumerate(results)
+    ]
+    moves = [(r, n) for r, n in zip(results, names, strict=True) if not r.get("final")]
 
     def rename(pair: tuple[dict[str, Any], str]) -> None:
         staging.fs.mv(staging.join(pair[0]["path"]), into.join(pair[1]))
 
-    if results:
-        with ThreadPoolExecutor(min(_RENAMES, len(results))) as pool:
-            list(pool.map(rename, zip(results, names, strict=True)))
+    if moves:
+        with ThreadPoolExecutor(min(_RENAMES, len(moves))) as pool:
+            list(pool.map(rename, moves))
     shards = []
     for row, name in zip(results, names, strict=True):
         shards.append(

@@ -45,7 +45,7 @@ from feedline.errors import FeedlineError
 from feedline.io.source import ExecutionReport
 from feedline.io.storage.paths import Location
 from feedline.plan.plan import Operator, callable_name
-from feedline.store.shards import ShardWriter
+from feedline.store.shards import ShardWriter, task_first_shard
 from feedline.store.write_journal import UnitRecord
 
 __all__ = ["ERROR_MARKER", "ReportParam", "Stage", "decode_error", "encode_error"]
@@ -232,6 +232,10 @@ class WriteSpec:
     #: where units of an interrupted write continue: their records cut after their last
     #: verified shard
     resume: dict[int, UnitRecord] = field(default_factory=dict)
+    #: where the tasks write their shards under final names instead of ``staging`` (object
+    #: stores, where renaming them at the commit copies every byte), and the write's id
+    into: Location | None = None
+    write_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -385,18 +389,26 @@ class Stage:
                 spec.resume.get(unit[0]),
             )
         else:
-            writer = ShardWriter(
-                spec.staging.child(name), schema=self.out_schema, **spec.writer_kwargs
-            )
+            if spec.into is not None:  # final names, straight into the dataset folder
+                writer = ShardWriter(
+                    spec.into, schema=self.out_schema, write_id=spec.write_id,
+                    first_shard=task_first_shard(part), **spec.writer_kwargs,
+                )  # fmt: skip
+            else:
+                writer = ShardWriter(
+                    spec.staging.child(name), schema=self.out_schema, **spec.writer_kwargs
+                )
             try:
                 for batch in (batch for _, stream in leaves for batch in stream):
                     if batch.num_rows:
                         report.add(rows_out=batch.num_rows, batches_out=1)
                         writer.write(batch)
-                shards = [dataclasses.replace(s, path=f"{name}/{s.path}") for s in writer.close()]
+                shards = writer.close()
             except BaseException:
                 writer.abort()
                 raise
+            if spec.into is None:  # staged: the path within the staging folder
+                shards = [dataclasses.replace(s, path=f"{name}/{s.path}") for s in shards]
         yield pa.record_batch(
             {
                 "part": pa.array([part] * len(shards), pa.int64()),

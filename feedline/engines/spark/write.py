@@ -95,13 +95,22 @@ def write_with_feedline(
     source_plan: Plan | None = None,
     resume: bool = False,
 ) -> fmt.Manifest:
-    """Executors write feedline shards; the driver renames them and commits.
+    """Executors write feedline shards; the driver renames them (local disk) and commits.
+
+    On object stores the executors write each shard under its final name straight into
+    the dataset folder (:func:`~feedline.store.shards.task_first_shard`): the commit copies
+    nothing. A write with ``resume=True`` there journals its units in the staging folder
+    instead (a resumable write pays one copy per shard at the commit).
 
     ``source_plan``: the plan as the user built it (``plan`` may have its relational source
     computed as a DataFrame already), for the manifest's lineage. A plan of read tasks
     without ``limit`` is written in units (one per partition) that journal their shards
     (:mod:`feedline.engines.write_resume`); ``resume`` continues its interrupted write."""
     tasks = journaled_tasks(plan)
+    if not resume and not target.is_local:
+        # on an object store a journaled write stages its shards and copies them at the
+        # commit; without resume=True the tasks write final names instead (no copy)
+        tasks = None
     if resume and tasks is None:
         raise ConfigurationError(
             f"resume=True cannot resume the write to {target.url!r} on Spark: only a plan "
@@ -136,6 +145,8 @@ def write_with_feedline(
                 options.writer_kwargs(),
                 units=units is not None,
                 resume=units.partial if units is not None else {},
+                into=None if units is not None or target.is_local else write.shard_folder,
+                write_id=write.write_id,
             ),
             units=None if units is None else Units(tasks or [], units.bounds, units.run),
         )
@@ -145,8 +156,9 @@ def write_with_feedline(
         else:  # every unit was kept
             job.finish(report)
             rows = []
+        rows.sort(key=lambda r: (r["part"], r["seq"]))
         done: dict[int, list[fmt.ShardInfo]] = {}
-        for row in sorted(rows, key=lambda r: (r["part"], r["seq"])):
+        for row in rows:
             done.setdefault(row["part"], []).append(
                 fmt.ShardInfo(
                     row["path"],
@@ -158,12 +170,16 @@ def write_with_feedline(
                     page_checksums=True,
                 )
             )
-        staged = shards_in_order(units.kept if units is not None else {}, done)
-        names = [write.shard_name(index) for index in range(len(staged))]
-        folder = write.shard_folder
-        pairs = zip(staged, names, strict=True)
-        _move_all(staging.fs, [(staging.join(s.path), folder.join(n)) for s, n in pairs])
-        shards = [dataclasses.replace(s, path=n) for s, n in zip(staged, names, strict=True)]
+        if units is None and not target.is_local:
+            # written under their final names by the tasks: nothing to copy
+            shards = [s for part in sorted(done) for s in done[part]]
+        else:  # staged: renamed into the folder in dataset order
+            staged = shards_in_order(units.kept if units is not None else {}, done)
+            names = [write.shard_name(index) for index in range(len(staged))]
+            folder = write.shard_folder
+            pairs = zip(staged, names, strict=True)
+            _move_all(staging.fs, [(staging.join(s.path), folder.join(n)) for s, n in pairs])
+            shards = [dataclasses.replace(s, path=n) for s, n in zip(staged, names, strict=True)]
         manifest = _manifest(
             engine, source_plan or plan, job.schema, shards, options, report, preprocessors
         )

@@ -82,7 +82,8 @@ class FileFooters:
             footer = parse_footer(block, stat.st_size, where)
             self.parses += 1
             if self.source.shards:
-                check_footer(footer, self.source.shards[file], where)
+                shard, stored = self.source.shards[file], self.source.stored_schema
+                check_footer(footer, shard, where, stored)
             self._known[key] = (identity, footer)
             return footer
 
