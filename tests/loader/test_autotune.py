@@ -135,12 +135,13 @@ def run(loader: fl.Loader, batches: int, step_s: float = 0.0,
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
 def test_a_slow_transform_gets_workers_up_to_the_cpus_allowed(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, worker_type: str
 ) -> None:
     monkeypatch.setattr(autotune, "cpus_available", lambda: 3)  # a 3-CPU host (or cgroup)
     loader = fl.range(8000).loader(batch_size=8, format="numpy", transform=map_fns.two_ms,
-                                   num_workers="auto")  # fmt: skip
+                                   num_workers="auto", worker_type=worker_type)  # fmt: skip
     report = run(loader, 600, until=lambda r: r["num_workers"] == 3 and "kept" in
                  r["history"][-1]["reason"])  # fmt: skip
     counts = [d["new"] for d in report["history"] if d["knob"] == "num_workers"]

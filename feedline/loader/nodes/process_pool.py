@@ -85,6 +85,7 @@ class _Processes:
     outputs: shm.Attached = field(default_factory=shm.Attached)
     output_names: set[str] = field(default_factory=set)
     load: list[int] = field(default_factory=list)
+    done: list[int] = field(default_factory=list)  # chunks each worker has sent back
     tasks: dict[int, _Task] = field(default_factory=dict)
     next_id: int = 0
 
@@ -165,6 +166,7 @@ class _Processes:
                 )
             return
         self.load[i] -= 1
+        self.done[i] += 1
         if task.in_name is not None:
             self.inputs[i].release([task.in_name])
         if reply[0] == "ok":
@@ -247,8 +249,8 @@ class _Processes:
         for task in self.tasks.values():
             task.reply = ("error", task.task_id, None, "RuntimeError",
                           "the worker processes were stopped", "")  # fmt: skip
-        for held in (self.procs, self.conns, self.inputs, self.load, self.output_names, self.tasks,
-                     self.progress):  # fmt: skip
+        for held in (self.procs, self.conns, self.inputs, self.load, self.done,
+                     self.output_names, self.tasks, self.progress):  # fmt: skip
             held.clear()
 
 
@@ -337,6 +339,16 @@ class ProcessWorkers:
             state.conns.append(parent)
             state.inputs.append(shm.Segments())
             state.load.append(0)
+            state.done.append(0)
+
+    @property
+    def ready(self) -> bool:
+        """Whether each of the ``num_workers`` processes has sent a chunk back (a process just
+        started is not ready: the autotuner waits for it before it measures)."""
+        state = self._state
+        if state is None or len(state.done) < self.num_workers:
+            return False
+        return all(state.done[: self.num_workers])
 
     def resize(self, num_workers: int) -> None:
         """Give chunks to ``num_workers`` processes from the next :meth:`submit` on: more are

@@ -9,7 +9,9 @@ blocked on a full queue), in windows of at least :data:`WINDOW_BATCHES` batches 
    groups: one group ready; the prefetch counts hand-overs of ``batches_per_prefetch``
    batches) (the first window of each iteration is left
    out: it holds the start, workers starting and the cache filling; so are the first
-   :data:`SETTLE_BATCHES` batches and :data:`SETTLE_S` seconds after each change).
+   :data:`SETTLE_BATCHES` batches and :data:`SETTLE_S` seconds after each change, and the
+   batches until every worker process has sent a chunk back: a new one imports the
+   transform's module first).
 2. **Add a worker** when the loop waited more than :data:`WAIT` of the window, the workers
    were busy (more than :data:`BUSY` of their time: they are the bound, not the queue), a CPU
    is left (never more workers than :func:`~feedline.host.cpus_available`: the CPUs this
@@ -206,7 +208,7 @@ class Autotuner:
         self.batches += 1
         if self._skip:
             self._skip -= 1
-            if self._skip or now - self._changed < SETTLE_S:
+            if self._skip or now - self._changed < SETTLE_S or not self._ready():
                 self._skip = max(1, self._skip)
                 return
             self._skip = 0
@@ -308,6 +310,11 @@ class Autotuner:
         elif self.tune_workers and n > 1 and not waits and busy <= n - 1.5:
             self._change("num_workers", n - 1, f"workers idle: {numbers}")
         self._start(now)
+
+    def _ready(self) -> bool:
+        """Whether the workers have started (a new process takes a while: it imports the
+        transform's module) and so may be measured."""
+        return self._map is None or getattr(self._map.workers, "ready", True)
 
     def _memory_for_worker(self) -> bool:
         return self.worker_type != "process" or memory_available() >= PROCESS_BYTES
