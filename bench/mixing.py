@@ -54,13 +54,19 @@ def main() -> None:
         r2.append(rate)
     ratio = float(np.median([m / s for s, m in zip(r1, r2, strict=True)]))
     print(f"{args.rows} rows x (float32[{args.dim}] + int64), batch {args.batch_size}")
-    print(f"one dataset : best {max(r1):>12,.0f}  median {np.median(r1):>12,.0f} samples/s "
-          f"({n1} samples/epoch)")
-    print(f"mix of two  : best {max(r2):>12,.0f}  median {np.median(r2):>12,.0f} samples/s "
-          f"({n2} samples/epoch)")
-    print(f"overhead    : {100 * (1 - max(r2) / max(r1)):.1f}% (best epochs), "
-          f"{100 * (1 - ratio):.1f}% (median of the {args.epochs} paired epochs) of the "
-          "one-dataset loader's samples/s")
+    print(
+        f"one dataset : best {max(r1):>12,.0f}  median {np.median(r1):>12,.0f} samples/s "
+        f"({n1} samples/epoch)"
+    )
+    print(
+        f"mix of two  : best {max(r2):>12,.0f}  median {np.median(r2):>12,.0f} samples/s "
+        f"({n2} samples/epoch)"
+    )
+    print(
+        f"overhead    : {100 * (1 - max(r2) / max(r1)):.1f}% (best epochs), "
+        f"{100 * (1 - ratio):.1f}% (median of the {args.epochs} paired epochs) of the "
+        "one-dataset loader's samples/s"
+    )
 
 
 if __name__ == "__main__":
