@@ -1,0 +1,157 @@
+"""One rank's rows of a staged epoch, served from memory bucket by bucket.
+
+Pass 2 of staging (:mod:`feedline.loader.data.staging.stager`): a rank's plan is cut into
+buckets of ``bucket_rows`` consecutive positions (a quarter of ``memory_budget`` each). When
+the rank reaches a bucket, every sender's file of it is read from the node's inbox (one
+sequential read each, :mod:`feedline.loader.data.staging.exchange`) and its rows are put in
+order in memory (:func:`order_bucket`); the batches are taken from there. The next bucket is
+read and ordered ahead by a thread, so at most two buckets (half the budget) are held.
+Nothing is written back: the rows cross the disk once (the exchange's write and read), not
+three times (that, then a staged file written and read back).
+
+Examples
+--------
+>>> ids = np.array([7, 5, 9, 1, 3])
+>>> data = {"x": ids * 10}
+>>> def load(b):  # bucket b: positions [2b, 2b + 2)
+...     return {"x": data["x"][2 * b : 2 * b + 2]}
+>>> held = Buckets(ids, 2, load)
+>>> rows, waited = held.rows(1, 3)
+>>> rows["x"].tolist()
+[50, 90, 10]
+>>> held.close()
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from feedline.errors import IntegrityError
+from feedline.loader.data.packed_columns import Packing
+
+__all__ = ["Buckets", "order_bucket"]
+
+
+def order_bucket(
+    records: Iterable[tuple[np.ndarray, Mapping[str, np.ndarray]]],
+    packing: Packing,
+    *,
+    at: int,
+    rows: int,
+    epoch: int,
+    rank: int,
+    bucket: int,
+) -> dict[str, np.ndarray]:
+    """Positions ``[at, at + rows)`` of a rank's plan in order, from the ``records`` sent for
+    them (each: positions, and rows keyed as the packing's storage), checked to fill each
+    position of the bucket once.
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> from feedline.loader.data.columns import column_specs
+    >>> from feedline.loader.data.packed_columns import plan_packing
+    >>> packing = plan_packing(column_specs(pa.schema({"y": pa.int64()})))
+    >>> (key,) = packing.allocate(0)
+    >>> got = order_bucket([(np.array([11, 10]), {key: np.array([[2], [1]])})], packing,
+    ...                    at=10, rows=2, epoch=0, rank=0, bucket=5)
+    >>> got[key].ravel().tolist()
+    [1, 2]
+    """
+    chunk = packing.allocate(rows)
+    filled = 0
+    for positions, values in records:
+        where = positions - at
+        if where.size and (int(where.min()) < 0 or int(where.max()) >= rows):
+            raise IntegrityError(
+                f"Staging epoch {epoch}: bucket {bucket} of rank {rank} holds positions outside "
+                "it. Fix: delete the stage_dir folder and restart."
+            )
+        for key, part in values.items():
+            chunk[key][where] = part
+        filled += where.size
+    if filled != rows:
+        raise IntegrityError(
+            f"Staging epoch {epoch}: bucket {bucket} of rank {rank} got {filled} of its {rows} "
+            "rows. Fix: check that every node runs the same loader options (seed, world_size, "
+            "ranks_per_node) on the same dataset."
+        )
+    return chunk
+
+
+class Buckets:
+    """A rank's staged epoch: its row indices ``ids`` in read order, served by :meth:`rows`
+    from buckets of ``bucket_rows`` positions that ``load(b)`` reads and orders (bucket
+    ``b + 1`` ahead in a thread while bucket ``b`` is served); ``release`` is called once by
+    :meth:`close`."""
+
+    def __init__(
+        self,
+        ids: np.ndarray,
+        bucket_rows: int,
+        load: Callable[[int], dict[str, np.ndarray]],
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        self.ids = ids
+        self.bucket_rows = int(bucket_rows)
+        self.count = -(-len(ids) // self.bucket_rows)
+        self._load, self._release = load, release
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            1, thread_name_prefix="feedline-stage-bucket"
+        )
+        self._held: dict[int, Future[dict[str, np.ndarray]]] = {}
+        self._lock = threading.Lock()
+
+    def ahead(self, bucket: int) -> None:
+        """Start reading and ordering ``bucket`` (once; after the ones already started)."""
+        with self._lock:
+            if 0 <= bucket < self.count and bucket not in self._held and self._pool:
+                self._held[bucket] = self._pool.submit(self._load, bucket)
+
+    def rows(self, at: int, n: int) -> tuple[dict[str, np.ndarray], float]:
+        """Positions ``[at, at + n)`` (``n >= 1``; views of one bucket, or a copy across two)
+        and the seconds waited for their buckets; the buckets before them are dropped."""
+        size = self.bucket_rows
+        first, last = at // size, (at + n - 1) // size
+        with self._lock:
+            for old in [b for b in self._held if b < first]:
+                self._held.pop(old).cancel()
+        for b in range(first, last + 2):  # and the next one ahead
+            self.ahead(b)
+        parts, waited = [], 0.0
+        for b in range(first, last + 1):
+            future = self._held.get(b)
+            if future is None:
+                raise IntegrityError(
+                    "A staged epoch was read after its loader closed it. Fix: iterate the "
+                    "loader again."
+                )
+            if not future.done():
+                start = time.perf_counter()
+                bucket = future.result()
+                waited += time.perf_counter() - start
+            else:
+                bucket = future.result()
+            lo, hi = max(at, b * size) - b * size, min(at + n, (b + 1) * size) - b * size
+            parts.append({k: v[lo:hi] for k, v in bucket.items()})
+        if len(parts) == 1:
+            return parts[0], waited
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, waited
+
+    def close(self) -> None:
+        """Drop the buckets held and stop reading ahead; let the inbox go."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            held, self._held = self._held, {}
+            release, self._release = self._release, None
+        for future in held.values():
+            future.cancel()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if release is not None:
+            release()
