@@ -286,3 +286,22 @@ def test_a_closed_loader_stages_again_and_stays_exact(write, tmp_path):
     source = loader._prepare().source
     assert source.join(30)
     _same(_batches(loader), _batches(memory))
+
+
+def test_a_share_over_the_page_cache_drops_its_pages_and_stays_exact(write, tmp_path, monkeypatch):
+    """A node whose share is more than its memory drops each shard's pages after pass 1 read
+    them (posix_fadvise); the batches are still cache="memory"'s."""
+    from feedline.loader.data.staging import share, stager
+
+    dropped = []
+    monkeypatch.setattr(stager, "memory_room", lambda: 1)
+    drop = share._drop_pages
+    monkeypatch.setattr(
+        share, "_drop_pages", lambda layout, f: (dropped.append(f), drop(layout, f))
+    )
+    ds = write(301, rows_per_shard=100, row_group_rows=23)
+    staged = ds.loader(cache="staged", **_kw(tmp_path, seed=3))
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=3)
+    _same(_batches(staged), _batches(memory))
+    assert staged._prepare().source.join(60)  # epoch 1, staged ahead
+    assert sorted(dropped) == [0, 0, 1, 1, 2, 2, 3, 3]  # each shard once an epoch

@@ -49,7 +49,6 @@ import os
 import shutil
 import struct
 import time
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -59,6 +58,11 @@ import numpy as np
 from feedline.errors import IntegrityError, StorageError
 from feedline.io.storage.local_files import open_regular
 from feedline.store.commit import fsync_dir
+
+try:  # ISA-L's CRC-32 (the ``isal`` package): the same value, about 10x zlib's speed
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - the same function, slower
+    from zlib import crc32
 
 __all__ = ["WAIT_TIMEOUT", "Exchange", "Outbox", "StorageExchange"]
 
@@ -141,15 +145,15 @@ class _FileOutbox:
         crc, size = self._crc[name], self._size[name]
         for view in pieces:
             handle.write(view)
-            crc, size = zlib.crc32(view, crc), size + len(view)
+            crc, size = crc32(view, crc), size + len(view)
         self._crc[name], self._size[name] = crc, size
 
     def commit(self) -> None:
+        # no fsync: a file that lost bytes in a crash of the machine fails its marker's size
+        # or CRC-32 check before any row of it is used (and is sent again), and forcing 2x the
+        # node's share to the disk here would stall pass 1 on the writeback
         for handle in self._files.values():
-            handle.flush()
-            os.fsync(handle.fileno())
             handle.close()
-        fsync_dir(self.folder)
         files = {n: [self._size[n], self._crc[n]] for n in self._files}
         self._files = {}
         tmp = self.marker.with_name(self.marker.name + f".{os.getpid()}.tmp")
@@ -350,7 +354,7 @@ def _read_records(
             f"{where} is shorter or longer than its sender's marker says ({size} "
             "bytes). Fix: delete the stage_dir folder of this epoch and restart."
         )
-    if zlib.crc32(view) != crc:
+    if crc32(view) != crc:
         raise IntegrityError(
             f"{where} does not match its sender's marker (CRC-32 or size). Fix: delete the "
             "stage_dir folder of this epoch and restart."

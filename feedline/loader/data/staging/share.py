@@ -9,6 +9,8 @@ fancy-index copy per row group and bucket, no Python per row.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from feedline.errors import FeedlineError
+from feedline.io.storage.local_files import open_regular
 from feedline.loader.data.memory_cache import FileLayout, _checked, fill_arrays, read_rows
 from feedline.loader.data.packed_columns import Packing, column_views
 from feedline.loader.data.staging.exchange import Outbox
@@ -32,12 +36,16 @@ READ_AHEAD = 2
 @dataclass(frozen=True)
 class Share:
     """Where this node stands: its number among ``nodes``, ``ranks_per_node`` consecutive
-    ranks each, ``world_size`` ranks in all."""
+    ranks each, ``world_size`` ranks in all; ``drop_pages``: its share is more than the page
+    cache may hold, so each local shard's pages are dropped from it once its row groups are
+    read (they would be evicted before the next epoch anyway; the bucket files written next
+    keep the room)."""
 
     node: int
     nodes: int
     ranks_per_node: int
     world_size: int
+    drop_pages: bool = False
 
 
 def send_share(
@@ -78,6 +86,7 @@ def send_share(
         return storage
 
     todo = [g for g in groups if sizes[g]]
+    last = {int(file_of[g]): g for g in todo}  # each file's last row group in the share
     with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="feedline-stage-read") as pool:
         ahead = deque(pool.submit(read, g) for g in todo[:READ_AHEAD])
         for k, g in enumerate(todo):
@@ -91,6 +100,18 @@ def send_share(
             sent = _route(found, int(a), int(b), int(starts[g]), storage, outboxes, per_rank,
                           share.ranks_per_node)  # fmt: skip
             report.bytes_sent += sent * row_bytes
+            f = int(file_of[g])
+            if share.drop_pages and last[f] == g:
+                _drop_pages(layout, f)
+
+
+def _drop_pages(layout: FileLayout, file: int) -> None:
+    """Drop a local shard's pages from the page cache (``posix_fadvise``; best effort)."""
+    loc = layout.files[file]
+    if not loc.is_local or not hasattr(os, "posix_fadvise"):
+        return
+    with contextlib.suppress(OSError, FeedlineError), open_regular(loc.path) as handle:
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _route(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.ndarray],

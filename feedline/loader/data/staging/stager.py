@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError, FeedlineError, StorageError
+from feedline.host import memory_room
 from feedline.loader.data.memory_cache import FileLayout
 from feedline.loader.data.packed_columns import Packing
 from feedline.loader.data.staging.buckets import Buckets, order_bucket
@@ -199,7 +200,9 @@ class StagedEpochs:
         ]
         self.row_bytes = max(1, packing.row_bytes)
         self.bucket_rows = max(1, self.budget // BUCKET_SHARE // self.row_bytes)
-        self.share = Share(self.node, self.nodes, self.ranks_per_node, self.world_size)
+        share_bytes = layout.num_rows * self.row_bytes // self.nodes
+        self.share = Share(self.node, self.nodes, self.ranks_per_node, self.world_size,
+                           drop_pages=share_bytes > memory_room())  # fmt: skip
         self.planner: Callable[[int], StagePlan] | None = None
         self._tasks: dict[tuple[int, str], _Task] = {}
         self._queue: list[_Task] = []
