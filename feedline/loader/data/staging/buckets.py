@@ -4,8 +4,10 @@ Pass 2 of staging (:mod:`feedline.loader.data.staging.stager`): a rank's plan is
 buckets of ``bucket_rows`` consecutive positions (a quarter of ``memory_budget`` each). When
 the rank reaches a bucket, every sender's file of it is read from the node's inbox (one
 sequential read each, :mod:`feedline.loader.data.staging.exchange`) and its rows are put in
-order in memory (:func:`order_bucket`); the batches are taken from there. The next bucket is
-read and ordered ahead by a thread, so at most two buckets (half the budget) are held.
+order in memory (:func:`order_bucket`); the batches are taken from there. The next
+:data:`AHEAD` buckets are read and ordered ahead, each by its own thread (a bucket's file is
+read whole before it is ordered, so a bucket being read holds twice its size): with buckets
+of an eighth of the budget, at most five eighths are held.
 Nothing is written back: the rows cross the disk once (the exchange's write and read), not
 three times (that, then a staged file written and read back).
 
@@ -34,7 +36,11 @@ import numpy as np
 from feedline.errors import IntegrityError
 from feedline.loader.data.packed_columns import Packing
 
-__all__ = ["Buckets", "order_bucket"]
+__all__ = ["AHEAD", "Buckets", "order_bucket"]
+
+#: buckets read and ordered ahead of the one served, each by its own thread (measured: one
+#: ahead left the loop waiting for the disk when it outran one bucket read)
+AHEAD = 2
 
 
 def order_bucket(
@@ -86,9 +92,9 @@ def order_bucket(
 
 class Buckets:
     """A rank's staged epoch: its row indices ``ids`` in read order, served by :meth:`rows`
-    from buckets of ``bucket_rows`` positions that ``load(b)`` reads and orders (bucket
-    ``b + 1`` ahead in a thread while bucket ``b`` is served); ``release`` is called once by
-    :meth:`close`."""
+    from buckets of ``bucket_rows`` positions that ``load(b)`` reads and orders (buckets
+    ``b + 1`` to ``b + AHEAD`` ahead, in threads, while bucket ``b`` is served); ``release``
+    is called once by :meth:`close`."""
 
     def __init__(
         self,
@@ -102,7 +108,7 @@ class Buckets:
         self.count = -(-len(ids) // self.bucket_rows)
         self._load, self._release = load, release
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            1, thread_name_prefix="feedline-stage-bucket"
+            AHEAD, thread_name_prefix="feedline-stage-bucket"
         )
         self._held: dict[int, Future[dict[str, np.ndarray]]] = {}
         self._lock = threading.Lock()
@@ -121,7 +127,7 @@ class Buckets:
         with self._lock:
             for old in [b for b in self._held if b < first]:
                 self._held.pop(old).cancel()
-        for b in range(first, last + 2):  # and the next one ahead
+        for b in range(first, last + 1 + AHEAD):  # and the next ones ahead
             self.ahead(b)
         parts, waited = [], 0.0
         for b in range(first, last + 1):
