@@ -1,15 +1,15 @@
 """One rank's rows of a staged epoch, served from memory bucket by bucket.
 
 Pass 2 of staging (:mod:`feedline.loader.data.staging.stager`): a rank's plan is cut into
-buckets of ``bucket_rows`` consecutive positions (a quarter of ``memory_budget`` each). When
+buckets of ``bucket_rows`` consecutive positions (an eighth of ``memory_budget`` each). When
 the rank reaches a bucket, every sender's file of it is read from the node's inbox (one
 sequential read each, :mod:`feedline.loader.data.staging.exchange`) and its rows are put in
 order in memory (:func:`order_bucket`); the batches are taken from there. The next
 :data:`AHEAD` buckets are read and ordered ahead, each by its own thread (a bucket's file is
 read whole before it is ordered, so a bucket being read holds twice its size): with buckets
-of an eighth of the budget, at most five eighths are held.
-Nothing is written back: the rows cross the disk once (the exchange's write and read), not
-three times (that, then a staged file written and read back).
+of an eighth of the budget, at most five eighths are held. Nothing is written back: the
+rows are written and read back once (the exchange's bucket files), not twice (those, then a
+staged file per rank).
 
 Examples
 --------

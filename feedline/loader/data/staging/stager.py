@@ -142,7 +142,7 @@ class StagedEpochs:
     (:func:`~feedline.loader.order.stage_routes.stage_plan`).
     """
 
-    nbytes = 0  # at most two buckets, freed as the epoch is read
+    nbytes = 0  # at most three buckets (see buckets.AHEAD), freed as the epoch is read
 
     def __init__(
         self,
