@@ -70,8 +70,10 @@ __all__ = ["WAIT_TIMEOUT", "Exchange", "Outbox", "StorageExchange"]
 WAIT_TIMEOUT = 3600.0
 #: a record's header: the number of rows that follow
 _RECORD = struct.Struct("<q")
-#: bytes buffered per open bucket file while sending
-_BUFFER = 256 << 10
+#: bytes buffered per open bucket file while sending (one file per bucket of every rank is
+#: open: their buffers add up, 256 KiB each got a 300 MiB cgroup OOM-killed; a record longer
+#: than this goes straight to the file)
+_BUFFER = 64 << 10
 
 #: a stored array's key, dtype and one row's shape
 ArrayLayout = tuple[str, np.dtype, tuple[int, ...]]
