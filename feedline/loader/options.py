@@ -129,7 +129,7 @@ class LoaderOptions:
         shuffle within ``memory_budget``: the rows go to per-rank bucket files (under
         ``stage_dir``, by default ``<cache_dir>/staged/exchange``), each bucket is read back
         sequentially and put in the rank's read order in memory as the rank reaches it
-        (three buckets held, an eighth of the budget each); each node reads only its share
+        (two buckets held, a sixteenth of the budget each); each node reads only its share
         of the row groups (see ``ranks_per_node``, ``stage_dir`` and
         :mod:`feedline.loader.data.staging.stager`). ``"auto"`` picks it, when shuffling,
         for numbers and tensors of a written dataset over ``memory_budget``.

@@ -17,7 +17,7 @@ ROW = 8 + 4 + 24 + 8
 def _kw(tmp_path, **extra):
     """Loader options: a budget so small that a bucket is 37 rows (many buckets; a gather of
     whole batches often spans two)."""
-    return {"batch_size": 8, "format": "numpy", "memory_budget": ROW * 37 * 8,
+    return {"batch_size": 8, "format": "numpy", "memory_budget": ROW * 37 * 16,
             "cache_dir": tmp_path / "cache"} | extra  # fmt: skip
 
 
@@ -157,10 +157,10 @@ def test_metrics_report_staging_and_whether_it_was_hidden(write, tmp_path):
 
 
 def test_memory_stays_within_the_budget_per_bucket(write, tmp_path):
-    """A bucket holds at most an eighth of memory_budget: the pass-2 chunk is that big."""
+    """A bucket holds at most a sixteenth of memory_budget: the pass-2 chunk is that big."""
     ds = write(300)
     loader = ds.loader(cache="staged", **_kw(tmp_path))
-    assert loader.stats()["stage_bucket_rows"] * ROW <= loader.memory_budget // 8
+    assert loader.stats()["stage_bucket_rows"] * ROW <= loader.memory_budget // 16
 
 
 def test_no_staged_file_is_written_and_a_restart_reuses_the_inbox(write, tmp_path, monkeypatch):

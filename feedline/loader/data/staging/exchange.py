@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import shutil
 import struct
@@ -337,7 +338,7 @@ def _read_records(
             f"Cannot read {where}: {exc}. Fix: check that stage_dir= is shared by every node "
             "and that nothing deletes files in it while the loaders run."
         ) from exc
-    data = np.empty(size, np.uint8)
+    data = np.frombuffer(mmap.mmap(-1, max(1, size), flags=mmap.MAP_PRIVATE), np.uint8, size)
     with handle:
         fd = handle.fileno()
         with contextlib.suppress(OSError, AttributeError):

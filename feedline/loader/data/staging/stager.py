@@ -10,11 +10,11 @@ each rank's read order, with sequential reads only and a bounded amount of memor
    groups, sequentially (all of them for one node;
    :func:`~feedline.loader.order.stage_routes.node_row_groups` for several), and sends each
    row to the bucket of each of its destinations ``(rank, position)``: buckets of
-   ``bucket_rows`` consecutive positions of one rank, an eighth of ``memory_budget`` each,
+   ``bucket_rows`` consecutive positions of one rank, a sixteenth of ``memory_budget`` each,
    written as files through the exchange (:mod:`~feedline.loader.data.staging.exchange`);
 2. pass 2 (:mod:`~feedline.loader.data.staging.buckets`): each rank takes its buckets one by
    one from every sender as it reaches them, puts each in order in memory and serves its
-   batches from there, the next two buckets read and ordered ahead by threads.
+   batches from there, the next bucket read and ordered ahead by a thread.
 
 Across the cluster each row is read from the dataset once per epoch, and crosses the disk
 (or the shared folder) once more: written to a bucket file, read back once. A *node* is a
@@ -91,8 +91,9 @@ __all__ = ["BUCKET_SHARE", "StagedEpochs", "staged_dir"]
 logger = logging.getLogger(__name__)
 
 #: a bucket holds at most this share of ``memory_budget`` (the one served and ``AHEAD`` read
-#: ahead, each twice its size while its file is read: five eighths of the budget at most)
-BUCKET_SHARE = 8
+#: ahead, twice its size while its file is read: three sixteenths of the budget at most,
+#: beside pass 1's row groups of the next epoch)
+BUCKET_SHARE = 16
 
 
 def staged_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -142,7 +143,7 @@ class StagedEpochs:
     (:func:`~feedline.loader.order.stage_routes.stage_plan`).
     """
 
-    nbytes = 0  # at most three buckets (see buckets.AHEAD), freed as the epoch is read
+    nbytes = 0  # at most two buckets (see buckets.AHEAD), freed as the epoch is read
 
     def __init__(
         self,
@@ -361,7 +362,8 @@ class StagedEpochs:
 
         staged = Buckets(np.asarray(ids, np.int64), size, load, lambda: os.close(fd))
         report.buckets = staged.count
-        staged.ahead(task.start // size)
+        if task.start:  # a resumed session: its first bucket (else bucket 0 when it starts)
+            staged.ahead(task.start // size)
         task.staged = staged
         task.started.set()
 
