@@ -43,7 +43,7 @@ from feedline.loader.data.backend import Backend, LoaderInput, as_source, open_b
 from feedline.loader.data.fingerprint import data_fingerprint
 from feedline.loader.data.memory_budget import resolve_budget
 from feedline.loader.data.shard_cache import default_cache_dir
-from feedline.loader.data.staged_epochs import StagedEpochs
+from feedline.loader.data.staging.stager import StagedEpochs
 from feedline.loader.data.windows import window_copier
 from feedline.loader.nodes.gather import Gather
 from feedline.loader.nodes.indices import Order
@@ -789,10 +789,12 @@ class Loader:
         ``cache="staged"`` (``stats()["cache"] == "staged"``, ``shuffle_mode`` ``"exact"``)
         adds ``staged_dir``, ``stage_nodes``, ``stage_node``, ``stage_bucket_rows`` and
         ``staged_epochs``: per epoch asked for, ``stage_s``, ``stage_wait_s``,
-        ``stage_hidden``, ``staged_here`` (this process staged it, rather than finding it
-        staged), ``stage_rows_read`` and ``stage_bytes_read`` (rows this node read from the
-        dataset, and their bytes as loader arrays), ``stage_bytes_sent`` and ``stage_buckets``
-        (see :mod:`feedline.loader.data.staged_epochs`).
+        ``stage_hidden`` (the loop waited for pass 1 and for buckets less than 5% of the
+        staging time), ``staged_here`` (this process ran pass 1 for its node, rather than
+        finding the node's inbox complete), ``stage_rows_read`` and ``stage_bytes_read``
+        (rows this node read from the dataset, and their bytes as loader arrays),
+        ``stage_bytes_sent`` and ``stage_buckets`` (this rank's)
+        (see :mod:`feedline.loader.data.staging.stager`).
 
         A remote dataset read through the shard cache adds its folder, limit and counters
         (``shard_hits``, ``shard_downloads``, ``shard_download_bytes``, ``shard_evictions``,

@@ -125,11 +125,13 @@ class LoaderOptions:
         ``world_size > 1`` and those hold, for an estimate of 64 MiB up to ``memory_budget``.
         See :mod:`feedline.loader.data.node_cache`. ``"staged"``: the exact order of
         ``"memory"`` (same batches, same ``state_dict()``) for data over the memory: each
-        epoch is staged, one epoch ahead in a background thread, into one file per rank under
-        ``<cache_dir>/staged`` in the rank's read order (a two-pass external shuffle within
-        ``memory_budget``), which the rank reads sequentially; each node reads only its share
+        epoch is staged, one epoch ahead in a background thread, by a two-pass external
+        shuffle within ``memory_budget``: the rows go to per-rank bucket files (under
+        ``stage_dir``, by default ``<cache_dir>/staged/exchange``), each bucket is read back
+        sequentially and put in the rank's read order in memory as the rank reaches it
+        (two buckets held, a sixteenth of the budget each); each node reads only its share
         of the row groups (see ``ranks_per_node``, ``stage_dir`` and
-        :mod:`feedline.loader.data.staged_epochs`). ``"auto"`` picks it, when shuffling,
+        :mod:`feedline.loader.data.staging.stager`). ``"auto"`` picks it, when shuffling,
         for numbers and tensors of a written dataset over ``memory_budget``.
     prefetch:
         Batches a background thread keeps ready (at least). It gathers them in groups with one
@@ -248,7 +250,7 @@ class LoaderOptions:
     stage_dir:
         ``cache="staged"`` on several nodes: a folder every node reads and writes (a shared
         file system) through which the nodes exchange the rows each one read for the others
-        (see :mod:`feedline.loader.data.stage_exchange`). ``None``: one node, a local folder
+        (see :mod:`feedline.loader.data.staging.exchange`). ``None``: one node, a local folder
         under ``<cache_dir>/staged``.
     ranks_per_node:
         Training processes per machine: rank ``r`` runs on node ``r // ranks_per_node``

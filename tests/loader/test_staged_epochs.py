@@ -8,16 +8,16 @@ import threading
 import numpy as np
 import pytest
 
-from feedline.loader.data import staged_epochs
-from feedline.loader.data.staged_epochs import StagedEpochs
+from feedline.loader.data.staging.stager import StagedEpochs
 
 #: bytes of one row of the loader conftest's table (id, x, vec, label)
 ROW = 8 + 4 + 24 + 8
 
 
 def _kw(tmp_path, **extra):
-    """Loader options: a budget so small that a bucket is 40 rows (many buckets)."""
-    return {"batch_size": 8, "format": "numpy", "memory_budget": ROW * 40 * 4,
+    """Loader options: a budget so small that a bucket is 37 rows (many buckets; a gather of
+    whole batches often spans two)."""
+    return {"batch_size": 8, "format": "numpy", "memory_budget": ROW * 37 * 16,
             "cache_dir": tmp_path / "cache"} | extra  # fmt: skip
 
 
@@ -43,7 +43,7 @@ def _same(a, b):
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_staged_batches_equal_memory_batches(write, tmp_path, seed, world, drop_last):
     """Every rank, two epochs: the same batches, in the same order, as cache="memory" (a
-    bucket is 40 rows: many buckets per rank, row groups split across them)."""
+    bucket is 37 rows: many buckets per rank, row groups split across them)."""
     ds = write(301, rows_per_shard=100, row_group_rows=23)
     for rank in range(world):
         common = {"seed": seed, "rank": rank, "world_size": world, "drop_last": drop_last}
@@ -113,11 +113,11 @@ def test_resume_at_an_epoch_boundary_while_the_next_epoch_is_staged(
     gate, entered = threading.Event(), threading.Event()
     receive = StagedEpochs._receive
 
-    def held(self, plan, rank, task, report):
+    def held(self, plan, task, report):
         if plan.epoch == 1 and self.world_size == 2:
             entered.set()
             gate.wait(60)
-        return receive(self, plan, rank, task, report)
+        return receive(self, plan, task, report)
 
     monkeypatch.setattr(StagedEpochs, "_receive", held)
     old = ds.loader(cache="staged", **_kw(tmp_path, seed=9, world_size=2, rank=0))
@@ -139,7 +139,7 @@ def test_resume_at_an_epoch_boundary_while_the_next_epoch_is_staged(
     _same(_batches(new), expected)
     gate.set()
     report = {r["epoch"]: r for r in new.stats()["staged_epochs"]}
-    assert report[1]["staged_here"] is elastic  # same plan: the old loader's file was used
+    assert report[1]["staged_here"] is elastic  # same plan: the old loader's inbox was used
 
 
 def test_metrics_report_staging_and_whether_it_was_hidden(write, tmp_path):
@@ -153,27 +153,53 @@ def test_metrics_report_staging_and_whether_it_was_hidden(write, tmp_path):
     assert all(isinstance(m["stage_hidden"], bool) for m in metrics)
     report = loader.stats()["staged_epochs"]
     assert report[0]["stage_rows_read"] == 300 and report[0]["staged_here"]
-    assert report[0]["stage_buckets"] == -(-296 // 40)  # 37 batches of 8 rows, 40 per bucket
+    assert report[0]["stage_buckets"] == -(-296 // 37)  # 37 batches of 8 rows, 37 per bucket
 
 
 def test_memory_stays_within_the_budget_per_bucket(write, tmp_path):
-    """A bucket holds at most a quarter of memory_budget: the pass-2 chunk is that big."""
+    """A bucket holds at most a sixteenth of memory_budget: the pass-2 chunk is that big."""
     ds = write(300)
     loader = ds.loader(cache="staged", **_kw(tmp_path))
-    assert loader.stats()["stage_bucket_rows"] * ROW <= loader.memory_budget // 4
+    assert loader.stats()["stage_bucket_rows"] * ROW <= loader.memory_budget // 16
 
 
-def test_a_damaged_staged_file_is_staged_again(write, tmp_path):
-    """A truncated staged file (a lost write) is never served: it is staged again."""
+def test_no_staged_file_is_written_and_a_restart_reuses_the_inbox(write, tmp_path, monkeypatch):
+    """The rank's rows are served from its buckets in memory (never read from the dataset
+    again): nothing but the exchange's bucket files is written. A new loader resuming
+    mid-epoch reads the epoch's inbox again (pass 1 is not run again) and yields the rest of
+    cache="memory"'s epoch."""
+    from feedline.loader.data.staging import session
+
+    def refuse(self, indices, out=None):
+        raise AssertionError("a staged batch was read from the dataset")
+
+    monkeypatch.setattr(session.DirectRows, "gather", refuse)
+    ds = write(300)
+    first = ds.loader(cache="staged", **_kw(tmp_path, seed=8))
+    head = _batches(first, 6)
+    state = first.state_dict()
+    folder = tmp_path / "cache" / "staged"
+    written = [p for p in folder.rglob("*") if p.is_file() and ".locks" not in p.parts]
+    assert written and all("exchange" in p.parts for p in written)
+    assert not list(folder.rglob("*.stage"))
+    again = ds.loader(cache="staged", **_kw(tmp_path, seed=8))
+    again.load_state_dict(state)
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=8)
+    _same(head + _batches(again), _batches(memory))
+    report = again.stats()["staged_epochs"][0]
+    assert report["staged_here"] is False and report["stage_rows_read"] == 0
+
+
+def test_a_damaged_inbox_is_staged_again(write, tmp_path):
+    """A bucket file that lost bytes (a lost write) is never served: a new loader finds the
+    inbox incomplete, its node sends the rows again, and the batches stay exact."""
     ds = write(300)
     loader = ds.loader(cache="staged", **_kw(tmp_path, seed=2))
     expected = _batches(loader)
-    assert loader._prepare().source.join(60)
-    folder = tmp_path / "cache" / "staged"
-    files = sorted(folder.glob("*/*.e0.r0.stage"))
+    files = sorted((tmp_path / "cache" / "staged" / "exchange").rglob("e0/to0/from0/r0.b1"))
     assert len(files) == 1
     with open(files[0], "r+b") as f:
-        f.truncate(files[0].stat().st_size - 4096)
+        f.truncate(files[0].stat().st_size - 8)
     again = ds.loader(cache="staged", **_kw(tmp_path, seed=2))
     _same(_batches(again), expected)
     assert again.stats()["staged_epochs"][0]["staged_here"] is True
@@ -230,7 +256,7 @@ def test_several_nodes_need_a_stage_dir(write, tmp_path):
 def test_bucket_files_are_checked_against_the_marker(write, tmp_path, monkeypatch):
     """A bucket file changed after its marker was written is refused, never served."""
     from feedline.errors import IntegrityError
-    from feedline.loader.data import stage_exchange
+    from feedline.loader.data.staging import exchange as stage_exchange
 
     ds = write(200)
     commit = stage_exchange._FileOutbox.commit
@@ -246,7 +272,6 @@ def test_bucket_files_are_checked_against_the_marker(write, tmp_path, monkeypatc
     loader = ds.loader(cache="staged", **_kw(tmp_path))
     with pytest.raises(IntegrityError, match="marker"):
         _batches(loader)
-    assert staged_epochs.MAGIC  # the module under test
 
 
 @pytest.mark.timeout(60)
@@ -261,3 +286,22 @@ def test_a_closed_loader_stages_again_and_stays_exact(write, tmp_path):
     source = loader._prepare().source
     assert source.join(30)
     _same(_batches(loader), _batches(memory))
+
+
+def test_a_share_over_the_page_cache_drops_its_pages_and_stays_exact(write, tmp_path, monkeypatch):
+    """A node whose share is more than its memory drops each shard's pages after pass 1 read
+    them (posix_fadvise); the batches are still cache="memory"'s."""
+    from feedline.loader.data.staging import share, stager
+
+    dropped = []
+    monkeypatch.setattr(stager, "memory_room", lambda: 1)
+    drop = share._drop_pages
+    monkeypatch.setattr(
+        share, "_drop_pages", lambda layout, f: (dropped.append(f), drop(layout, f))
+    )
+    ds = write(301, rows_per_shard=100, row_group_rows=23)
+    staged = ds.loader(cache="staged", **_kw(tmp_path, seed=3))
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=3)
+    _same(_batches(staged), _batches(memory))
+    assert staged._prepare().source.join(60)  # epoch 1, staged ahead
+    assert sorted(dropped) == [0, 0, 1, 1, 2, 2, 3, 3]  # each shard once an epoch

@@ -50,17 +50,19 @@ def _worker(path, cache_dir, stage_dir, rank, world, per_node, out) -> None:
 
 
 def _killed(path, cache_dir, flag) -> None:
-    """Stage epoch 0, and stop for good once the first bucket is written (to be killed)."""
-    from feedline.loader.data import staged_epochs
+    """Stage epoch 0, and stop for good once the first bucket rows are sent (to be killed)."""
+    from feedline.loader.data.staging import exchange
 
-    write = staged_epochs._Sink.write
+    write = exchange._FileOutbox.write
 
-    def write_then_hang(self, at, rows):
-        write(self, at, rows)
-        Path(flag).write_text(str(self.tmp))
+    def write_then_hang(self, rank, bucket, positions, rows):
+        write(self, rank, bucket, positions, rows)
+        for handle in self._files.values():
+            handle.flush()
+        Path(flag).write_text(str(self.marker))
         time.sleep(600)
 
-    staged_epochs._Sink.write = write_then_hang
+    exchange._FileOutbox.write = write_then_hang
     next(iter(fl.open(path).loader(**_options(cache_dir=cache_dir, prefetch=0))))
 
 
@@ -112,8 +114,9 @@ def test_simulated_nodes_exchange_through_a_shared_folder(tmp_path, world, per_n
 
 @pytest.mark.timeout(180)
 def test_a_stager_killed_mid_way_never_serves_a_partial_epoch(tmp_path):
-    """SIGKILL while epoch 0 is half staged: a new loader finds no staged file, only the
-    temporary one, removes it and stages the epoch again; its batches are cache="memory"'s."""
+    """SIGKILL while epoch 0's rows are half sent: its bucket files have no marker, so a new
+    loader never reads them; it sends the rows again (replacing them) and its batches are
+    cache="memory"'s."""
     path = _write(tmp_path / "ds", 600)
     flag = tmp_path / "flag"
     child = _start("killed", path, tmp_path / "cache", flag)
@@ -121,21 +124,19 @@ def test_a_stager_killed_mid_way_never_serves_a_partial_epoch(tmp_path):
         deadline = time.monotonic() + 120
         while not flag.exists() and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert flag.exists(), "the child never wrote a bucket"
+        assert flag.exists(), "the child never sent a row"
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
-    tmp = Path(flag.read_text())
-    assert tmp.exists()  # the partial epoch, under its temporary name
-    folder = tmp.parent.parent
-    assert list(folder.glob("*.stage")) == []  # never at a final name
+    marker = Path(flag.read_text())
+    partial = marker.parent / marker.name.removesuffix(".done")
+    assert not marker.exists() and any(partial.iterdir())  # rows sent, never marked complete
     loader = fl.open(path).loader(**_options(cache_dir=tmp_path / "cache"))
     memory = fl.open(path).loader(batch_size=16, format="numpy", seed=11, cache="memory")
     assert [b["id"].tolist() for b in loader] == [b["id"].tolist() for b in memory]
     assert loader._prepare().source.join(60)
     assert loader.stats()["staged_epochs"][0]["staged_here"] is True
-    assert not tmp.exists()  # the killed stager's leftover is gone
-    assert len(list(folder.glob("*.e0.r0.stage"))) == 1
+    assert marker.exists()  # sent again, whole
 
 
 if __name__ == "__main__":

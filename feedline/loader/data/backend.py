@@ -46,7 +46,7 @@ from feedline.loader.data.node_cache import NodeCache, cache_key, open_node_cach
 from feedline.loader.data.packed_columns import Packing, plan_packing
 from feedline.loader.data.row_group_stream import PoolReader, StreamStats, sequential_pools
 from feedline.loader.data.shard_cache import ShardCache
-from feedline.loader.data.staged_epochs import StagedEpochs
+from feedline.loader.data.staging.stager import StagedEpochs
 from feedline.loader.data.windows import Windows, WindowSampler
 from feedline.loader.order.sample_order import block_shuffle_pools
 from feedline.store.shard_source import (
@@ -251,7 +251,7 @@ def open_backend(
     ``batch_size`` and ``world_size`` cut contiguous windows into runs.
 
     ``cache="staged"`` stages each epoch in each rank's read order (see
-    :mod:`feedline.loader.data.staged_epochs`: ``rank``, ``ranks_per_node`` (default: every
+    :mod:`feedline.loader.data.staging.stager`: ``rank``, ``ranks_per_node`` (default: every
     rank on one node) and ``stage_dir``, the exchange folder shared by the nodes); ``"auto"``
     does too, when shuffling, instead of streaming the columns over ``budget`` (unless they hold
     strings, or several nodes name no ``stage_dir``: then it streams, two-level).

@@ -1,7 +1,7 @@
 """Where each row goes when an epoch is staged: pure functions of the ranks' plans.
 
-``cache="staged"`` (:mod:`feedline.loader.data.staged_epochs`) writes each rank's samples
-of an epoch, in the order the rank reads them, into a file. A *node* is a group of
+``cache="staged"`` (:mod:`feedline.loader.data.staging.stager`) puts each rank's samples
+of an epoch in the order the rank reads them, bucket by bucket. A *node* is a group of
 ``ranks_per_node`` consecutive ranks (rank ``r`` is on node ``r // ranks_per_node``, as
 torchrun numbers them); node ``n`` reads only its share of the row groups
 (:func:`node_row_groups`: contiguous, balanced by rows) and sends each row to the

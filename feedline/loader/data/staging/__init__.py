@@ -1,0 +1,1 @@
+"""``cache="staged"``: each epoch's rows staged ahead in each rank's read order."""

@@ -1,0 +1,142 @@
+"""Pass 1 of staging an epoch: read this node's share of the row groups and send each row to
+the buckets of its destinations.
+
+Row groups are read in order (:data:`READ_AHEAD` decoded ahead, each by its own thread, while
+the one before is routed); the rows of one row group bound for one bucket go out as one record
+(:meth:`~feedline.loader.data.staging.exchange.Outbox.write`): one ``argsort`` and one
+fancy-index copy per row group and bucket, no Python per row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from feedline.errors import FeedlineError
+from feedline.io.storage.local_files import open_regular
+from feedline.loader.data.memory_cache import FileLayout, _checked, fill_arrays, read_rows
+from feedline.loader.data.packed_columns import Packing, column_views
+from feedline.loader.data.staging.exchange import Outbox
+from feedline.loader.data.staging.report import StageReport
+from feedline.loader.order.stage_routes import Routes, StagePlan, node_of, node_row_groups, routes
+
+__all__ = ["READ_AHEAD", "Share", "send_share"]
+
+#: row groups decoded ahead (each by its own thread) while the stager routes one
+READ_AHEAD = 2
+
+
+@dataclass(frozen=True)
+class Share:
+    """Where this node stands: its number among ``nodes``, ``ranks_per_node`` consecutive
+    ranks each, ``world_size`` ranks in all; ``drop_pages``: its share is more than the page
+    cache may hold, so each local shard's pages are dropped from it once its row groups are
+    read (they would be evicted before the next epoch anyway; the bucket files written next
+    keep the room)."""
+
+    node: int
+    nodes: int
+    ranks_per_node: int
+    world_size: int
+    drop_pages: bool = False
+
+
+def send_share(
+    layout: FileLayout,
+    packing: Packing,
+    plan: StagePlan,
+    share: Share,
+    outboxes: Mapping[int, Outbox],
+    cuts: Mapping[int, int],
+    report: StageReport,
+    check: Callable[[], None],
+) -> None:
+    """Read ``share.node``'s row groups and send each row of them to its buckets: to the
+    ``outboxes`` (by destination node; a node without one was sent its rows before), cut as
+    ``cuts`` says (each receiving node's rows per bucket). ``check()`` runs before each row
+    group (it raises to stop)."""
+    sizes = layout.row_group_sizes
+    starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    groups = node_row_groups(sizes, share.nodes)[share.node]
+    lo, hi = int(starts[groups.start]), int(starts[groups.stop])
+    found = routes(plan.plans, lo, hi)
+    file_of, local, _ = layout.locate()
+    names = [s.name for s in packing.specs]
+    piece = read_rows(packing, layout.source.schema())
+    row_bytes = max(1, packing.row_bytes)
+    per_rank = np.array([cuts.get(node_of(r, share.ranks_per_node), 1)
+                         for r in range(share.world_size)], dtype=np.int64)  # fmt: skip
+
+    def read(g: int) -> dict[str, np.ndarray]:
+        storage = packing.allocate(int(sizes[g]))
+        views = column_views(packing, storage)
+        f, i = int(file_of[g]), int(local[g])
+        where = f"shard {layout.files[f].url!r}, row group {i}"
+        parts = _checked(layout.iter_read(f, [i], names, piece), int(sizes[g]), where)
+        first = int(starts[g])
+        fill_arrays(views, parts, packing.specs, 0, where, lambda r: first + r)
+        pa.default_memory_pool().release_unused()
+        return storage
+
+    todo = [g for g in groups if sizes[g]]
+    last = {int(file_of[g]): g for g in todo}  # each file's last row group in the share
+    with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="feedline-stage-read") as pool:
+        ahead = deque(pool.submit(read, g) for g in todo[:READ_AHEAD])
+        for k, g in enumerate(todo):
+            check()
+            storage = ahead.popleft().result()
+            if k + READ_AHEAD < len(todo):  # the next row groups decode meanwhile
+                ahead.append(pool.submit(read, todo[k + READ_AHEAD]))
+            report.rows_read += int(sizes[g])
+            report.bytes_read += int(sizes[g]) * row_bytes
+            a, b = np.searchsorted(found.source, [starts[g], starts[g + 1]])
+            sent = _route(found, int(a), int(b), int(starts[g]), storage, outboxes, per_rank,
+                          share.ranks_per_node)  # fmt: skip
+            report.bytes_sent += sent * row_bytes
+            f = int(file_of[g])
+            if share.drop_pages and last[f] == g:
+                _drop_pages(layout, f)
+
+
+def _drop_pages(layout: FileLayout, file: int) -> None:
+    """Drop a local shard's pages from the page cache (``posix_fadvise``; best effort)."""
+    loc = layout.files[file]
+    if not loc.is_local or not hasattr(os, "posix_fadvise"):
+        return
+    with contextlib.suppress(OSError, FeedlineError), open_regular(loc.path) as handle:
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _route(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.ndarray],
+           outboxes: Mapping[int, Outbox], per_rank: np.ndarray, ranks_per_node: int,
+           ) -> int:  # fmt: skip
+    """Send rows ``found[a:b]`` of one row group (its arrays ``storage``, its first row
+    ``first``) to their buckets (``per_rank``: each rank's rows per bucket); the rows sent."""
+    if a == b:
+        return 0
+    rank, pos = found.rank[a:b], found.position[a:b]
+    rows = found.source[a:b] - first
+    size = per_rank[rank]
+    buckets = (rank << 32) | (pos // size)
+    order = np.argsort(buckets, kind="stable")
+    ends = np.flatnonzero(np.diff(buckets[order])) + 1
+    picked = {k: v[rows[order]] for k, v in storage.items()}  # one copy, grouped by bucket
+    sent = 0
+    for lo, hi in zip(np.concatenate([[0], ends]), np.concatenate([ends, [len(order)]]),
+                      strict=True):  # fmt: skip
+        head = int(order[lo])
+        r = int(rank[head])
+        box = outboxes.get(node_of(r, ranks_per_node))
+        if box is None:  # delivered by an earlier run of this node
+            continue
+        box.write(r, int(pos[head]) // int(size[head]), pos[order[lo:hi]],
+                  {k: v[lo:hi] for k, v in picked.items()})  # fmt: skip
+        sent += int(hi - lo)
+    return sent
