@@ -15,6 +15,7 @@ test, never by another Ray user of the machine, and it is stopped in teardown.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -175,14 +176,32 @@ def ray_head() -> Iterator[dict[str, Any]]:
         assert address_file.exists(), Path(temp, "head.log").read_text()[-3000:]
         yield {"env": env, "address": address_file.read_text().strip()}
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # ray start --block stops what it started
+        # ray start --block stops what it started on SIGTERM, but gracefully (~30 s): give it
+        # a moment, then kill its group and every process of this private Ray (their command
+        # lines name its temporary folder)
+        os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(60)
+            head.wait(3)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(30)
+        _kill_processes_naming(temp)
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _kill_processes_naming(text: str) -> None:
+    """SIGKILL every process whose command line contains ``text``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in command:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 @pytest.mark.timeout(500)
