@@ -16,9 +16,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from feedline.errors import ConcurrentWriteError, ConfigurationError, FormatError, SchemaError
+from feedline.errors import ConcurrentWriteError, FormatError, SchemaError
 from feedline.io.lakehouse.delta import deltalake_library
-from feedline.io.lakehouse.table_writes import CountedStream, check_append_schema, check_mode
+from feedline.io.lakehouse.table_writes import (
+    CountedStream,
+    check_append_schema,
+    check_mode,
+    library_options,
+    refuse_existing,
+)
 
 __all__ = ["TableWrite", "write_delta_table"]
 
@@ -62,14 +68,11 @@ def write_delta_table(
     deltalake = deltalake_library("Dataset.write_delta")
     check_mode(mode, "write_delta")
     url = os.fspath(path)
-    options = {k: str(v) for k, v in (storage_options or {}).items() if k != "retry"} or None
+    options = library_options(storage_options)
     where = f"the Delta table {url!r}"
     before = _existing(deltalake, url, options)
     if before is not None and mode == "error":
-        raise ConfigurationError(
-            f"{where} exists (version {before.version()}). Fix: pass mode='append' to add "
-            "rows or mode='overwrite' to replace them in a new version."
-        )
+        refuse_existing(where, before.version())
     if before is not None and mode == "append":
         existing = pa.schema(before.schema().to_arrow())
         check_append_schema(existing, schema, where)

@@ -14,10 +14,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from feedline.errors import ConfigurationError, FormatError
+from feedline.errors import FormatError
 from feedline.io.lakehouse.delta_writer import TableWrite
 from feedline.io.lakehouse.lance import lance_library
-from feedline.io.lakehouse.table_writes import CountedStream, check_append_schema, check_mode
+from feedline.io.lakehouse.table_writes import (
+    CountedStream,
+    check_append_schema,
+    check_mode,
+    library_options,
+    refuse_existing,
+)
 
 __all__ = ["write_lance_dataset"]
 
@@ -50,14 +56,11 @@ def write_lance_dataset(
     lance = lance_library("Dataset.write_lance")
     check_mode(mode, "write_lance")
     url = os.fspath(path)
-    options = {k: str(v) for k, v in (storage_options or {}).items() if k != "retry"} or None
+    options = library_options(storage_options)
     where = f"the Lance dataset {url!r}"
     before = _existing(lance, url, options)
     if before is not None and mode == "error":
-        raise ConfigurationError(
-            f"{where} exists (version {before.version}). Fix: pass mode='append' to add "
-            "rows or mode='overwrite' to replace them in a new version."
-        )
+        refuse_existing(where, before.version)
     if before is not None and mode == "append":
         check_append_schema(before.schema, schema, where)
         schema = pa.schema([schema.field(name) for name in before.schema.names])

@@ -7,14 +7,22 @@ it from whichever engine ran them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from feedline.errors import ConfigurationError, SchemaError
 
-__all__ = ["TABLE_WRITE_MODES", "CountedStream", "check_append_schema", "check_mode"]
+__all__ = [
+    "TABLE_WRITE_MODES",
+    "CountedStream",
+    "check_append_schema",
+    "check_mode",
+    "library_options",
+    "refuse_existing",
+]
 
 #: ``error``: refuse if the table exists; ``append``: add rows (same columns); ``overwrite``:
 #: replace the rows (and the schema) in a new version, the old ones kept for time travel
@@ -37,6 +45,34 @@ def check_mode(mode: str, what: str) -> None:
         raise ConfigurationError(
             f"{what}(mode={mode!r}) is not a write mode. Fix: pass one of {TABLE_WRITE_MODES}."
         )
+
+
+def library_options(storage_options: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """``storage_options`` as the table libraries take them: strings, without feedline's own
+    ``retry`` (``None`` when nothing is left).
+
+    Examples
+    --------
+    >>> library_options({"region": "eu-west-1", "retry": 3, "timeout": 5})
+    {'region': 'eu-west-1', 'timeout': '5'}
+    """
+    return {k: str(v) for k, v in (storage_options or {}).items() if k != "retry"} or None
+
+
+def refuse_existing(where: str, version: object) -> None:
+    """Raise for ``mode="error"`` on a table that exists (at ``version``).
+
+    Examples
+    --------
+    >>> refuse_existing("the Delta table 't'", 3)
+    Traceback (most recent call last):
+    ...
+    feedline.errors.ConfigurationError: the Delta table 't' exists (version 3). Fix: ...
+    """
+    raise ConfigurationError(
+        f"{where} exists (version {version}). Fix: pass mode='append' to add "
+        "rows or mode='overwrite' to replace them in a new version."
+    )
 
 
 def _plain(kind: pa.DataType) -> pa.DataType:
