@@ -262,6 +262,60 @@ def test_mistakes_raise_configuration_errors_that_say_how_to_fix():
         a.load_state_dict([a.state_dict(), b.state_dict(), c.state_dict()])
 
 
+#: layout 1 (feedline's first mixing release): sources(0, 64) of MixSchedule([13, 5, 8],
+#: [(0, (0.5, 0.3, 0.2))], window=8, seed=3, epoch=1), as that release's code computed them
+_LAYOUT_1_SOURCES = [2, 0, 0, 0, 2, 0, 1, 1, 0, 1, 2, 0, 2, 0, 0, 1, 1, 2, 0, 0, 2, 1, 0, 0, 0, 2,
+                     2, 0, 1, 1, 0, 0, 0, 1, 1, 0, 0, 2, 0, 2, 0, 0, 1, 0, 1, 2, 2, 0, 1, 2, 0, 1,
+                     2, 0, 0, 0, 1, 0, 0, 2, 0, 1, 2, 0]  # fmt: skip
+
+
+def test_a_layout_1_checkpoint_resumes_on_the_schedule_it_was_written_with():
+    """States of version 1 (the first release's window layout) go on with that layout, exactly;
+    new runs use layout 2. Both hold each window's counts exactly."""
+    old = MixSchedule([13, 5, 8], [(0, (0.5, 0.3, 0.2))], window=8, seed=3, epoch=1, layout=1)
+    assert old.sources(0, 64).tolist() == _LAYOUT_1_SOURCES
+    new = MixSchedule([13, 5, 8], [(0, (0.5, 0.3, 0.2))], window=8, seed=3, epoch=1)
+    assert new.layout == 2 and new.sources(0, 64).tolist() != _LAYOUT_1_SOURCES
+    for s in (old, new):
+        per_window = np.apply_along_axis(np.bincount, 1, s.sources(0, 64).reshape(8, 8), None, 3)
+        assert (per_window == window_counts((0.5, 0.3, 0.2), 8)).all()
+
+    fresh = _mix(seed=3).loader(3, format="numpy", prefetch=0)
+    state = dict(fresh.state_dict(), version=1)  # a first-release checkpoint at its start
+    first = _mix(seed=3).loader(3, format="numpy", prefetch=0)
+    first.load_state_dict(state)
+    head = _take(first, 4)
+    assert first.state_dict()["version"] == 1
+    resumed = _mix(seed=3).loader(3, format="numpy", prefetch=0)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    rest = list(resumed)
+    first.load_state_dict(state)
+    assert _rows(head + rest) == _rows(list(first))
+    reference = MixSchedule(list(SIZES.values()), [(0, (1.0, 1.0, 1.0))], window=8, seed=3,
+                            epoch=0, layout=1)  # fmt: skip
+    assert [s for s, _ in _rows(head)] == reference.sources(0, 12).tolist()
+    with pytest.raises(ConfigurationError, match="version 7"):
+        resumed.load_state_dict(dict(state, version=7))
+
+
+@pytest.mark.parametrize(("counts", "arrangements", "bound"), [
+    ((2, 1, 3), 60, 95),  # 59 degrees of freedom: p ~ 0.002 at 95
+    ((2, 4), 15, 33),  # two sources (one comparison): 14 degrees of freedom, p ~ 0.003
+])  # fmt: skip
+def test_layout_2_arranges_a_window_uniformly(counts, arrangements, bound):
+    """Every arrangement of a window's counts is equally likely (chi-square over 60,000
+    windows; a fixed seed, so the check cannot flake)."""
+    k = len(counts)
+    s = MixSchedule([10] * k, [(0, counts)], window=6, seed=11, epoch=0)
+    windows = s.sources(0, 6 * 60_000).reshape(-1, 6)
+    assert (np.apply_along_axis(np.bincount, 1, windows, None, k) == counts).all()
+    seen = Counter(map(tuple, windows.tolist()))
+    assert len(seen) == arrangements
+    expected = len(windows) / arrangements
+    chi2 = sum((n - expected) ** 2 / expected for n in seen.values())
+    assert chi2 < bound, chi2
+
+
 def _token_mix():
     rng = np.random.default_rng(0)
     web = fl.from_dict({"tokens": [list(range(1, 1 + int(n))) for n in rng.integers(1, 12, 40)]})

@@ -1,16 +1,17 @@
-"""The mixed stream's draws in chunks, the next chunk computed ahead in a background thread.
+"""The mixed stream's draws in chunks, the next ones computed ahead in a background thread.
 
 Which source and which of its samples each position of the mixed stream reads is a pure
 function of the schedule (:class:`~feedline.loader.mixing.schedule.MixSchedule`), so it may be
 computed anywhere and early without changing a single index, like one dataset's epoch order
 (:mod:`feedline.loader.order.ahead`). :class:`DrawsAhead` cuts the stream into chunks of
-:data:`CHUNK` positions, computes a chunk vectorised (:meth:`MixSchedule.chunk`: the windows'
-layouts, the sources' permutations, one stable sort) when a batch first needs it, and starts
-the next chunk (at an epoch's end: the next epoch's first) in a short-lived background thread
-(most of its work is in NumPy calls that release the GIL), so the gathering thread only slices
-and takes. Memory holds at most three chunks: 16 bytes a position. A chunk costs about as
-much as one dataset's order of as many rows (the layouts, and each source's permutation once
-per pass): with no core to spare, the thread takes its share from the gathers.
+:data:`CHUNK` positions and computes a chunk vectorised (:meth:`MixSchedule.chunk`: the
+windows' layouts, the sources' permutations, one placement per source). Whenever a batch
+touches a chunk, a short-lived background thread computes the :data:`AHEAD` chunks after it
+that are not ready yet, one after the other, past the epoch's end into the next epoch's (whose
+first chunk draws each source's next pass: the costliest), so the gathering thread only slices
+and takes, and most of the thread's work is in NumPy calls that release the GIL. Memory holds
+at most ``AHEAD + 2`` chunks: 9 bytes a position. A chunk costs about as much as one dataset's
+order of as many rows: with no core to spare, the thread takes its share from the gathers.
 
 Examples
 --------
@@ -26,41 +27,50 @@ True
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from feedline.loader.mixing.schedule import MixSchedule
 
-__all__ = ["CHUNK", "DrawsAhead"]
+__all__ = ["AHEAD", "CHUNK", "DrawsAhead"]
 
 #: positions per chunk (a chunk of the stream costs a few ms to compute)
 CHUNK = 1 << 17
+#: chunks computed ahead of the last one a batch touched
+AHEAD = 2
 _Chunk = tuple[np.ndarray, np.ndarray]
+_Key = tuple[Any, int]
 
 
 class _Work:
-    """One chunk computed in its own (non-daemon, short-lived) thread."""
+    """Chunks computed one after the other in a (non-daemon, short-lived) thread; each
+    result (or error) is put into ``done`` under ``lock`` as soon as it is ready."""
 
-    def __init__(self, work: Callable[[], _Chunk]) -> None:
-        self._result: _Chunk | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(work,), name="feedline-mix")
+    def __init__(self, todo: Sequence[tuple[_Key, Callable[[], _Chunk]]],
+                 done: Callable[[_Key, _Chunk | BaseException], None]) -> None:  # fmt: skip
+        self.keys = {key for key, _ in todo}
+        self._thread = threading.Thread(target=self._run, args=(todo, done), name="feedline-mix")
         self._thread.start()
 
-    def _run(self, work: Callable[[], _Chunk]) -> None:
-        try:
-            self._result = work()
-        except BaseException as exc:  # noqa: BLE001 - re-raised where the chunk is asked for
-            self._error = exc
+    @staticmethod
+    def _run(todo: Sequence[tuple[_Key, Callable[[], _Chunk]]],
+             done: Callable[[_Key, _Chunk | BaseException], None]) -> None:  # fmt: skip
+        for key, work in todo:
+            try:
+                done(key, work())
+            except BaseException as exc:  # noqa: BLE001 - re-raised where the chunk is asked for
+                done(key, exc)
+                return
 
-    def result(self) -> _Chunk:
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self) -> None:
         self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
 
 
 class DrawsAhead:
@@ -73,16 +83,20 @@ class DrawsAhead:
     bases:
         Added to each row by its source code (the sources' first rows in a combined cache);
         ``None``: rows are sample indices in their own source.
+    ahead:
+        Chunks computed ahead of the last one touched (0: none, each computed when needed).
     """
 
-    def __init__(self, stop: int | str, chunk: int = CHUNK,
-                 bases: np.ndarray | None = None) -> None:  # fmt: skip
-        self.stop, self.chunk, self.bases = stop, int(chunk), bases
+    def __init__(self, stop: int | str, chunk: int = CHUNK, bases: np.ndarray | None = None,
+                 ahead: int = AHEAD) -> None:  # fmt: skip
+        self.stop, self.chunk, self.bases, self.ahead = stop, int(chunk), bases, int(ahead)
         self._lengths: dict[Any, int] = {}
         self._lock = threading.Lock()
-        self._done: dict[tuple[Any, int], _Chunk] = {}
-        self._ahead: tuple[tuple[Any, int], _Work] | None = None
+        #: computed chunks (and errors met ahead), the oldest first
+        self._done: OrderedDict[_Key, _Chunk | BaseException] = OrderedDict()
+        self._work: _Work | None = None
         self._next: tuple[Any, MixSchedule] | None = None
+        self._touched: _Key | None = None  # the last chunk take() started the next ones of
 
     def _length(self, schedule: MixSchedule) -> int:
         key = schedule.key
@@ -101,39 +115,62 @@ class DrawsAhead:
         end = min((c + 1) * self.chunk, self._length(schedule))
         return schedule.chunk(c * self.chunk, max(end, c * self.chunk), self.bases)
 
+    def _put(self, key: _Key, got: _Chunk | BaseException) -> None:
+        with self._lock:
+            self._done[key] = got
+            self._done.move_to_end(key)
+            while len(self._done) > self.ahead + 2:  # the oldest is done with
+                self._done.popitem(last=False)
+
     def _get(self, schedule: MixSchedule, c: int) -> _Chunk:
         key = (schedule.key, c)
         with self._lock:
             got = self._done.get(key)
-            ahead = self._ahead
-            if got is None and ahead is not None and ahead[0] == key:
-                self._ahead = None
-            else:
-                ahead = None
-        if got is not None:
-            return got
-        got = ahead[1].result() if ahead is not None else self._compute(schedule, c)
-        with self._lock:
-            if len(self._done) >= 2:  # the chunk before the previous one is done with
-                self._done.pop(next(iter(self._done)))
-            self._done[key] = got
+            work = self._work if got is None and self._work is not None and (
+                key in self._work.keys) else None  # fmt: skip
+        if work is not None:  # being computed ahead: wait for it
+            work.join()
+            with self._lock:
+                got = self._done.get(key)
+        if isinstance(got, BaseException):
+            raise got
+        if got is None:
+            got = self._compute(schedule, c)
+            self._put(key, got)
         return got
 
+    def _after(self, schedule: MixSchedule, c: int) -> list[tuple[MixSchedule, int]]:
+        """The :attr:`ahead` chunks after chunk ``c``, into the next epoch past the end (its
+        length is left to the background thread: chunks past it are empty)."""
+        out: list[tuple[MixSchedule, int]] = []
+        crossed = False
+        while len(out) < self.ahead:
+            c += 1
+            if not crossed and c * self.chunk >= self._length(schedule):
+                schedule, c, crossed = self._following(schedule), 0, True
+            out.append((schedule, c))
+        return out
+
     def _start(self, schedule: MixSchedule, c: int) -> None:
-        key = (schedule.key, c)
+        """Compute the chunks after ``c`` not ready yet, unless a thread is still at work."""
         with self._lock:
-            if key in self._done or (self._ahead is not None and self._ahead[0] == key):
-                return
-            self._ahead = (key, _Work(lambda: self._compute(schedule, c)))
+            busy = self._work is not None and self._work.running()
+        if busy or not self.ahead:
+            return
+        self._touched = (schedule.key, c)
+        after = self._after(schedule, c)
+        with self._lock:
+            todo = [((s.key, k), partial(self._compute, s, k)) for s, k in after
+                    if (s.key, k) not in self._done]  # fmt: skip
+            self._work = _Work(todo, self._put) if todo else None
 
     def take(self, schedule: MixSchedule,
              positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        """The codes and rows of ``positions`` (all before the epoch's end); starts the chunk
+        """The codes and rows of ``positions`` (all before the epoch's end); starts the chunks
         after the last one touched in the background."""
         n = len(positions)
-        length = self._length(schedule)
         if not n:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
+            return np.empty(0, np.int8), np.empty(0, np.int64)
         first, last = int(positions[0]), int(positions[-1])
         c0, c1 = first // self.chunk, last // self.chunk
         if c0 == c1 and last - first + 1 == n:  # one run in one chunk: views
@@ -148,21 +185,18 @@ class DrawsAhead:
                 where = chunks == c
                 at = positions[where] - c * self.chunk
                 out[0][where], out[1][where] = codes[at], rows[at]
-        top = int(positions.max()) // self.chunk + 1
-        if top * self.chunk < length:
+        top = int(positions.max()) // self.chunk
+        if self._touched != (schedule.key, top):  # (a busy thread: asked again next time)
             self._start(schedule, top)
-        else:  # the next epoch's first chunk
-            self._start(self._following(schedule, length), 0)
         return out
 
-    def _following(self, schedule: MixSchedule, length: int) -> MixSchedule:
+    def _following(self, schedule: MixSchedule) -> MixSchedule:
         key = schedule.key
         if self._next is None or self._next[0] != key:
-            self._next = (key, schedule.following(length))
+            self._next = (key, schedule.following(self._length(schedule)))
         return self._next[1]
 
     def clear(self) -> None:
         """Forget every chunk (the memory is released once no batch refers to it)."""
         with self._lock:
             self._done.clear()
-            self._ahead = None

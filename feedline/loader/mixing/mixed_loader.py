@@ -30,7 +30,7 @@ from feedline.errors import ConfigurationError
 from feedline.loader.data.buffers import BufferPool
 from feedline.loader.mixing.combined_cache import combine_caches
 from feedline.loader.mixing.draws_ahead import DrawsAhead
-from feedline.loader.mixing.schedule import MixSchedule
+from feedline.loader.mixing.schedule import BLOCK_POSITIONS, LAYOUT, MixSchedule
 from feedline.loader.nodes.collate import Format
 from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.node import Batch, Node, parse_position
@@ -39,7 +39,8 @@ from feedline.loader.nodes.worker_pools import make_workers
 
 __all__ = ["MIX_STATE_VERSION", "STOPS", "MixedLoader"]
 
-MIX_STATE_VERSION = 1
+#: the state's version is the schedule's window layout (1: feedline's first mixing release)
+MIX_STATE_VERSION = LAYOUT
 STOPS = ("first_exhausted", "all_exhausted")
 #: a group's columns (in the batches' order) and each row's tokens
 _Taken = tuple[dict[str, Any], np.ndarray | None]
@@ -176,6 +177,7 @@ class MixedLoader:
         bases = None if self._combined is None else self._combined[1]
         self._draws = DrawsAhead(self.stop, bases=bases)
         self._weights0 = self._check_weights(weights)
+        self._windows_layout = LAYOUT  # a resumed run keeps its checkpoint's
         self._start_run()
         self._active: Node | None = None
         self._token: object = None  # the running iteration's
@@ -220,6 +222,7 @@ class MixedLoader:
             seed=self.seed,
             epoch=self._epoch,
             offsets=self._offsets,
+            layout=self._windows_layout,
         )
         self._length = self._schedule.length(self.stop)
 
@@ -335,20 +338,13 @@ class MixedLoader:
             rel = np.concatenate([np.arange(a - v0, b - v0) for _, a, b, _ in spans])
             positions = positions[rel]
         codes, rows = self._draws.take(self._schedule, positions)
-        codes = codes.copy()  # the batches' own (a chunk's codes are shared)
+        codes = codes.astype(np.int64)  # the batches' own (a chunk's codes are shared)
         names = self.sources
         if self._combined is not None:
             columns, tokens = self._take_combined(rows)
         else:
             columns, tokens = self._take_each(codes, rows)
-        # per batch and source: samples and tokens (one bincount for the group)
-        sizes = [b - a for _, a, b, _ in spans]
-        cells = len(spans) * len(names)
-        key = np.repeat(np.arange(len(spans)) * len(names), sizes) + codes
-        counts = np.zeros((len(spans), 2, len(names)), np.int64)
-        counts[:, 0] = np.bincount(key, minlength=cells).reshape(len(spans), -1)
-        if tokens is not None:
-            counts[:, 1] = np.bincount(key, tokens, minlength=cells).reshape(len(spans), -1)
+        counts = _per_batch_counts(codes, [b - a for _, a, b, _ in spans], len(names), tokens)
         objects = [name for name, col in columns.items() if col.dtype.kind == "O"]
         items, at = [], 0
         for j, (number, a, b, repeat) in enumerate(spans):
@@ -465,7 +461,7 @@ class MixedLoader:
     def state_dict(self) -> dict[str, Any]:
         """The position: tiny and JSON-safe (one int per source and per weight change)."""
         start, batches, pending = self._start, self._batches, self._pending
-        return {"version": MIX_STATE_VERSION, "sources": list(self.sources),
+        return {"version": self._windows_layout, "sources": list(self.sources),
                 "sizes": list(self.sizes), "window": self.window, "seed": self.seed,
                 "stop": self.stop, "epoch": self._epoch, "offsets": list(self._offsets),
                 "segments": [[p, list(w)] for p, w in self._segments],
@@ -488,8 +484,10 @@ class MixedLoader:
             if not isinstance(s, Mapping) or set(s) != set(_KEYS):
                 raise _fail(f"expected a dict with keys {list(_KEYS)}, got {str(s)[:120]!r}")
         s = states[0]
-        if s["version"] != MIX_STATE_VERSION:
-            raise _fail(f"version {s['version']!r} is not {MIX_STATE_VERSION}")
+        version = s["version"]
+        if isinstance(version, bool) or not isinstance(version, int) or (
+                version not in BLOCK_POSITIONS):  # fmt: skip
+            raise _fail(f"version {version!r} is not one of {sorted(BLOCK_POSITIONS)}")
         for key, mine in (("sources", self.sources), ("sizes", self.sizes),
                           ("window", self.window), ("stop", self.stop)):  # fmt: skip
             if s[key] != mine:
@@ -505,6 +503,7 @@ class MixedLoader:
         self._close_active()
         self._token = None
         self.seed, self._epoch = int(s["seed"]), int(s["epoch"])
+        self._windows_layout = int(s["version"])
         self._offsets = [int(x) for x in s["offsets"]]
         self._segments = [(int(p), tuple(float(x) for x in w)) for p, w in s["segments"]]
         self._layout = (world, size)
@@ -585,6 +584,30 @@ class MixedLoader:
         return (f"MixedLoader(sources={self.sources}, weights={self.weights}, "
                 f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size}, "
                 f"epoch={self._epoch})")  # fmt: skip
+
+
+def _per_batch_counts(codes: np.ndarray, sizes: list[int], sources: int,
+                      tokens: np.ndarray | None) -> np.ndarray:  # fmt: skip
+    """``(batches, 2, sources)``: each batch's samples (row 0) and tokens (row 1) per source,
+    for a group's ``codes`` cut into batches of ``sizes``.
+
+    Examples
+    --------
+    >>> _per_batch_counts(np.array([0, 1, 1, 1, 0]), [2, 3], 2, None)[:, 0].tolist()
+    [[1, 1], [1, 2]]
+    """
+    batches = len(sizes)
+    counts = np.zeros((batches, 2, sources), np.int64)
+    if tokens is None and sources == 2 and len(set(sizes)) == 1:  # equal batches: one sum
+        ones = codes.reshape(batches, sizes[0]).sum(axis=1)
+        counts[:, 0, 1], counts[:, 0, 0] = ones, sizes[0] - ones
+        return counts
+    cells = batches * sources
+    key = np.repeat(np.arange(batches) * sources, sizes) + codes
+    counts[:, 0] = np.bincount(key, minlength=cells).reshape(batches, -1)
+    if tokens is not None:
+        counts[:, 1] = np.bincount(key, tokens, minlength=cells).reshape(batches, -1)
+    return counts
 
 
 def _runs(positions: np.ndarray) -> list[tuple[int, int]]:

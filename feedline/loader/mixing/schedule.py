@@ -2,10 +2,16 @@
 
 The stream is cut into windows of ``window`` positions. In each window source ``s`` takes
 ``counts[s]`` positions: the largest-remainder rounding of ``window * weights[s]`` (so each
-count is within 1 of ``window * weights[s]``), laid out in an order shuffled by a generator
-keyed by ``(seed, epoch, segment, window index)``. A *segment* is a run of positions with one
-set of weights: a curriculum appends a segment where the weights change, and the positions
-before it keep their sources.
+count is within 1 of ``window * weights[s]``), laid out in a random order drawn by a generator
+keyed by ``(seed, epoch, segment, block)`` (a block: the windows of about
+:data:`BLOCK_POSITIONS` positions, laid out together). Layout 2 (the default) gives each
+position of a window a distinct random key and hands the ``counts[0]`` smallest keys to
+source 0, the next ``counts[1]`` to source 1, and so on: one draw of random numbers and one
+partial sort per block, most of it outside the GIL. Layout 1 (checkpoints of feedline's first
+mixing release) shuffled each window's codes in place, 64 windows of 256 at a time.
+
+A *segment* is a run of positions with one set of weights: a curriculum appends a segment
+where the weights change, and the positions before it keep their sources.
 
 Source ``s``'s ``k``-th draw (counted from the start of the run: ``offsets[s]`` draws were
 made in earlier epochs) reads sample ``perm[j][k % n]`` where ``j = k // n`` is the source's
@@ -31,14 +37,16 @@ import numpy as np
 from feedline.errors import ConfigurationError
 from feedline.loader.order.sample_order import global_order
 
-__all__ = ["MixSchedule", "source_permutation", "window_counts"]
+__all__ = ["BLOCK_POSITIONS", "LAYOUT", "MixSchedule", "source_permutation", "window_counts"]
 
 #: keeps the window layouts' and the sources' generators apart from the loader's shuffles
 _LAYOUT, _PASS = 0x4D49584C, 0x4D495850
 #: up to this many sources, a chunk's rows are put in place source by source (else: one sort)
 _FEW = 8
-#: about this many positions are laid out at once
-_BLOCK_POSITIONS = 1 << 14
+#: about this many positions are laid out at once, by layout (see the module docstring)
+BLOCK_POSITIONS = {1: 1 << 14, 2: 1 << 17}
+#: the layout new schedules use
+LAYOUT = 2
 
 
 def window_counts(weights: Sequence[float], window: int) -> np.ndarray:
@@ -81,9 +89,15 @@ class MixSchedule:
 
     def __init__(self, sizes: Sequence[int], segments: Sequence[tuple[int, Sequence[float]]],
                  *, window: int, seed: int, epoch: int,
-                 offsets: Sequence[int] | None = None) -> None:  # fmt: skip
+                 offsets: Sequence[int] | None = None, layout: int = LAYOUT) -> None:  # fmt: skip
         self.sizes = [int(n) for n in sizes]
         self.window, self.seed, self.epoch = int(window), int(seed), int(epoch)
+        if layout not in BLOCK_POSITIONS:
+            raise ConfigurationError(
+                f"Mixing: layout {layout!r} is not one of {sorted(BLOCK_POSITIONS)}. Fix: pass "
+                "the state_dict() unchanged."
+            )
+        self.layout = int(layout)
         self.offsets = np.zeros(len(self.sizes), np.int64) if offsets is None else (
             np.asarray(offsets, dtype=np.int64))  # fmt: skip
         if not segments or segments[0][0] != 0:
@@ -104,7 +118,7 @@ class MixSchedule:
                     "weight per source."
                 )
         #: windows laid out together (one generator and one vectorized shuffle per block)
-        self.block = max(1, _BLOCK_POSITIONS // self.window)
+        self.block = max(1, BLOCK_POSITIONS[self.layout] // self.window)
         self._blocks = lru_cache(maxsize=4)(self._make_block)
         self._ranks = lru_cache(maxsize=4)(self._make_ranks)
         #: the sources' codes in the smallest int type (a stable argsort of them is a radix sort)
@@ -114,21 +128,27 @@ class MixSchedule:
     def key(self) -> tuple[Any, ...]:
         """What the order depends on: equal keys, equal schedules."""
         return (tuple(self.sizes), self.window, self.seed, self.epoch, tuple(self.offsets.tolist()),
-                tuple(zip(self.starts, self.weights, strict=True)))  # fmt: skip
+                tuple(zip(self.starts, self.weights, strict=True)), self.layout)  # fmt: skip
 
     def following(self, length: int) -> MixSchedule:
         """The next epoch's schedule when this one ends at ``length`` positions: the sources'
         draws carried over, the last weights from its start."""
         return MixSchedule(self.sizes, [(0, self.weights[-1])], window=self.window,
                            seed=self.seed, epoch=self.epoch + 1,
-                           offsets=self.offsets + self.drawn_before(length))  # fmt: skip
+                           offsets=self.offsets + self.drawn_before(length),
+                           layout=self.layout)  # fmt: skip
 
     def _make_block(self, segment: int, block: int) -> np.ndarray:
-        """Windows ``block * self.block ...`` of a segment, flat: each window's codes shuffled
-        by a generator keyed by ``(seed, epoch, segment, block)``."""
-        codes = np.repeat(np.arange(len(self.sizes), dtype=np.int64), self.counts[segment])
-        rng = np.random.default_rng([self.seed, _LAYOUT, self.epoch, segment, block])
-        return rng.permuted(np.tile(codes, (self.block, 1)), axis=1).ravel()
+        """Windows ``block * self.block ...`` of a segment, flat: their source codes (in
+        :attr:`_code_type`), drawn by a generator keyed by ``(seed, epoch, segment, block)``."""
+        key = [self.seed, _LAYOUT, self.epoch, segment, block]
+        counts = self.counts[segment]
+        if self.layout == 1:  # each window's codes shuffled in place
+            codes = np.repeat(np.arange(len(self.sizes), dtype=np.int64), counts)
+            rng = np.random.default_rng(key)
+            laid = rng.permuted(np.tile(codes, (self.block, 1)), axis=1).ravel()
+            return laid.astype(self._code_type)
+        return _ranked_codes(np.random.default_rng([*key, 2]), self.block, counts)
 
     def _make_ranks(self, segment: int, block: int) -> np.ndarray:
         """Each position's rank among its window's positions of the same source."""
@@ -162,8 +182,16 @@ class MixSchedule:
 
     def sources(self, start: int, stop: int) -> np.ndarray:
         """Source codes of positions ``start`` to ``stop`` (exclusive)."""
-        out = np.empty(max(0, stop - start), np.int64)
-        for p, end, seg, block, at in self._chunks(start, stop):
+        return self._codes(start, stop).astype(np.int64)
+
+    def _codes(self, start: int, stop: int) -> np.ndarray:
+        """:meth:`sources` in :attr:`_code_type` (a view of a block when it holds them all)."""
+        runs = list(self._chunks(start, stop))
+        if len(runs) == 1:
+            p, end, seg, block, at = runs[0]
+            return self._blocks(seg, block)[at : at + end - p]
+        out = np.empty(max(0, stop - start), self._code_type)
+        for p, end, seg, block, at in runs:
             out[p - start : end - start] = self._blocks(seg, block)[at : at + end - p]
         return out
 
@@ -283,24 +311,23 @@ class MixSchedule:
         >>> sorted(rows[codes == 0].tolist()), len(set(rows[codes == 1].tolist()))
         ([0, 1, 2, 3], 4)
         """
-        codes = self.sources(start, stop)
-        if not len(codes):
-            return codes, np.empty(0, np.int64)
+        small = self._codes(start, stop)
+        if not len(small):
+            return small, np.empty(0, np.int64)
         before = self.offsets + self.drawn_before(start)
-        small = codes.astype(self._code_type)
-        rows = np.empty(len(codes), np.int64)
+        rows = np.empty(len(small), np.int64)
         if len(self.sizes) > _FEW:  # a stable sort of the codes lists each source's positions
             where = np.argsort(small, kind="stable")
             counts = np.bincount(small, minlength=len(self.sizes))
             parts = [self._consecutive(s, int(before[s]), int(c), bases)
                      for s, c in enumerate(counts.tolist()) if c]  # fmt: skip
             rows[where] = np.concatenate(parts)
-            return codes, rows
+            return small, rows
         for s in range(len(self.sizes)):
             at = np.flatnonzero(small == s)
             if len(at):
                 rows[at] = self._consecutive(s, int(before[s]), len(at), bases)
-        return codes, rows
+        return small, rows
 
     def _consecutive(self, source: int, first: int, count: int,
                      bases: np.ndarray | None) -> np.ndarray:  # fmt: skip
@@ -315,6 +342,51 @@ class MixSchedule:
             k += take
         rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return rows + bases[source] if bases is not None else rows
+
+
+def _ranked_codes(rng: np.random.Generator, windows: int, counts: np.ndarray) -> np.ndarray:
+    """``windows`` windows of ``counts.sum()`` positions, flat: each position gets a distinct
+    random key (the generator's raw bits, the low ones replaced by the position's index in its
+    window); the ``counts[0]`` smallest keys of a window read source 0, the next ``counts[1]``
+    source 1, and so on.
+
+    Keys are 32-bit for windows of up to 256 positions (24 random bits: two keys' random parts
+    are equal in about one window in 500, and then the earlier position sorts first), 64-bit
+    past that.
+
+    Examples
+    --------
+    >>> codes = _ranked_codes(np.random.default_rng(0), 3, np.array([2, 0, 3]))
+    >>> [np.bincount(w, minlength=3).tolist() for w in codes.reshape(3, 5)]
+    [[2, 0, 3], [2, 0, 3], [2, 0, 3]]
+    """
+    window = int(counts.sum())
+    sources = len(counts)
+    code_type = np.int8 if sources < 128 else np.int16
+    bits = max(1, (window - 1).bit_length())
+    key_type = np.uint32 if bits <= 8 else np.uint64
+    per_raw = 8 // np.dtype(key_type).itemsize  # keys per 64 raw bits
+    raw = rng.bit_generator.random_raw(-(-windows * window // per_raw))
+    keys = raw.view(key_type)[: windows * window].reshape(windows, window)
+    keys &= key_type(~((1 << bits) - 1) & np.iinfo(key_type).max)
+    keys |= np.arange(window, dtype=key_type)  # distinct keys: exact counts
+    bounds = np.cumsum(counts)[:-1]  # rank >= bounds[s] reads a source after s
+    inner = sorted({int(b) for b in bounds if 0 < b < window})
+    first = int((bounds == 0).sum())  # sources before it take no position
+    if sources == 2 and inner:  # two sources, both drawn: one comparison
+        b = inner[0]
+        threshold = np.partition(keys, b, axis=1)[:, b : b + 1]
+        return np.greater_equal(keys, threshold).view(np.int8).ravel()
+    codes = np.full((windows, window), first, code_type)
+    if len(inner) <= _FEW:  # a partial sort, then one comparison per source boundary
+        part = np.partition(keys, inner, axis=1) if inner else keys
+        for b in bounds.tolist():
+            if 0 < b < window:
+                codes += keys >= part[:, b : b + 1]
+        return codes.ravel()
+    ranked = np.repeat(np.arange(sources, dtype=code_type), counts)  # the sorted keys' sources
+    np.put_along_axis(codes, np.argsort(keys, axis=1), ranked[None, :], axis=1)
+    return codes.ravel()
 
 
 @lru_cache(maxsize=16)
