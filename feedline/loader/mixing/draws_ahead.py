@@ -91,6 +91,7 @@ class DrawsAhead:
                  ahead: int = AHEAD) -> None:  # fmt: skip
         self.stop, self.chunk, self.bases, self.ahead = stop, int(chunk), bases, int(ahead)
         self._lengths: dict[Any, int] = {}
+        self._schedules: dict[Any, MixSchedule] = {}  # by key: the ones in use (see adopt)
         self._lock = threading.Lock()
         #: computed chunks (and errors met ahead), the oldest first
         self._done: OrderedDict[_Key, _Chunk | BaseException] = OrderedDict()
@@ -98,7 +99,20 @@ class DrawsAhead:
         self._next: tuple[Any, MixSchedule] | None = None
         self._touched: _Key | None = None  # the last chunk take() started the next ones of
 
-    def _length(self, schedule: MixSchedule) -> int:
+    def adopt(self, schedule: MixSchedule) -> MixSchedule:
+        """The schedule equal to ``schedule`` (the same key) already in use here, whose window
+        layouts are computed, or else ``schedule``, from now on the one in use."""
+        with self._lock:
+            known = self._schedules.get(schedule.key)
+            if known is not None:
+                return known
+            if len(self._schedules) > 4:
+                self._schedules.clear()
+            self._schedules[schedule.key] = schedule
+        return schedule
+
+    def length(self, schedule: MixSchedule) -> int:
+        """Positions in ``schedule``'s epoch (computed once per schedule)."""
         key = schedule.key
         with self._lock:
             length = self._lengths.get(key)
@@ -112,7 +126,7 @@ class DrawsAhead:
 
     def _compute(self, schedule: MixSchedule, c: int) -> _Chunk:
         """Chunk ``c`` (cut at the epoch's end)."""
-        end = min((c + 1) * self.chunk, self._length(schedule))
+        end = min((c + 1) * self.chunk, self.length(schedule))
         return schedule.chunk(c * self.chunk, max(end, c * self.chunk), self.bases)
 
     def _put(self, key: _Key, got: _Chunk | BaseException) -> None:
@@ -146,7 +160,7 @@ class DrawsAhead:
         crossed = False
         while len(out) < self.ahead:
             c += 1
-            if not crossed and c * self.chunk >= self._length(schedule):
+            if not crossed and c * self.chunk >= self.length(schedule):
                 schedule, c, crossed = self._following(schedule), 0, True
             out.append((schedule, c))
         return out
@@ -193,7 +207,7 @@ class DrawsAhead:
     def _following(self, schedule: MixSchedule) -> MixSchedule:
         key = schedule.key
         if self._next is None or self._next[0] != key:
-            self._next = (key, schedule.following(self._length(schedule)))
+            self._next = (key, self.adopt(schedule.following(self.length(schedule))))
         return self._next[1]
 
     def clear(self) -> None:

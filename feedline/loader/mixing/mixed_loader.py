@@ -215,7 +215,7 @@ class MixedLoader:
         self._start, self._batches, self._layout = start, 0, (self.world_size, self.batch_size)
         self._pending = [(int(a), int(b)) for a, b in pending if b > a]
         self._held = sum(b - a for a, b in self._pending)  # positions in the pending ranges
-        self._schedule = MixSchedule(
+        self._schedule = self._draws.adopt(MixSchedule(
             self.sizes,
             self._segments,
             window=self.window,
@@ -223,8 +223,8 @@ class MixedLoader:
             epoch=self._epoch,
             offsets=self._offsets,
             layout=self._windows_layout,
-        )
-        self._length = self._schedule.length(self.stop)
+        ))  # fmt: skip
+        self._length = self._draws.length(self._schedule)
 
     def _next_epoch(self) -> None:
         drawn = self._schedule.drawn_before(self._length)
