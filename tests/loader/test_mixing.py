@@ -267,6 +267,8 @@ def test_mistakes_raise_configuration_errors_that_say_how_to_fix():
 _LAYOUT_1_SOURCES = [2, 0, 0, 0, 2, 0, 1, 1, 0, 1, 2, 0, 2, 0, 0, 1, 1, 2, 0, 0, 2, 1, 0, 0, 0, 2,
                      2, 0, 1, 1, 0, 0, 0, 1, 1, 0, 0, 2, 0, 2, 0, 0, 1, 0, 1, 2, 2, 0, 1, 2, 0, 1,
                      2, 0, 0, 0, 1, 0, 0, 2, 0, 1, 2, 0]  # fmt: skip
+#: and the samples its first 16 positions read (chunk(0, 16)'s rows)
+_LAYOUT_1_ROWS = [5, 10, 6, 9, 1, 5, 1, 3, 7, 0, 4, 2, 0, 11, 12, 4]
 
 
 def test_a_layout_1_checkpoint_resumes_on_the_schedule_it_was_written_with():
@@ -274,6 +276,7 @@ def test_a_layout_1_checkpoint_resumes_on_the_schedule_it_was_written_with():
     new runs use layout 2. Both hold each window's counts exactly."""
     old = MixSchedule([13, 5, 8], [(0, (0.5, 0.3, 0.2))], window=8, seed=3, epoch=1, layout=1)
     assert old.sources(0, 64).tolist() == _LAYOUT_1_SOURCES
+    assert old.chunk(0, 16)[1].tolist() == _LAYOUT_1_ROWS
     new = MixSchedule([13, 5, 8], [(0, (0.5, 0.3, 0.2))], window=8, seed=3, epoch=1)
     assert new.layout == 2 and new.sources(0, 64).tolist() != _LAYOUT_1_SOURCES
     for s in (old, new):
