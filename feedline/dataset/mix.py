@@ -8,7 +8,7 @@ from typing import Any
 
 from feedline.errors import ConfigurationError
 from feedline.loader.loader import Loader
-from feedline.loader.mixing.mixed_loader import MixedLoader, check_stop
+from feedline.loader.mixing.mixed_loader import MixedLoader, Stop, check_stop
 from feedline.loader.packing.packed_loader import PackedLoader
 from feedline.loader.packing.spec import Packing
 
@@ -19,7 +19,7 @@ class Mix:
     """Sources with weights (what :func:`mix` returns); ``.loader(...)`` reads the mix."""
 
     def __init__(self, sources: Mapping[str, Any], weights: Mapping[str, float] | None, *,
-                 seed: int, stop: int | str, window: int) -> None:  # fmt: skip
+                 seed: int, stop: Stop, window: int) -> None:  # fmt: skip
         if not isinstance(sources, Mapping) or not sources:
             raise ConfigurationError(
                 f"fl.mix: sources must be a non-empty dict of name -> dataset, got "
@@ -57,8 +57,8 @@ class Mix:
         >>> m = fl.mix({"a": fl.range(6), "b": fl.range(4)}, weights={"a": 3, "b": 1},
         ...            seed=0, window=4)
         >>> loader = m.loader(batch_size=4, format="numpy")
-        >>> [sorted(b["source"].tolist()) for b in loader]
-        [[0, 0, 0, 1], [0, 0, 0, 1]]
+        >>> sorted(next(iter(loader))["source"].tolist())  # 3 of "a" to 1 of "b" a window
+        [0, 0, 0, 1]
         """
         refused = sorted({"seed", "shuffle", "windows"} & set(source_options))
         if refused:
@@ -120,7 +120,7 @@ def _weights(weights: Mapping[str, float], names: Sequence[str]) -> dict[str, fl
 
 
 def mix(sources: Mapping[str, Any], weights: Mapping[str, float] | None = None, *,
-        seed: int = 0, stop: int | str = "first_exhausted", window: int = 256) -> Mix:  # fmt: skip
+        seed: int = 0, stop: Stop = "first_exhausted", window: int = 256) -> Mix:  # fmt: skip
     """Mix datasets (or paths) with weights: one deterministic, exactly resumable stream.
 
     Parameters
@@ -135,9 +135,11 @@ def mix(sources: Mapping[str, Any], weights: Mapping[str, float] | None = None, 
     seed:
         The mix's seed: the windows' layouts and each source's permutations.
     stop:
-        An epoch's end: a number of samples, ``"first_exhausted"`` (when a source has read its
-        every sample once) or ``"all_exhausted"`` (when every source has; the ones done
-        earlier start a new, reshuffled pass meanwhile).
+        An epoch's end: a number of samples, ``{"tokens": n}`` (at the sample whose tokens,
+        the lengths of its list columns' values, bring the epoch's to ``n`` or more),
+        ``"first_exhausted"`` (when a source has read its every sample once) or
+        ``"all_exhausted"`` (when every source has; the ones done earlier start a new,
+        reshuffled pass meanwhile).
     window:
         Positions per window of the schedule (the proportions hold per window).
 

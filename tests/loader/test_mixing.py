@@ -7,6 +7,7 @@ from collections import Counter
 from unittest import mock
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -534,3 +535,56 @@ def test_packed_mix_leaves_out_the_lock_step_repeats():
     want = [t for b in m.loader(8, format="numpy", drop_last=False, ragged="list")
             for d in b["tokens"] for t in d]  # fmt: skip
     assert Counter(got) == Counter(want)
+
+
+def _docs(name, lengths, base):
+    return fl.from_dict({"tokens": [list(range(base, base + int(n))) for n in lengths]})
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 1000), budget=st.integers(1, 400), batch=st.integers(1, 5),
+       at=st.integers(0, 12))  # fmt: skip
+def test_a_token_stop_ends_the_epoch_at_the_sample_that_reaches_the_budget(seed, budget, batch,
+                                                                           at):  # fmt: skip
+    """stop={"tokens": n}: an epoch is the shortest run of the stream whose tokens reach n (its
+    last sample included), over as many passes as it takes; it resumes exactly mid-epoch."""
+    rng = np.random.default_rng(seed)
+    web = _docs("web", rng.integers(0, 9, 11), 0)
+    code = _docs("code", rng.integers(1, 6, 7), 100)
+    mix = fl.mix({"web": web, "code": code}, {"web": 2, "code": 1}, seed=seed, window=6,
+                 stop={"tokens": budget})  # fmt: skip
+    loader = mix.loader(batch, format="numpy", drop_last=False, ragged="list", prefetch=0)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        batches = [{k: list(v) for k, v in b.items()} for b in loader]
+        lengths = [len(t) for b in batches for t in b["tokens"]]
+        assert sum(lengths) >= budget > sum(lengths[:-1])
+    resumed = mix.loader(batch, format="numpy", drop_last=False, ragged="list", prefetch=0)
+    resumed.set_epoch(1)
+    head = []
+    for b in resumed if at else ():
+        head.append({k: list(v) for k, v in b.items()})
+        if len(head) == at:
+            break
+    state = json.loads(json.dumps(resumed.state_dict()))
+    again = mix.loader(batch, format="numpy", drop_last=False, ragged="list", prefetch=0)
+    again.load_state_dict(state)
+    rest = [{k: list(v) for k, v in b.items()} for b in again]
+    flat = [(int(s), tuple(t)) for b in head + rest for s, t in zip(b["source"], b["tokens"],
+                                                                     strict=True)]  # fmt: skip
+    want = [(int(s), tuple(t)) for b in batches for s, t in zip(b["source"], b["tokens"],
+                                                                strict=True)]  # fmt: skip
+    assert flat == want
+
+
+def test_token_stops_that_cannot_work_say_why():
+    with pytest.raises(ConfigurationError, match="token budget"):
+        _mix(stop={"tokens": 0})
+    with pytest.raises(ConfigurationError, match="token budget"):
+        _mix(stop={"tokens": 5, "samples": 3})
+    with pytest.raises(ConfigurationError, match="no list column"):
+        _mix(stop={"tokens": 10}).loader(2, format="numpy")
+    empty = fl.from_arrow(pa.table({"tokens": pa.array([[]] * 4, pa.list_(pa.int32()))}))
+    with pytest.raises(ConfigurationError, match="0 tokens"):
+        fl.mix({"a": empty, "b": empty}, stop={"tokens": 10}).loader(2, format="numpy",
+                                                                      ragged="list")  # fmt: skip

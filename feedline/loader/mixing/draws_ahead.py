@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from feedline.errors import ConfigurationError
 from feedline.loader.mixing.schedule import MixSchedule
 
 __all__ = ["AHEAD", "CHUNK", "DrawsAhead"]
@@ -85,11 +86,15 @@ class DrawsAhead:
         ``None``: rows are sample indices in their own source.
     ahead:
         Chunks computed ahead of the last one touched (0: none, each computed when needed).
+    sample_tokens:
+        Per source, each sample's tokens: needed by a ``{"tokens": n}`` stop.
     """
 
-    def __init__(self, stop: int | str, chunk: int = CHUNK, bases: np.ndarray | None = None,
-                 ahead: int = AHEAD) -> None:  # fmt: skip
+    def __init__(self, stop: int | str | dict[str, int], chunk: int = CHUNK,
+                 bases: np.ndarray | None = None, ahead: int = AHEAD,
+                 sample_tokens: Sequence[np.ndarray] | None = None) -> None:  # fmt: skip
         self.stop, self.chunk, self.bases, self.ahead = stop, int(chunk), bases, int(ahead)
+        self.sample_tokens = sample_tokens
         self._lengths: dict[Any, int] = {}
         self._schedules: dict[Any, MixSchedule] = {}  # by key: the ones in use (see adopt)
         self._lock = threading.Lock()
@@ -117,12 +122,43 @@ class DrawsAhead:
         with self._lock:
             length = self._lengths.get(key)
         if length is None:
-            length = schedule.length(self.stop)
+            length = (self._token_length(schedule, self.stop["tokens"])
+                      if isinstance(self.stop, dict) else schedule.length(self.stop))  # fmt: skip
             with self._lock:
                 if len(self._lengths) > 4:
                     self._lengths.clear()
                 self._lengths[key] = length
         return length
+
+    def _token_length(self, schedule: MixSchedule, budget: int) -> int:
+        """Positions up to and including the one whose sample brings the epoch's tokens to
+        ``budget`` (the stream walked a chunk at a time)."""
+        tokens = self.sample_tokens
+        if tokens is None:
+            raise ConfigurationError("Mixing: a token stop needs each sample's tokens.")
+        drawn = [s for s, c in enumerate(np.sum(schedule.counts, axis=0).tolist()) if c]
+        last = [s for s, c in enumerate(schedule.counts[-1].tolist()) if c]
+        if not any(int(tokens[s].sum()) for s in last):  # the walk could never end
+            raise ConfigurationError(
+                f"Mixing: stop={self.stop!r}, but every sample drawn has 0 tokens. Fix: stop "
+                "after a number of samples, or mix sources with tokens."
+            )
+        # walk in steps sized by the expected tokens a position (doubling up to a chunk)
+        per_window = sum(int(c) * float(tokens[s].mean()) for s, c in
+                         enumerate(schedule.counts[-1].tolist()) if c)  # fmt: skip
+        step = int(min(self.chunk, max(256, 1.25 * budget * schedule.window / per_window)))
+        total, start = 0, 0
+        while True:
+            codes, rows = schedule.chunk(start, start + step)
+            per = np.zeros(len(codes), np.int64)
+            for s in drawn:
+                where = codes == s
+                per[where] = tokens[s][rows[where]]
+            reached = np.cumsum(per) + total
+            at = int(np.searchsorted(reached, budget, side="left"))
+            if at < len(per):
+                return start + at + 1
+            total, start, step = int(reached[-1]), start + step, min(self.chunk, 2 * step)
 
     def _compute(self, schedule: MixSchedule, c: int) -> _Chunk:
         """Chunk ``c`` (cut at the epoch's end)."""

@@ -55,15 +55,31 @@ def _fail(what: str) -> ConfigurationError:
     )
 
 
-def check_stop(stop: Any) -> int | str:
-    """``stop``: a number of samples per epoch (int > 0) or one of :data:`STOPS`."""
+#: an epoch's end: samples (an int), a token budget (``{"tokens": n}``) or one of :data:`STOPS`
+Stop = int | str | dict[str, int]
+
+
+def check_stop(stop: Any) -> Stop:
+    """``stop``: a number of samples per epoch (int > 0), ``{"tokens": n}`` (n > 0: the epoch
+    ends at the sample whose tokens reach ``n``) or one of :data:`STOPS`.
+
+    Examples
+    --------
+    >>> check_stop(100), check_stop({"tokens": 2048}), check_stop("all_exhausted")
+    (100, {'tokens': 2048}, 'all_exhausted')
+    """
     if isinstance(stop, int) and not isinstance(stop, bool) and stop > 0:
         return stop
     if stop in STOPS:
         return str(stop)
+    if isinstance(stop, Mapping) and list(stop) == ["tokens"]:
+        n = stop["tokens"]
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return {"tokens": n}
     raise ConfigurationError(
-        f"fl.mix: stop={stop!r}; expected a number of samples per epoch (int > 0), "
-        f"{STOPS[0]!r} or {STOPS[1]!r}. Fix: pass one of those."
+        f"fl.mix: stop={stop!r}; expected a number of samples per epoch (int > 0), a token "
+        f"budget per epoch ({{'tokens': n}}, n > 0), {STOPS[0]!r} or {STOPS[1]!r}. Fix: pass "
+        "one of those."
     )
 
 
@@ -134,7 +150,7 @@ class MixedLoader:
 
     def __init__(self, names: Sequence[str], loaders: Sequence[Any],
                  weights: Sequence[float] | Mapping[str, float],
-                 *, seed: int, stop: int | str, window: int, batch_size: int, drop_last: bool,
+                 *, seed: int, stop: Stop, window: int, batch_size: int, drop_last: bool,
                  fmt: str, transform: Callable[..., Any] | None, batched: bool,
                  num_workers: int, worker_type: str, prefetch: int,
                  padding_mask: bool = False) -> None:  # fmt: skip
@@ -175,7 +191,8 @@ class MixedLoader:
             self._backends, self._sessions = [], []
         # the stream's draws, a chunk at a time, the next one computed ahead
         bases = None if self._combined is None else self._combined[1]
-        self._draws = DrawsAhead(self.stop, bases=bases)
+        tokens = self._sample_tokens() if isinstance(self.stop, dict) else None
+        self._draws = DrawsAhead(self.stop, bases=bases, sample_tokens=tokens)
         self._weights0 = self._check_weights(weights)
         self._windows_layout = LAYOUT  # a resumed run keeps its checkpoint's
         self._start_run()
@@ -186,6 +203,38 @@ class MixedLoader:
         self._metrics: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ the schedule
+
+    def _sample_tokens(self) -> list[np.ndarray]:
+        """Per source: each sample's tokens (the lengths of its list columns' values), for a
+        ``{"tokens": n}`` stop."""
+        if self._combined is not None:
+            cache, bases = self._combined
+            columns: Mapping[str, Any] = cache.arrays
+            ends = [*bases[1:].tolist(), cache.num_rows]
+            spans = list(zip(bases.tolist(), ends, strict=True))
+        else:
+            spans, columns = [], {}
+        out = []
+        for s, name in enumerate(self.sources):
+            if self._combined is not None:
+                a, b = spans[s]
+                got = _lengths({k: v[a:b] for k, v in columns.items()}, b - a)
+            else:  # a few thousand samples at a time
+                parts = []
+                for a in range(0, self.sizes[s], 4096):
+                    n = min(4096, self.sizes[s] - a)
+                    rows = self._sessions[s].gather(np.arange(a, a + n))
+                    parts.append(_lengths({k: _objects(list(v)) if isinstance(v, list) else v
+                                           for k, v in rows.items()}, n))  # fmt: skip
+                got = None if any(p is None for p in parts) else np.concatenate(parts)
+            if got is None:
+                raise ConfigurationError(
+                    f"fl.mix: stop={self.stop!r} counts tokens, the lengths of list columns' "
+                    f"values, and source {name!r} has no list column. Fix: select a token "
+                    "column (columns=[...]) or stop after a number of samples."
+                )
+            out.append(got)
+        return out
 
     def _check_weights(self, weights: Sequence[float] | Mapping[str, float]) -> tuple[float, ...]:
         if isinstance(weights, Mapping):
