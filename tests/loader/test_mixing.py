@@ -588,3 +588,28 @@ def test_token_stops_that_cannot_work_say_why():
     with pytest.raises(ConfigurationError, match="0 tokens"):
         fl.mix({"a": empty, "b": empty}, stop={"tokens": 10}).loader(2, format="numpy",
                                                                       ragged="list")  # fmt: skip
+
+
+def test_a_token_stop_counts_the_same_tokens_in_sources_of_other_layouts():
+    """Sources gathered one by one (no combined cache) count each sample's tokens alike."""
+    rng = np.random.default_rng(5)
+    lengths = {"web": rng.integers(0, 9, 11), "code": rng.integers(1, 6, 7)}
+
+    def source(name, id_type):
+        n = len(lengths[name])
+        return fl.from_arrow(pa.table({
+            "tokens": pa.array([list(range(int(k))) for k in lengths[name]], pa.list_(pa.int32())),
+            "id": pa.array(np.arange(n), id_type)}))  # fmt: skip
+
+    def batches(code_ids):
+        mix = fl.mix({"web": source("web", pa.int64()), "code": source("code", code_ids)},
+                     seed=2, window=6, stop={"tokens": 150})  # fmt: skip
+        loader = mix.loader(4, format="numpy", drop_last=False, ragged="list", prefetch=0)
+        got = [(int(s), int(i)) for b in loader for s, i in zip(b["source"], b["id"], strict=True)]
+        return loader, got
+
+    one, combined = batches(pa.int64())
+    two, apart = batches(pa.int32())
+    assert one._combined is not None and two._combined is None
+    assert combined == apart
+    assert sum(int(lengths[("web", "code")[s]][i]) for s, i in combined) >= 150

@@ -220,13 +220,16 @@ class MixedLoader:
                 a, b = spans[s]
                 got = _lengths({k: v[a:b] for k, v in columns.items()}, b - a)
             else:  # a few thousand samples at a time
-                parts = []
+                parts: list[np.ndarray] = []
                 for a in range(0, self.sizes[s], 4096):
                     n = min(4096, self.sizes[s] - a)
                     rows = self._sessions[s].gather(np.arange(a, a + n))
-                    parts.append(_lengths({k: _objects(list(v)) if isinstance(v, list) else v
-                                           for k, v in rows.items()}, n))  # fmt: skip
-                got = None if any(p is None for p in parts) else np.concatenate(parts)
+                    part = _lengths({k: _objects(list(v)) if isinstance(v, list) else v
+                                     for k, v in rows.items()}, n)  # fmt: skip
+                    if part is None:
+                        break
+                    parts.append(part)
+                got = np.concatenate(parts) if len(parts) * 4096 >= self.sizes[s] else None
             if got is None:
                 raise ConfigurationError(
                     f"fl.mix: stop={self.stop!r} counts tokens, the lengths of list columns' "
