@@ -40,7 +40,8 @@ class Mix:
                world_size: int | None = None, drop_last: bool = True,
                format: str = "torch",  # noqa: A002 (the loaders' option name)
                transform: Callable[..., Any] | None = None, batched: bool = False,
-               num_workers: int = 0, worker_type: str = "thread", prefetch: int = 2,
+               num_workers: int | str = 0, worker_type: str = "thread",
+               prefetch: int | str = 2,
                pack: Packing | None = None, **source_options: Any) -> Any:  # fmt: skip
         """A loader of the mixed stream: batches with a ``source`` column, ``state_dict()``
         / ``load_state_dict(state, weights=...)``, ``set_weights``, ``set_epoch`` and
@@ -86,7 +87,7 @@ class Mix:
 
     def _packed(self, pack: Packing, batch_size: int, rank: int | None, world_size: int | None,
                 drop_last: bool, fmt: str, transform: Callable[..., Any] | None, batched: bool,
-                num_workers: int, worker_type: str,
+                num_workers: int | str, worker_type: str,
                 source_options: dict[str, Any]) -> PackedLoader:  # fmt: skip
         ragged = source_options.pop("ragged", {})
         ragged = ragged if isinstance(ragged, Mapping) else {}

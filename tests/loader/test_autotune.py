@@ -238,3 +238,32 @@ def test_the_profile_names_the_tuned_values() -> None:
     assert profile.autotune is not None and profile.autotune["prefetch"] == 1
     assert profile.autotune["batches_per_prefetch"] > 1
     assert "autotuned to prefetch=1" in str(profile)
+
+
+@pytest.mark.timeout(120)
+def test_a_mix_tuned_mid_epoch_gives_the_batches_of_fixed_settings(scripted: None) -> None:
+    """fl.mix(...).loader(num_workers="auto", prefetch="auto"): the same tuner, the same
+    batches as a fixed setting, and a state that resumes in a fixed-setting mix."""
+    sources = {"a": dataset(120), "b": dataset(80)}
+
+    def mixed(**options: Any) -> Any:
+        return fl.mix(sources, seed=4, window=8).loader(8, format="numpy", **options)
+
+    auto = mixed(transform=map_fns.slow_augment, num_workers="auto", prefetch="auto")
+    reference = mixed(transform=map_fns.augment, num_workers=2, prefetch=2)
+    with auto, reference:
+        for epoch in range(2):
+            auto.set_epoch(epoch)
+            reference.set_epoch(epoch)
+            assert arrays(auto) == arrays(reference)
+        report = auto.stats()["autotune"]
+        head = take(auto, 5)
+        resumed = mixed(transform=map_fns.augment, num_workers=1)
+        resumed.load_state_dict(auto.state_dict())
+        reference.set_epoch(2)  # the epoch after the two compared
+        assert arrays(head) + arrays(resumed) == arrays(reference)
+        resumed.close()
+    assert {d["new"] for d in report["history"] if d["knob"] == "num_workers"} == {1, 2, 3}
+    assert {d["new"] for d in report["history"] if d["knob"] == "prefetch"} == {1, 3, 5}
+    with pytest.raises(ConfigurationError, match="prefetch='soon'"):
+        mixed(prefetch="soon")

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.checks import MAX_COUNT, checked_int
 from feedline.loader.data.buffers import BufferPool
 from feedline.loader.mixing.combined_cache import combine_caches
 from feedline.loader.mixing.draws_ahead import DrawsAhead
@@ -36,6 +37,7 @@ from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.node import Batch, Node, parse_position
 from feedline.loader.nodes.prefetch import Prefetch
 from feedline.loader.nodes.worker_pools import make_workers
+from feedline.loader.profiling.autotune import Autotuner
 
 __all__ = ["MIX_STATE_VERSION", "STOPS", "MixedLoader"]
 
@@ -152,16 +154,23 @@ class MixedLoader:
                  weights: Sequence[float] | Mapping[str, float],
                  *, seed: int, stop: Stop, window: int, batch_size: int, drop_last: bool,
                  fmt: str, transform: Callable[..., Any] | None, batched: bool,
-                 num_workers: int, worker_type: str, prefetch: int,
+                 num_workers: int | str, worker_type: str, prefetch: int | str,
                  padding_mask: bool = False) -> None:  # fmt: skip
         self.sources, self._loaders = list(names), list(loaders)
         self.rank, self.world_size = self._loaders[0].rank, self._loaders[0].world_size
         self.seed, self.stop, self.window = int(seed), check_stop(stop), int(window)
         self.batch_size, self.drop_last, self.format = int(batch_size), bool(drop_last), fmt
-        self.transform, self.batched, self.prefetch = transform, batched, int(prefetch)
+        self.transform, self.batched = transform, batched
+        auto_prefetch = _check_prefetch(prefetch) == "auto"
+        self.prefetch = 2 if auto_prefetch else int(prefetch)
         self.padding_mask = bool(padding_mask)
         self._workers = None if transform is None else make_workers(
             transform, num_workers, worker_type, None)  # fmt: skip
+        auto_workers = num_workers == "auto" and transform is not None
+        #: num_workers="auto" / prefetch="auto" (feedline.loader.profiling.autotune)
+        self._tuner = Autotuner(workers=auto_workers, prefetch=auto_prefetch,
+                                worker_type=worker_type, start_prefetch=self.prefetch) if (
+            auto_workers or auto_prefetch) else None  # fmt: skip
         if self._workers is not None:  # closed with the loader, as a one-dataset loader's
             weakref.finalize(self, self._workers.close)
         self._backends = [loader._prepare() for loader in self._loaders]
@@ -457,6 +466,8 @@ class MixedLoader:
             node = Format(node, self.format, padding_mask=self.padding_mask)
         if self.prefetch:
             node = Prefetch(node, depth=self.prefetch if group == 1 else 1, group=group)
+        if self._tuner is not None:
+            self._tuner.attach(node)
         return node
 
     def _close_active(self) -> None:
@@ -481,6 +492,7 @@ class MixedLoader:
             "batches": 0, "samples": 0, "seconds": 0.0,
             "per_source": np.zeros((2, len(names)), np.int64)})  # fmt: skip
         per_source = m["per_source"]
+        tune = None if self._tuner is None else self._tuner.batch
         started = time.perf_counter()
         try:
             while True:
@@ -489,10 +501,14 @@ class MixedLoader:
                         break  # another iteration, or a resume, took over
                     node.close()
                     node = self._active = self._pipeline()
+                asked = time.perf_counter()
                 try:
                     item = node.next()
                 except StopIteration:
                     break
+                if tune is not None:
+                    now = time.perf_counter()
+                    tune(now - asked, now, item)
                 self._batches = item.number + 1
                 counts = self._counts.pop((epoch, item.number), None)
                 if counts is not None:
@@ -620,6 +636,12 @@ class MixedLoader:
             )
         return out
 
+    def stats(self) -> dict[str, Any]:
+        """``{"autotune": ...}`` with ``num_workers="auto"`` or ``prefetch="auto"``: the tuner's
+        values now and its decisions (:mod:`feedline.loader.profiling.autotune`); else ``{}``.
+        """
+        return {} if self._tuner is None else {"autotune": self._tuner.report()}
+
     def close(self) -> None:
         """Stop the current iteration and the transform's workers."""
         self._close_active()
@@ -660,6 +682,26 @@ def _per_batch_counts(codes: np.ndarray, sizes: list[int], sources: int,
     if tokens is not None:
         counts[:, 1] = np.bincount(key, tokens, minlength=cells).reshape(batches, -1)
     return counts
+
+
+def _check_prefetch(prefetch: Any) -> int | str:
+    """``prefetch``: an int >= 0 or ``"auto"``.
+
+    Examples
+    --------
+    >>> _check_prefetch(2), _check_prefetch("auto")
+    (2, 'auto')
+    """
+    if prefetch == "auto":
+        return "auto"
+
+    def fail(expected: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"fl.mix(...).loader: prefetch={prefetch!r}; expected {expected} or 'auto'. Fix: "
+            "pass prefetch=2 (batches kept ready), 0 (none) or 'auto' (tuned as it runs)."
+        )
+
+    return checked_int(prefetch, 0, MAX_COUNT, fail=fail)
 
 
 def _runs(positions: np.ndarray) -> list[tuple[int, int]]:
