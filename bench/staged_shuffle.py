@@ -212,7 +212,7 @@ def reader(args: argparse.Namespace, name: str, rank: int, world: int, group_pat
         sizes = ds.shard_source().row_group_sizes
         plan = [
             stage_plan(sizes, epoch=e, shuffle=True, seed=SEED, world_size=world,
-                       batch_size=BATCH, drop_last=True, pad_last=False).plans[rank]
+                       batch_size=BATCH, drop_last=True, pad_last=False).plan(rank)
             for e in range(epochs + 1)
         ]  # fmt: skip
         got = np.concatenate(batches) if batches else np.zeros(0, np.int64)

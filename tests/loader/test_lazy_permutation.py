@@ -28,6 +28,7 @@ from feedline.loader.order.sample_order import (
     shuffle_quality,
     split_for_rank,
 )
+from feedline.loader.order.stage_routes import lazy_routes, routes
 from feedline.loader.order.state import Segment
 
 SEEDS = st.integers(0, 2**63 - 1)
@@ -384,3 +385,43 @@ def test_an_earlier_state_of_a_lazy_sized_exact_shuffle_is_refused_mid_epoch(
     resumed = ds.loader(**kw)
     resumed.load_state_dict(boundary)  # at an epoch boundary the order is this version's
     assert len(list(resumed)) == 30
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    seed=SEEDS,
+    world=st.integers(1, 5),
+    batch=st.integers(1, 9),
+    drop_last=st.booleans(),
+    pad_last=st.booleans(),
+    cut=st.tuples(st.floats(0, 1), st.floats(0, 1)),
+)
+def test_routes_by_the_inverse_equal_the_routes_of_the_drawn_plans(
+    n: int, seed: int, world: int, batch: int, drop_last: bool, pad_last: bool,
+    cut: tuple[float, float],
+) -> None:  # fmt: skip
+    """A node's destinations found by inverting the lazy order are those read off every
+    rank's materialized plan (padding repeats and pad_last=False's cuts included)."""
+    order = LazyPermutation(n, seed=seed, epoch=1)
+    lo, hi = sorted(int(c * n) for c in cut)
+    plans = [split_for_rank(order, rank=r, world_size=world, batch_size=batch,
+                            drop_last=drop_last, pad_last=pad_last).indices
+             for r in range(world)]  # fmt: skip
+    want = routes(plans, lo, hi)
+    got = lazy_routes(order, lo, hi, world_size=world, batch_size=batch, drop_last=drop_last,
+                      pad_last=pad_last)  # fmt: skip
+    for a, b in ((got.source, want.source), (got.rank, want.rank),
+                 (got.position, want.position)):  # fmt: skip
+        assert a.tolist() == b.tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 5000), seed=SEEDS, epoch=st.integers(0, 3))
+def test_the_inverse_undoes_the_permutation(n: int, seed: int, epoch: int) -> None:
+    p = LazyPermutation(n, seed=seed, epoch=epoch)
+    rows = np.arange(n)
+    assert (p.inverse(p.take(rows)) == rows).all()
+    assert (p.take(p.inverse(rows)) == rows).all()
+    with pytest.raises(ConfigurationError, match="rows of the dataset"):
+        p.inverse([n])

@@ -237,4 +237,4 @@ def test_staged_epochs_over_data_larger_than_the_cgroup_are_not_oom_killed(tmp_p
     for e in range(2):
         plan = stage_plan(sizes, epoch=e, shuffle=True, seed=1, world_size=1, batch_size=256,
                           drop_last=True, pad_last=False)  # fmt: skip
-        assert seen["epochs"][e] == plan.plans[0].tolist()
+        assert seen["epochs"][e] == plan.plan(0).tolist()

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from feedline.loader.data.staging.stager import StagedEpochs
+from feedline.loader.order import sample_order
+from feedline.loader.order.stage_routes import StagePlan
 
 #: bytes of one row of the loader conftest's table (id, x, vec, label)
 ROW = 8 + 4 + 24 + 8
@@ -54,6 +56,30 @@ def test_staged_batches_equal_memory_batches(write, tmp_path, seed, world, drop_
         assert staged.stats()["cache"] == "staged"
         assert staged.stats()["shuffle_mode"] == "exact"
         assert staged.state_dict() == memory.state_dict()
+
+
+@pytest.mark.parametrize(("world", "drop_last", "pad_last"),
+                         [(1, True, True), (3, False, True), (4, False, False)])  # fmt: skip
+def test_staged_epochs_over_lazy_rows_route_by_the_inverse_permutation(
+    write, tmp_path, monkeypatch, world, drop_last, pad_last
+):
+    """Over LAZY_ROWS rows (100 here) the order is lazy and each node's rows find their ranks
+    by inverting it (no rank materializes another rank's plan): the batches are still those of
+    cache="memory", for every rank, padding included."""
+    monkeypatch.setattr(sample_order, "LAZY_ROWS", 100)
+    ds = write(301, rows_per_shard=100, row_group_rows=23)
+    asked = []
+    real = StagePlan.plan
+    monkeypatch.setattr(StagePlan, "plan", lambda self, r: asked.append(r) or real(self, r))
+    for rank in range(world):
+        common = {"seed": 3, "rank": rank, "world_size": world, "drop_last": drop_last,
+                  "pad_last": pad_last}  # fmt: skip
+        memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
+        with ds.loader(cache="staged", **_kw(tmp_path / str(rank), **common)) as staged:
+            for _ in range(2):
+                _same(_batches(staged), _batches(memory))
+        assert set(asked) == {rank}, asked  # only its own plan, never the others'
+        asked.clear()
 
 
 def test_pad_last_and_shuffle_false_follow_memory(write, tmp_path):

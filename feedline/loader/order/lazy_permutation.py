@@ -139,6 +139,48 @@ class LazyPermutation:
             outside = outside[x[outside] >= n]
         return x.astype(np.int64).reshape(pos.shape)
 
+    def _feistel_inverse(self, y: np.ndarray) -> np.ndarray:
+        """:meth:`_feistel` undone: the rounds in reverse, each with the widths it used."""
+        widths = [(self._high, self._low), (self._low, self._high)]
+        for i in range(len(self._keys) - 1, -1, -1):
+            a, b = widths[i % 2]  # round i split x as left (a bits) << b | right (b bits)
+            right, mixed = y >> np.uint64(a), y & np.uint64((1 << a) - 1)
+            left = (mixed ^ _mix(right ^ self._keys[i])) & np.uint64((1 << a) - 1)
+            y = (left << np.uint64(b)) | right
+        return y
+
+    def inverse(self, values: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The positions holding ``values``: ``p.take(p.inverse(v)) == v`` (int64, the shape of
+        ``values``), in memory proportional to the values asked for.
+
+        Raises
+        ------
+        ConfigurationError
+            If a value is outside ``[0, n)``.
+
+        Examples
+        --------
+        >>> p = LazyPermutation(1000, seed=3, epoch=1)
+        >>> at = p.inverse([5, 999])
+        >>> p.take(at).tolist()
+        [5, 999]
+        """
+        v = np.asarray(values)
+        if v.size == 0:
+            return np.zeros(v.shape, dtype=np.int64)
+        if not np.issubdtype(v.dtype, np.integer) or v.min() < 0 or v.max() >= self.n:
+            raise ConfigurationError(
+                f"LazyPermutation: values must be integers in [0, {self.n}), got dtype "
+                f"{v.dtype} in [{v.min()}, {v.max()}]. Fix: ask for rows of the dataset only."
+            )
+        y = self._feistel_inverse(v.astype(np.uint64).reshape(-1))
+        n = np.uint64(self.n)
+        outside = np.flatnonzero(y >= n)
+        while outside.size:  # the cycle walked backwards
+            y[outside] = self._feistel_inverse(y[outside])
+            outside = outside[y[outside] >= n]
+        return y.astype(np.int64).reshape(v.shape)
+
 
 class LazyRemaining:
     """A lazy order with some of its positions removed: what an elastic resume still serves.

@@ -24,13 +24,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from feedline.errors import ConfigurationError
+from feedline.loader.order.lazy_permutation import LazyPermutation
 from feedline.loader.order.resume import epoch_plan
-from feedline.loader.order.sample_order import global_order
+from feedline.loader.order.sample_order import Order, global_order
 from feedline.loader.order.state import Segment
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "StagePlan",
     "bucket_of",
     "check_nodes",
+    "lazy_routes",
     "node_of",
     "node_row_groups",
     "routes",
@@ -140,11 +142,96 @@ def bucket_of(rank: np.ndarray, position: np.ndarray, bucket_rows: int) -> np.nd
 
 @dataclass(frozen=True, eq=False)
 class StagePlan:
-    """An epoch's plans for every rank, and a key naming them (the order's inputs)."""
+    """An epoch's plans for every rank (each rank's evaluated when asked for), and a key
+    naming them (the order's inputs).
+
+    ``order`` is the epoch's global order: a drawn permutation, or over
+    :data:`~feedline.loader.order.sample_order.LAZY_ROWS` rows a
+    :class:`~feedline.loader.order.lazy_permutation.LazyPermutation`, whose routes for a
+    node's rows are found by inverting it at those rows (:func:`lazy_routes`), so a node holds
+    its share of the destinations and its own ranks' plans, never every rank's.
+    """
 
     epoch: int
     key: str
-    plans: tuple[np.ndarray, ...]
+    order: Order
+    segments: tuple[Segment, ...]
+    world_size: int
+    batch_size: int
+    drop_last: bool
+    pad_last: bool
+    _plans: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def plan(self, rank: int) -> np.ndarray:
+        """Rank ``rank``'s row indices in read order (its ``EpochPlan.indices``), as int64."""
+        got = self._plans.get(rank)
+        if got is None:
+            got = np.asarray(epoch_plan(self.order, self.segments, rank=rank,
+                                        world_size=self.world_size, batch_size=self.batch_size,
+                                        drop_last=self.drop_last, pad_last=self.pad_last).indices,
+                             dtype=np.int64)  # fmt: skip
+            self._plans[rank] = got
+        return got
+
+    def routes(self, lo: int, hi: int) -> Routes:
+        """Every ``(rank, position)`` whose plan names a row in ``[lo, hi)``, by source row
+        (then rank, then position)."""
+        if isinstance(self.order, LazyPermutation) and not self.segments:
+            return lazy_routes(self.order, lo, hi, world_size=self.world_size,
+                               batch_size=self.batch_size, drop_last=self.drop_last,
+                               pad_last=self.pad_last)  # fmt: skip
+        return routes([self.plan(r) for r in range(self.world_size)], lo, hi)
+
+
+def lazy_routes(order: LazyPermutation, lo: int, hi: int, *, world_size: int, batch_size: int,
+                drop_last: bool, pad_last: bool) -> Routes:  # fmt: skip
+    """:func:`routes` of the ranks' plans of ``order`` (no finished segments) for rows
+    ``[lo, hi)``, found by inverting ``order`` at those rows: memory for the rows' destinations,
+    not for the plans.
+
+    In the layout of :func:`~feedline.loader.order.sample_order.split_for_rank` global
+    position ``g`` is rank ``(g // batch_size) % world_size``'s sample
+    ``(g // step) * batch_size + g % batch_size`` (``step = world_size * batch_size``);
+    positions past the order's end repeat it cyclically (the padding of ``drop_last=False``;
+    with ``pad_last=False`` a rank keeps only the repeat that saves it an empty last batch).
+
+    Examples
+    --------
+    >>> from feedline.loader.order.sample_order import split_for_rank
+    >>> order = LazyPermutation(10, seed=0, epoch=0)
+    >>> plans = [split_for_rank(order, rank=r, world_size=2, batch_size=2,
+    ...                         drop_last=False).indices for r in range(2)]
+    >>> a, b = lazy_routes(order, 3, 8, world_size=2, batch_size=2, drop_last=False,
+    ...                    pad_last=True), routes(plans, 3, 8)
+    >>> all((x == y).all() for x, y in zip((a.source, a.rank, a.position),
+    ...                                     (b.source, b.rank, b.position)))
+    True
+    """
+    n, w, bs = len(order), int(world_size), int(batch_size)
+    step = w * bs
+    batches = n // step if drop_last else -(-n // step)
+    total = batches * step
+    rows = np.arange(lo, hi, dtype=np.int64)
+    g = order.inverse(rows)
+    kept = g < min(n, total)  # drop_last leaves out the last partial step
+    g, src = g[kept], rows[kept]
+    if total > n:  # the padding: positions [n, total) repeat the order from its start
+        pad = np.arange(n, total, dtype=np.int64)
+        again = order.take(pad % n)
+        inside = (again >= lo) & (again < hi)
+        pad, again = pad[inside], again[inside]
+        if not pad_last:  # a rank keeps a repeat only where its last batch is otherwise empty
+            full, rest = divmod(n, step)
+            real = full * bs + np.clip(rest - np.arange(w) * bs, 0, bs)
+            keep = np.maximum(real, (batches - 1) * bs + 1)
+            at = (pad // step) * bs + pad % bs
+            stays = at < keep[(pad // bs) % w]
+            pad, again = pad[stays], again[stays]
+        g, src = np.concatenate([g, pad]), np.concatenate([src, again])
+    rank = (g // bs) % w
+    position = (g // step) * bs + g % bs
+    by = np.lexsort((position, rank, src))
+    return Routes(src[by], rank[by], position[by])
 
 
 def stage_plan(
@@ -166,18 +253,13 @@ def stage_plan(
     --------
     >>> p = stage_plan([3, 3], epoch=0, shuffle=False, seed=0, world_size=2, batch_size=2,
     ...                drop_last=True, pad_last=False)
-    >>> [a.tolist() for a in p.plans], len(p.key)
+    >>> [p.plan(r).tolist() for r in range(2)], len(p.key)
     ([[0, 1], [2, 3]], 24)
     """
     order = global_order(sizes, shuffle=shuffle, seed=seed, epoch=epoch, window=None)
-    plans = tuple(
-        np.asarray(epoch_plan(order, segments, rank=r, world_size=world_size,
-                              batch_size=batch_size, drop_last=drop_last,
-                              pad_last=pad_last).indices, dtype=np.int64)
-        for r in range(world_size)
-    )  # fmt: skip
     doc = {"rows": [int(s) for s in sizes], "shuffle": bool(shuffle), "seed": int(seed),
            "world_size": world_size, "batch_size": batch_size, "drop_last": bool(drop_last),
            "pad_last": bool(pad_last), "segments": [s.as_dict() for s in segments]}  # fmt: skip
     key = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
-    return StagePlan(int(epoch), key, plans)
+    return StagePlan(int(epoch), key, order, tuple(segments), int(world_size), int(batch_size),
+                     bool(drop_last), bool(pad_last))  # fmt: skip

@@ -25,7 +25,7 @@ from feedline.loader.data.memory_cache import FileLayout, _checked, fill_arrays,
 from feedline.loader.data.packed_columns import Packing, column_views
 from feedline.loader.data.staging.exchange import Outbox
 from feedline.loader.data.staging.report import StageReport
-from feedline.loader.order.stage_routes import Routes, StagePlan, node_of, node_row_groups, routes
+from feedline.loader.order.stage_routes import Routes, StagePlan, node_of, node_row_groups
 
 __all__ = ["READ_AHEAD", "Share", "send_share"]
 
@@ -66,7 +66,7 @@ def send_share(
     starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
     groups = node_row_groups(sizes, share.nodes)[share.node]
     lo, hi = int(starts[groups.start]), int(starts[groups.stop])
-    found = routes(plan.plans, lo, hi)
+    found = plan.routes(lo, hi)
     file_of, local, _ = layout.locate()
     names = [s.name for s in packing.specs]
     piece = read_rows(packing, layout.source.schema())

@@ -221,7 +221,7 @@ class StagedEpochs:
             return DirectRows(self.layout, self.packing)
         plan = self.planner(epoch)
         self._reached(plan.key, epoch)
-        task = self._request(plan, start=len(plan.plans[self.rank]) - len(indices))
+        task = self._request(plan, start=len(plan.plan(self.rank)) - len(indices))
         self._request(self.planner(epoch + 1))  # staged while this epoch trains
         self._forget(epoch)
         return StagedSession(task.handle, task.report, self.packing, len(indices), self.layout)
@@ -342,7 +342,7 @@ class StagedEpochs:
     def _receive(self, plan: StagePlan, task: _Task, report: StageReport) -> None:
         """Pass 2, handed to the session: this rank's buckets from the node's inbox (held,
         shared, until the epoch is dropped), its first one ordered ahead."""
-        ids = plan.plans[self.rank]
+        ids = plan.plan(self.rank)
         size, total = self.bucket_rows, len(ids)
         fd = hold_shared(self._lock_path(plan.key, plan.epoch, "read"))
 
