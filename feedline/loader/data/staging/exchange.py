@@ -79,6 +79,8 @@ _RECORD = struct.Struct("<q")
 _BUFFER = 64 << 10
 #: what ``O_DIRECT`` transfers are aligned to (offsets, lengths and memory)
 _PAGE = 4096
+#: threads writing bucket files (several writes at once keep the disk busier than one)
+_WRITERS = 3
 
 #: a stored array's key, dtype and one row's shape
 ArrayLayout = tuple[str, np.dtype, tuple[int, ...]]
@@ -172,12 +174,14 @@ class _FileOutbox:
         # no fsync: a file that lost bytes in a crash of the machine fails its marker's size
         # or CRC-32 check before any row of it is used (and is sent again), and forcing 2x the
         # node's share to the disk here would stall pass 1 on the writeback
+        for handle in self._files.values():
+            handle.finish()
+        self._writer.finish()
         files = {}
         for name, handle in self._files.items():
             handle.close()
             files[name] = [handle.size, handle.crc]
         self._files = {}
-        self._writer.finish()
         tmp = self.marker.with_name(self.marker.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"files": files}))
         os.replace(tmp, self.marker)
@@ -187,23 +191,25 @@ class _FileOutbox:
         with contextlib.suppress(Exception):  # what was handed over first (same descriptors)
             self._writer.finish()
         for handle in self._files.values():
-            handle.close(flush=False)
+            with contextlib.suppress(OSError):
+                handle.close(cut=False)
         self._files = {}
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class _Writer:
-    """Writes buffers to their files in a thread of its own, in the order they are handed
-    over, so that routing the next rows overlaps the disk; at most ``spare`` buffers wait or
-    are being written (each ``size`` bytes, page-aligned: anonymous maps)."""
+    """Writes buffers to their files at their offsets (``pwrite``) in :data:`_WRITERS`
+    threads of their own, so that routing the next rows overlaps the disk and the disk sees
+    several writes at once; at most ``spare`` buffers wait or are being written (each
+    ``size`` bytes, page-aligned: anonymous maps)."""
 
-    def __init__(self, size: int, spare: int = 4) -> None:
+    def __init__(self, size: int, spare: int = 2 * 3) -> None:
         self.size = size
         self._free: list[mmap.mmap] = []
         self._slots = threading.Semaphore(spare)
         self._queue: queue.Queue[tuple[int, mmap.mmap, int, int] | None] = queue.Queue()
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def buffer(self) -> mmap.mmap:
         """A free buffer (one written out before, or a new one)."""
@@ -212,31 +218,30 @@ class _Writer:
         except IndexError:
             return mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE)
 
-    def submit(self, fd: int, buffer: mmap.mmap, length: int, cut: int = -1) -> None:
-        """Write ``buffer[:length]`` to ``fd`` (then, when ``cut >= 0``, cut the file to
-        ``cut`` bytes and close ``fd``); the buffer is the writer's from now on."""
+    def submit(self, fd: int, buffer: mmap.mmap, length: int, offset: int) -> None:
+        """Write ``buffer[:length]`` to ``fd`` at ``offset``; the buffer is the writer's
+        from now on."""
         self._check()
         self._slots.acquire()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="feedline-stage-write",
-                                            daemon=True)  # fmt: skip
-            self._thread.start()
-        self._queue.put((fd, buffer, length, cut))
+        if not self._threads:
+            for _ in range(_WRITERS):
+                thread = threading.Thread(target=self._run, name="feedline-stage-write",
+                                          daemon=True)  # fmt: skip
+                thread.start()
+                self._threads.append(thread)
+        self._queue.put((fd, buffer, length, offset))
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            fd, buffer, length, cut = item
+            fd, buffer, length, offset = item
             try:
                 if self._error is None:
-                    _write_all(fd, memoryview(buffer)[:length])
-                    if cut >= 0:
-                        os.ftruncate(fd, cut)
+                    view, done = memoryview(buffer), 0
+                    while done < length:
+                        done += os.pwrite(fd, view[done:length], offset + done)
             except BaseException as exc:  # noqa: BLE001 (raised in the sender)
                 self._error = exc
             finally:
-                if cut >= 0:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
                 self._free.append(buffer)
                 self._slots.release()
                 self._queue.task_done()
@@ -244,16 +249,17 @@ class _Writer:
 
     def drain(self) -> None:
         """Wait until every buffer handed over is written."""
-        if self._thread is not None:
+        if self._threads:
             self._queue.join()
         self._check()
 
     def finish(self) -> None:
-        """Write everything handed over, then stop the thread."""
-        if self._thread is not None:
+        """Write everything handed over, then stop the threads."""
+        for _ in self._threads:
             self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
         self._free = []
         self._check()
 
@@ -275,7 +281,7 @@ class _BucketFile:
         self.fd = os.open(path, flags, 0o644)
         self.direct, self.writer = direct, writer
         self.buffer = writer.buffer()
-        self.filled = self.size = self.crc = 0
+        self.filled = self.size = self.crc = self.offset = 0
 
     def write(self, data: memoryview) -> None:
         self.crc, self.size = crc32(data, self.crc), self.size + len(data)
@@ -286,34 +292,39 @@ class _BucketFile:
             self.filled += n
             done += n
             if self.filled == room:
-                self.writer.submit(self.fd, self.buffer, room)
-                self.buffer, self.filled = self.writer.buffer(), 0
+                self._hand_over(room)
+
+    def _hand_over(self, length: int) -> None:
+        """Hand ``buffer[:length]`` to the writer; keep the rest in a fresh buffer."""
+        rest = self.filled - length
+        fresh = self.writer.buffer()
+        if rest:
+            fresh[:rest] = self.buffer[length : self.filled]
+        self.writer.submit(self.fd, self.buffer, length, self.offset)
+        self.buffer, self.filled, self.offset = fresh, rest, self.offset + length
 
     def flush(self) -> None:
         """Hand over what the buffer holds (with ``O_DIRECT``, its whole pages: the rest
         stays)."""
         whole = self.filled // _PAGE * _PAGE if self.direct else self.filled
         if whole:
-            rest = self.filled - whole
-            fresh = self.writer.buffer()
-            fresh[:rest] = self.buffer[whole : self.filled]
-            self.writer.submit(self.fd, self.buffer, whole)
-            self.buffer, self.filled = fresh, rest
+            self._hand_over(whole)
 
-    def close(self, flush: bool = True) -> None:
-        """Hand over the rest (``O_DIRECT`` writes whole pages: the last one padded, then
-        cut off) and let the writer close the file; ``flush=False``: close it unwritten."""
-        if not flush:
-            os.close(self.fd)
-            return
+    def finish(self) -> None:
+        """Hand over the rest (``O_DIRECT`` writes whole pages: the last one padded, cut
+        off by :meth:`close`)."""
         end = -(-self.filled // _PAGE) * _PAGE if self.direct else self.filled
-        self.writer.submit(self.fd, self.buffer, end, cut=self.size)
+        if end:
+            self.filled = end
+            self._hand_over(end)
 
-
-def _write_all(fd: int, view: memoryview) -> None:
-    done = 0
-    while done < len(view):
-        done += os.write(fd, view[done:])
+    def close(self, cut: bool = True) -> None:
+        """Cut the file to its size (after the writer wrote it all) and close it."""
+        try:
+            if cut:
+                os.ftruncate(self.fd, self.size)
+        finally:
+            os.close(self.fd)
 
 
 class StorageExchange:
