@@ -21,6 +21,14 @@ receiver restarted from an older checkpoint gets the rows again); a sender kille
 leaves no marker and its next run rewrites its files. One read of the data per epoch across
 the cluster, one write and one sequential read of it through the exchange.
 
+Bucket files are written and read with ``O_DIRECT`` where the file system takes it (a local
+disk; a file system that refuses it, such as tmpfs, gets buffered I/O): each open file's
+bytes gather in a page-aligned buffer (together a quarter of ``memory_budget``, set by the
+stager) that writer threads write out at its offset while the next rows are routed. The
+node's share never sits in the page cache as dirty pages waiting for writeback, which in a
+memory cgroup are charged to the job and cannot be dropped (they got the loader OOM-killed
+at a 300 MiB limit), and reading a bucket back evicts nothing.
+
 Why storage first: it needs no process group, no extra port and no Ray, works between
 separately started jobs and restarts, and its traffic is large sequential files, which
 shared file systems and object stores serve well. A ``torch.distributed`` (gloo/NCCL
@@ -79,8 +87,10 @@ _RECORD = struct.Struct("<q")
 _BUFFER = 64 << 10
 #: what ``O_DIRECT`` transfers are aligned to (offsets, lengths and memory)
 _PAGE = 4096
-#: threads writing bucket files (several writes at once keep the disk busier than one)
+#: threads writing bucket files (several writes at once keep the disk busier than one) ...
 _WRITERS = 3
+#: ... and buffers handed to them at most (waiting or being written)
+_SPARE = 6
 
 #: a stored array's key, dtype and one row's shape
 ArrayLayout = tuple[str, np.dtype, tuple[int, ...]]
@@ -203,10 +213,10 @@ class _Writer:
     several writes at once; at most ``spare`` buffers wait or are being written (each
     ``size`` bytes, page-aligned: anonymous maps)."""
 
-    def __init__(self, size: int, spare: int = 2 * 3) -> None:
+    def __init__(self, size: int, spare: int = 0) -> None:
         self.size = size
         self._free: list[mmap.mmap] = []
-        self._slots = threading.Semaphore(spare)
+        self._slots = threading.Semaphore(spare or _SPARE)
         self._queue: queue.Queue[tuple[int, mmap.mmap, int, int] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._threads: list[threading.Thread] = []
@@ -493,8 +503,8 @@ def _open_read(path: Path) -> int:
 def _read_records(
     path: Path, arrays: Sequence[ArrayLayout], size: int, crc: int
 ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """The records of one bucket file: the file read whole in one sequential read (its
-    pages dropped from the page cache after it), its size and CRC-32 compared with the
+    """The records of one bucket file: the file read whole in one sequential read (past the
+    page cache, or its pages dropped from it after), its size and CRC-32 compared with the
     sender's marker before any record is handed out (records are views of that read)."""
     where = f"the staging exchange file {str(path)!r}"
     padded = -(-max(1, size) // _PAGE) * _PAGE  # O_DIRECT reads whole pages
