@@ -25,7 +25,9 @@ Readers (batches of 256, numpy, ``--epochs`` epochs or ``--seconds``, whichever 
 Setups: ``1 node`` (world_size 1) and ``2 nodes`` (world_size 2, one rank per node, each in
 its own cgroup with its own cache folder; the staged ranks share an exchange folder).
 
-Reported per rank: samples/s over the epochs read, the first batch's latency, the bytes
+Reported per rank: samples/s over the epochs read and after epoch 0 (``steady``: the
+staged path stages epoch 0 before its first batch, later ones while the one before is
+read), the first batch's latency, the bytes
 read from the dataset per epoch (the loader's count for stream and staged; for the node
 cache the whole file is read into each node), the process's storage reads and writes per
 epoch (``/proc/self/io``: includes the staging files), each epoch's staging time and
@@ -155,6 +157,7 @@ def reader(args: argparse.Namespace, name: str, rank: int, world: int, group_pat
     evict(sorted(Path(args.data).glob("*.parquet")) + sorted(Path(cache_dir).rglob("*.flcache")))
     io0, start = _io(), time.perf_counter()
     first, seen, batches, epochs = None, 0, [], 0
+    epoch_ends: list[tuple[float, int]] = []  # (seconds, samples) at each epoch's end
     deadline = start + args.seconds
     for _ in range(args.epochs):
         for batch in loader:
@@ -169,9 +172,13 @@ def reader(args: argparse.Namespace, name: str, rank: int, world: int, group_pat
                 break
         else:
             epochs += 1
+            epoch_ends.append((time.perf_counter() - start, seen))
             continue
         break
     seconds = time.perf_counter() - start
+    steady = None  # after epoch 0 (whose staging comes before its first batch)
+    if epoch_ends and seconds > epoch_ends[0][0] and seen > epoch_ends[0][1]:
+        steady = (seen - epoch_ends[0][1]) / (seconds - epoch_ends[0][0])
     io1 = _io()
     source = loader._prepare().source
     if hasattr(source, "join"):  # the epoch staged ahead: its time, once done
@@ -190,6 +197,7 @@ def reader(args: argparse.Namespace, name: str, rank: int, world: int, group_pat
     out = {
         "reader": name, "rank": rank, "world_size": world, "rows": rows, "step_ms": args.step_ms,
         "samples": seen, "seconds": seconds, "samples_per_s": seen / seconds,
+        "steady_samples_per_s": steady,
         "first_batch_s": first, "epochs_read": seen / max(1, rows // world),
         "dataset_bytes_per_epoch": dataset,
         "io_read_bytes_per_epoch": (io1["read_bytes"] - io0["read_bytes"]) / per_epoch,

@@ -201,13 +201,13 @@ def test_stream_over_data_twice_the_cgroup_is_not_oom_killed(tmp_path: Path) -> 
 @pytest.mark.timeout(900)
 def test_staged_epochs_over_data_larger_than_the_cgroup_are_not_oom_killed(tmp_path: Path) -> None:
     """Issue 25: cache="staged" holds two buckets (a sixteenth of the default budget each, one
-    read twice over) and two row groups at a time; 490 MB of 12 KiB rows staged and read
-    through a 400 MiB cgroup, two epochs (the second staged while the first is read), in the
-    exact order. (With 370 MB through 300 MiB this path was OOM-killed in about 1 run in 8:
-    its peak sits at that limit; issue 25 keeps it open.)"""
-    rows, width, group_rows = 40_000, 3072, 500
+    read twice over), three row groups and its bucket files' write buffers (a quarter of the
+    budget) at a time, and writes and reads its bucket files past the page cache (O_DIRECT);
+    370 MB of 12 KiB rows staged and read through a 300 MiB cgroup, two epochs (the second
+    staged while the first is read), in the exact order."""
+    rows, width, group_rows = 30_000, 3072, 500
     _write(tmp_path / "d", rows, width, group_rows, files=2)
-    with memory_cgroup(400 * 2**20) as group:
+    with memory_cgroup(300 * 2**20) as group:
         done = run_in(group, """
             import json, sys
             import numpy as np

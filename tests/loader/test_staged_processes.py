@@ -57,8 +57,7 @@ def _killed(path, cache_dir, flag) -> None:
 
     def write_then_hang(self, rank, bucket, positions, rows):
         write(self, rank, bucket, positions, rows)
-        for handle in self._files.values():
-            handle.flush()
+        self.flush()
         Path(flag).write_text(str(self.marker))
         time.sleep(600)
 

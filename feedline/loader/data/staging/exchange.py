@@ -21,6 +21,14 @@ receiver restarted from an older checkpoint gets the rows again); a sender kille
 leaves no marker and its next run rewrites its files. One read of the data per epoch across
 the cluster, one write and one sequential read of it through the exchange.
 
+Bucket files are written and read with ``O_DIRECT`` where the file system takes it (a local
+disk; a file system that refuses it, such as tmpfs, gets buffered I/O): each open file's
+bytes gather in a page-aligned buffer (together a quarter of ``memory_budget``, set by the
+stager) that writer threads write out at its offset while the next rows are routed. The
+node's share never sits in the page cache as dirty pages waiting for writeback, which in a
+memory cgroup are charged to the job and cannot be dropped (they got the loader OOM-killed
+at a 300 MiB limit), and reading a bucket back evicts nothing.
+
 Why storage first: it needs no process group, no extra port and no Ray, works between
 separately started jobs and restarts, and its traffic is large sequential files, which
 shared file systems and object stores serve well. A ``torch.distributed`` (gloo/NCCL
@@ -44,20 +52,23 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
+import queue
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from feedline.errors import IntegrityError, StorageError
-from feedline.io.storage.local_files import open_regular
+from feedline.io.storage.local_files import open_regular_fd
 from feedline.store.commit import fsync_dir
 
 try:  # ISA-L's CRC-32 (the ``isal`` package): the same value, about 10x zlib's speed
@@ -72,9 +83,14 @@ WAIT_TIMEOUT = 3600.0
 #: a record's header: the number of rows that follow
 _RECORD = struct.Struct("<q")
 #: bytes buffered per open bucket file while sending (one file per bucket of every rank is
-#: open: their buffers add up, 256 KiB each got a 300 MiB cgroup OOM-killed; a record longer
-#: than this goes straight to the file)
+#: open: their buffers add up), a multiple of the page size
 _BUFFER = 64 << 10
+#: what ``O_DIRECT`` transfers are aligned to (offsets, lengths and memory)
+_PAGE = 4096
+#: threads writing bucket files (several writes at once keep the disk busier than one) ...
+_WRITERS = 3
+#: ... and buffers handed to them at most (waiting or being written)
+_SPARE = 6
 
 #: a stored array's key, dtype and one row's shape
 ArrayLayout = tuple[str, np.dtype, tuple[int, ...]]
@@ -98,7 +114,7 @@ class Outbox(Protocol):
 class Exchange(Protocol):
     """The rows' way between nodes (see the module docs)."""
 
-    def send(self, plan: str, epoch: int, to_node: int) -> Outbox: ...
+    def send(self, plan: str, epoch: int, to_node: int, buffer: int = ...) -> Outbox: ...
 
     def publish(self, plan: str, epoch: int, layout: Mapping[str, Any]) -> None: ...
 
@@ -127,13 +143,14 @@ def _bytes(values: np.ndarray) -> memoryview:
 
 
 class _FileOutbox:
-    def __init__(self, folder: Path, marker: Path) -> None:
+    def __init__(self, folder: Path, marker: Path, buffer: int = _BUFFER) -> None:
         self.folder, self.marker = folder, marker
-        self._files: dict[str, BinaryIO] = {}
-        self._crc: dict[str, int] = {}
-        self._size: dict[str, int] = {}
+        self._files: dict[str, _BucketFile] = {}
+        self._direct = hasattr(os, "O_DIRECT")  # until the folder's file system refuses it
+        self._buffer = max(_PAGE, int(buffer) // _PAGE * _PAGE)
         shutil.rmtree(folder, ignore_errors=True)  # a killed sender's leftovers
         folder.mkdir(parents=True, exist_ok=True)
+        self._writer = _Writer(self._buffer)
 
     def write(
         self, rank: int, bucket: int, positions: np.ndarray, rows: Mapping[str, np.ndarray]
@@ -141,23 +158,39 @@ class _FileOutbox:
         name = f"r{rank}.b{bucket}"
         handle = self._files.get(name)
         if handle is None:
-            handle = self._files[name] = open(self.folder / name, "wb", buffering=_BUFFER)  # noqa: SIM115
-            self._crc[name], self._size[name] = 0, 0
-        pieces = [memoryview(_RECORD.pack(len(positions))), _bytes(positions.astype("<i8"))]
-        pieces += [_bytes(a) for a in rows.values()]
-        crc, size = self._crc[name], self._size[name]
-        for view in pieces:
-            handle.write(view)
-            crc, size = crc32(view, crc), size + len(view)
-        self._crc[name], self._size[name] = crc, size
+            handle = self._files[name] = self._open(self.folder / name)
+        handle.write(memoryview(_RECORD.pack(len(positions))))
+        handle.write(_bytes(positions.astype("<i8")))
+        for a in rows.values():
+            handle.write(_bytes(a))
+
+    def _open(self, path: Path) -> _BucketFile:
+        if self._direct:
+            try:
+                return _BucketFile(path, self._writer, direct=True)
+            except OSError as exc:  # e.g. tmpfs: EINVAL
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._direct = False
+        return _BucketFile(path, self._writer, direct=False)
+
+    def flush(self) -> None:
+        """Write out what every bucket file holds so far (its whole pages with ``O_DIRECT``)."""
+        for handle in self._files.values():
+            handle.flush()
+        self._writer.drain()
 
     def commit(self) -> None:
         # no fsync: a file that lost bytes in a crash of the machine fails its marker's size
         # or CRC-32 check before any row of it is used (and is sent again), and forcing 2x the
         # node's share to the disk here would stall pass 1 on the writeback
         for handle in self._files.values():
+            handle.finish()
+        self._writer.finish()
+        files = {}
+        for name, handle in self._files.items():
             handle.close()
-        files = {n: [self._size[n], self._crc[n]] for n in self._files}
+            files[name] = [handle.size, handle.crc]
         self._files = {}
         tmp = self.marker.with_name(self.marker.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"files": files}))
@@ -165,11 +198,143 @@ class _FileOutbox:
         fsync_dir(self.marker.parent)
 
     def abort(self) -> None:
+        with contextlib.suppress(Exception):  # what was handed over first (same descriptors)
+            self._writer.finish()
         for handle in self._files.values():
             with contextlib.suppress(OSError):
-                handle.close()
+                handle.close(cut=False)
         self._files = {}
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class _Writer:
+    """Writes buffers to their files at their offsets (``pwrite``) in :data:`_WRITERS`
+    threads of their own, so that routing the next rows overlaps the disk and the disk sees
+    several writes at once; at most ``spare`` buffers wait or are being written (each
+    ``size`` bytes, page-aligned: anonymous maps)."""
+
+    def __init__(self, size: int, spare: int = 0) -> None:
+        self.size = size
+        self._free: list[mmap.mmap] = []
+        self._slots = threading.Semaphore(spare or _SPARE)
+        self._queue: queue.Queue[tuple[int, mmap.mmap, int, int] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._threads: list[threading.Thread] = []
+
+    def buffer(self) -> mmap.mmap:
+        """A free buffer (one written out before, or a new one)."""
+        try:
+            return self._free.pop()
+        except IndexError:
+            return mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE)
+
+    def submit(self, fd: int, buffer: mmap.mmap, length: int, offset: int) -> None:
+        """Write ``buffer[:length]`` to ``fd`` at ``offset``; the buffer is the writer's
+        from now on."""
+        self._check()
+        self._slots.acquire()
+        if not self._threads:
+            for _ in range(_WRITERS):
+                thread = threading.Thread(target=self._run, name="feedline-stage-write",
+                                          daemon=True)  # fmt: skip
+                thread.start()
+                self._threads.append(thread)
+        self._queue.put((fd, buffer, length, offset))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fd, buffer, length, offset = item
+            try:
+                if self._error is None:
+                    view, done = memoryview(buffer), 0
+                    while done < length:
+                        done += os.pwrite(fd, view[done:length], offset + done)
+            except BaseException as exc:  # noqa: BLE001 (raised in the sender)
+                self._error = exc
+            finally:
+                self._free.append(buffer)
+                self._slots.release()
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def drain(self) -> None:
+        """Wait until every buffer handed over is written."""
+        if self._threads:
+            self._queue.join()
+        self._check()
+
+    def finish(self) -> None:
+        """Write everything handed over, then stop the threads."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+        self._free = []
+        self._check()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
+class _BucketFile:
+    """One bucket file being written: its bytes gathered in a page-aligned buffer and
+    handed to the outbox's :class:`_Writer` a whole buffer at a time, with ``O_DIRECT``
+    where the file system takes it (``direct``): the rows go from the buffer to the disk
+    without the page cache, so no dirty page of the node's share is charged to its memory
+    (or its cgroup) waiting for writeback, and reading them back evicts nothing; the file
+    is cut to its size at the end. Its size and CRC-32 are counted as it is written."""
+
+    def __init__(self, path: Path, writer: _Writer, direct: bool) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
+        self.fd = os.open(path, flags, 0o644)
+        self.direct, self.writer = direct, writer
+        self.buffer = writer.buffer()
+        self.filled = self.size = self.crc = self.offset = 0
+
+    def write(self, data: memoryview) -> None:
+        self.crc, self.size = crc32(data, self.crc), self.size + len(data)
+        done, total, room = 0, len(data), self.writer.size
+        while done < total:
+            n = min(total - done, room - self.filled)
+            self.buffer[self.filled : self.filled + n] = data[done : done + n]
+            self.filled += n
+            done += n
+            if self.filled == room:
+                self._hand_over(room)
+
+    def _hand_over(self, length: int) -> None:
+        """Hand ``buffer[:length]`` to the writer; keep the rest in a fresh buffer."""
+        rest = self.filled - length
+        fresh = self.writer.buffer()
+        if rest:
+            fresh[:rest] = self.buffer[length : self.filled]
+        self.writer.submit(self.fd, self.buffer, length, self.offset)
+        self.buffer, self.filled, self.offset = fresh, rest, self.offset + length
+
+    def flush(self) -> None:
+        """Hand over what the buffer holds (with ``O_DIRECT``, its whole pages: the rest
+        stays)."""
+        whole = self.filled // _PAGE * _PAGE if self.direct else self.filled
+        if whole:
+            self._hand_over(whole)
+
+    def finish(self) -> None:
+        """Hand over the rest (``O_DIRECT`` writes whole pages: the last one padded, cut
+        off by :meth:`close`)."""
+        end = -(-self.filled // _PAGE) * _PAGE if self.direct else self.filled
+        if end:
+            self.filled = end
+            self._hand_over(end)
+
+    def close(self, cut: bool = True) -> None:
+        """Cut the file to its size (after the writer wrote it all) and close it."""
+        try:
+            if cut:
+                os.ftruncate(self.fd, self.size)
+        finally:
+            os.close(self.fd)
 
 
 class StorageExchange:
@@ -187,13 +352,13 @@ class StorageExchange:
     def _marker(self, plan: str, epoch: int, to_node: int, from_node: int) -> Path:
         return self._epoch(plan, epoch) / f"to{to_node}" / f"from{from_node}.done"
 
-    def send(self, plan: str, epoch: int, to_node: int) -> Outbox:
+    def send(self, plan: str, epoch: int, to_node: int, buffer: int = _BUFFER) -> Outbox:
         """This node's outbox for ``to_node`` in epoch ``epoch`` of the order ``plan``
-        (earlier partial files dropped)."""
+        (earlier partial files dropped), ``buffer`` bytes buffered per bucket file."""
         inbox = self._epoch(plan, epoch) / f"to{to_node}"
         marker = self._marker(plan, epoch, to_node, self.node)
         try:
-            return _FileOutbox(inbox / f"from{self.node}", marker)
+            return _FileOutbox(inbox / f"from{self.node}", marker, buffer)
         except OSError as exc:
             raise StorageError(
                 f"Cannot write the staging exchange folder {str(inbox)!r}: {exc}. Fix: pass a "
@@ -324,27 +489,38 @@ class StorageExchange:
         self._markers = {k: v for k, v in self._markers.items() if k[:2] != (plan, epoch)}
 
 
+def _open_read(path: Path) -> int:
+    """A descriptor of the regular file ``path`` for reading, with ``O_DIRECT`` where its
+    file system takes it (the bytes go from the disk to the reader's buffer: no page cache
+    to fill and evict)."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        with contextlib.suppress(OSError):
+            return open_regular_fd(str(path), os.O_RDONLY | direct)
+    return open_regular_fd(str(path), os.O_RDONLY)
+
+
 def _read_records(
     path: Path, arrays: Sequence[ArrayLayout], size: int, crc: int
 ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """The records of one bucket file: the file read whole in one sequential read (its
-    pages dropped from the page cache after it), its size and CRC-32 compared with the
+    """The records of one bucket file: the file read whole in one sequential read (past the
+    page cache, or its pages dropped from it after), its size and CRC-32 compared with the
     sender's marker before any record is handed out (records are views of that read)."""
     where = f"the staging exchange file {str(path)!r}"
+    padded = -(-max(1, size) // _PAGE) * _PAGE  # O_DIRECT reads whole pages
+    data = np.frombuffer(mmap.mmap(-1, padded, flags=mmap.MAP_PRIVATE), np.uint8, padded)
     try:
-        handle = open_regular(path, what="a staging exchange file", error=IntegrityError)
+        fd = _open_read(path)
     except (OSError, IntegrityError) as exc:
         raise IntegrityError(
             f"Cannot read {where}: {exc}. Fix: check that stage_dir= is shared by every node "
             "and that nothing deletes files in it while the loaders run."
         ) from exc
-    data = np.frombuffer(mmap.mmap(-1, max(1, size), flags=mmap.MAP_PRIVATE), np.uint8, size)
-    with handle:
-        fd = handle.fileno()
+    try:
         with contextlib.suppress(OSError, AttributeError):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         view, done = memoryview(data.data), 0
-        while done < size:
+        while done < padded:
             n = os.readv(fd, [view[done:]])
             if not n:
                 break
@@ -352,6 +528,9 @@ def _read_records(
         longer = os.fstat(fd).st_size != size
         with contextlib.suppress(OSError, AttributeError):  # read once: leave the room
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    view = view[:size]
     if done != size or longer:
         raise IntegrityError(
             f"{where} is shorter or longer than its sender's marker says ({size} "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -74,16 +75,24 @@ def send_share(
     per_rank = np.array([cuts.get(node_of(r, share.ranks_per_node), 1)
                          for r in range(share.world_size)], dtype=np.int64)  # fmt: skip
 
-    def read(g: int) -> dict[str, np.ndarray]:
-        storage = packing.allocate(int(sizes[g]))
+    # the row groups' arrays, reused (READ_AHEAD decoding, one routed): fresh ones for every
+    # row group would fault in the node's share once more per epoch
+    largest = max((int(sizes[g]) for g in groups), default=0)
+    free: queue.SimpleQueue[dict[str, np.ndarray]] = queue.SimpleQueue()
+    for _ in range(READ_AHEAD + 1):
+        free.put(packing.allocate(largest))
+
+    def read(g: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        whole = free.get()
+        storage = {k: v[: int(sizes[g])] for k, v in whole.items()}
         views = column_views(packing, storage)
         f, i = int(file_of[g]), int(local[g])
         where = f"shard {layout.files[f].url!r}, row group {i}"
         parts = _checked(layout.iter_read(f, [i], names, piece), int(sizes[g]), where)
         first = int(starts[g])
         fill_arrays(views, parts, packing.specs, 0, where, lambda r: first + r)
-        pa.default_memory_pool().release_unused()
-        return storage
+        pa.default_memory_pool().release_unused()  # the decode's buffers: not kept per thread
+        return whole, storage
 
     todo = [g for g in groups if sizes[g]]
     last = {int(file_of[g]): g for g in todo}  # each file's last row group in the share
@@ -91,7 +100,7 @@ def send_share(
         ahead = deque(pool.submit(read, g) for g in todo[:READ_AHEAD])
         for k, g in enumerate(todo):
             check()
-            storage = ahead.popleft().result()
+            whole, storage = ahead.popleft().result()
             if k + READ_AHEAD < len(todo):  # the next row groups decode meanwhile
                 ahead.append(pool.submit(read, todo[k + READ_AHEAD]))
             report.rows_read += int(sizes[g])
@@ -100,6 +109,7 @@ def send_share(
             sent = _route(found, int(a), int(b), int(starts[g]), storage, outboxes, per_rank,
                           share.ranks_per_node)  # fmt: skip
             report.bytes_sent += sent * row_bytes
+            free.put(whole)
             f = int(file_of[g])
             if share.drop_pages and last[f] == g:
                 _drop_pages(layout, f)
@@ -127,7 +137,6 @@ def _route(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.n
     buckets = (rank << 32) | (pos // size)
     order = np.argsort(buckets, kind="stable")
     ends = np.flatnonzero(np.diff(buckets[order])) + 1
-    picked = {k: v[rows[order]] for k, v in storage.items()}  # one copy, grouped by bucket
     sent = 0
     for lo, hi in zip(np.concatenate([[0], ends]), np.concatenate([ends, [len(order)]]),
                       strict=True):  # fmt: skip
@@ -136,7 +145,8 @@ def _route(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.n
         box = outboxes.get(node_of(r, ranks_per_node))
         if box is None:  # delivered by an earlier run of this node
             continue
+        picked = rows[order[lo:hi]]  # each bucket's rows copied out once (small arrays)
         box.write(r, int(pos[head]) // int(size[head]), pos[order[lo:hi]],
-                  {k: v[lo:hi] for k, v in picked.items()})  # fmt: skip
+                  {k: v[picked] for k, v in storage.items()})  # fmt: skip
         sent += int(hi - lo)
     return sent
