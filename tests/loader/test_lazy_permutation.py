@@ -28,7 +28,7 @@ from feedline.loader.order.sample_order import (
     shuffle_quality,
     split_for_rank,
 )
-from feedline.loader.order.stage_routes import lazy_routes, routes
+from feedline.loader.order.stage_routes import StagePlan, lazy_routes, routes
 from feedline.loader.order.state import Segment
 
 SEEDS = st.integers(0, 2**63 - 1)
@@ -425,3 +425,17 @@ def test_the_inverse_undoes_the_permutation(n: int, seed: int, epoch: int) -> No
     assert (p.take(p.inverse(rows)) == rows).all()
     with pytest.raises(ConfigurationError, match="rows of the dataset"):
         p.inverse([n])
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 300), world=st.integers(1, 5), batch=st.integers(1, 9),
+       drop_last=st.booleans(), pad_last=st.booleans())  # fmt: skip
+def test_a_stage_plans_lengths_over_a_lazy_order_are_its_plans_lengths(
+    n: int, world: int, batch: int, drop_last: bool, pad_last: bool
+) -> None:
+    """StagePlan.length(rank) over a lazy order is computed, not read off an evaluated plan."""
+    plan = StagePlan(0, "k", LazyPermutation(n, seed=1, epoch=0), (), world, batch, drop_last,
+                     pad_last)  # fmt: skip
+    lengths = [plan.length(r) for r in range(world)]
+    assert not plan._plans  # nothing evaluated
+    assert lengths == [len(plan.plan(r)) for r in range(world)]

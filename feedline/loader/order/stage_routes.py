@@ -173,6 +173,13 @@ class StagePlan:
             self._plans[rank] = got
         return got
 
+    def length(self, rank: int) -> int:
+        """``len(self.plan(rank))``, without evaluating the plan over a lazy order."""
+        if isinstance(self.order, LazyPermutation) and not self.segments:
+            return int(_rank_lengths(len(self.order), self.world_size, self.batch_size,
+                                     self.drop_last, self.pad_last)[rank])  # fmt: skip
+        return len(self.plan(rank))
+
     def routes(self, lo: int, hi: int) -> Routes:
         """Every ``(rank, position)`` whose plan names a row in ``[lo, hi)``, by source row
         (then rank, then position)."""
@@ -221,9 +228,7 @@ def lazy_routes(order: LazyPermutation, lo: int, hi: int, *, world_size: int, ba
         inside = (again >= lo) & (again < hi)
         pad, again = pad[inside], again[inside]
         if not pad_last:  # a rank keeps a repeat only where its last batch is otherwise empty
-            full, rest = divmod(n, step)
-            real = full * bs + np.clip(rest - np.arange(w) * bs, 0, bs)
-            keep = np.maximum(real, (batches - 1) * bs + 1)
+            keep = _rank_lengths(n, w, bs, drop_last, pad_last)
             at = (pad // step) * bs + pad % bs
             stays = at < keep[(pad // bs) % w]
             pad, again = pad[stays], again[stays]
@@ -232,6 +237,26 @@ def lazy_routes(order: LazyPermutation, lo: int, hi: int, *, world_size: int, ba
     position = (g // step) * bs + g % bs
     by = np.lexsort((position, rank, src))
     return Routes(src[by], rank[by], position[by])
+
+
+def _rank_lengths(n: int, world: int, bs: int, drop_last: bool, pad_last: bool) -> np.ndarray:
+    """Each rank's plan length over an order of ``n`` rows (``split_for_rank``'s layout): its
+    batches in full, or with ``pad_last=False`` its real samples (a repeat where its last
+    batch would otherwise be empty).
+
+    Examples
+    --------
+    >>> _rank_lengths(10, 2, 2, drop_last=False, pad_last=False).tolist()
+    [6, 5]
+    """
+    step = world * bs
+    batches = n // step if drop_last else -(-n // step)
+    lengths = np.full(world, batches * bs, dtype=np.int64)
+    if pad_last or batches * step <= n or not batches:
+        return lengths
+    full, rest = divmod(n, step)
+    real = full * bs + np.clip(rest - np.arange(world) * bs, 0, bs)
+    return np.maximum(real, (batches - 1) * bs + 1)
 
 
 def stage_plan(

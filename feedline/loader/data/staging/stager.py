@@ -443,10 +443,10 @@ class StagedEpochs:
         ``memory_budget`` over the bucket files open at once (one per bucket of every rank
         sent to), within ``[WRITE_MIN, WRITE_MAX]``."""
         files = 0
-        for r, ids in enumerate(plan.plans):
+        for r in range(plan.world_size):
             cut = cuts.get(node_of(r, self.ranks_per_node))
             if cut:
-                files += -(-len(ids) // cut)
+                files += -(-plan.length(r) // cut)
         each = self.budget // WRITE_SHARE // max(1, files)
         return min(WRITE_MAX, max(WRITE_MIN, each))
 
