@@ -135,7 +135,10 @@ class DrawsAhead:
         ``budget`` (the stream walked a chunk at a time)."""
         tokens = self.sample_tokens
         if tokens is None:
-            raise ConfigurationError("Mixing: a token stop needs each sample's tokens.")
+            raise ConfigurationError(
+                "Mixing: a token stop needs each sample's tokens. Fix: build DrawsAhead with "
+                "sample_tokens= (fl.mix's loader passes them for stop={'tokens': n})."
+            )
         drawn = [s for s, c in enumerate(np.sum(schedule.counts, axis=0).tolist()) if c]
         last = [s for s, c in enumerate(schedule.counts[-1].tolist()) if c]
         if not any(int(tokens[s].sum()) for s in last):  # the walk could never end
