@@ -331,3 +331,39 @@ def test_a_share_over_the_page_cache_drops_its_pages_and_stays_exact(write, tmp_
     _same(_batches(staged), _batches(memory))
     assert staged._prepare().source.join(60)  # epoch 1, staged ahead
     assert sorted(dropped) == [0, 0, 1, 1, 2, 2, 3, 3]  # each shard once an epoch
+
+
+def test_a_file_system_that_refuses_o_direct_transfers_falls_back_to_the_page_cache(
+    write, tmp_path, monkeypatch
+):
+    """Some file systems take O_DIRECT at open and refuse its transfers (EINVAL): the bucket
+    files are then written and read through the page cache, and the batches are unchanged.
+    (Simulated: no such file system here; the system calls refuse what a descriptor opened
+    with O_DIRECT asks.)"""
+    import errno
+    import fcntl
+    import os
+
+    direct = getattr(os, "O_DIRECT", 0)
+    if not direct:
+        pytest.skip("no O_DIRECT on this platform")
+    refused = []
+
+    def refusing(call):
+        def run(fd, *args):
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & direct:
+                refused.append(call.__name__)
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return call(fd, *args)
+
+        return run
+
+    monkeypatch.setattr(os, "pwrite", refusing(os.pwrite))
+    monkeypatch.setattr(os, "readv", refusing(os.readv))
+    ds = write(301, rows_per_shard=100, row_group_rows=23)
+    common = {"seed": 5, "rank": 1, "world_size": 2, "drop_last": False}
+    with ds.loader(cache="staged", **_kw(tmp_path, **common)) as staged:
+        memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
+        for _ in range(2):
+            _same(_batches(staged), _batches(memory))
+    assert {"pwrite", "readv"} <= set(refused)  # both were refused, then retried without

@@ -22,7 +22,9 @@ leaves no marker and its next run rewrites its files. One read of the data per e
 the cluster, one write and one sequential read of it through the exchange.
 
 Bucket files are written and read with ``O_DIRECT`` where the file system takes it (a local
-disk; a file system that refuses it, such as tmpfs, gets buffered I/O): each open file's
+disk; a file system that refuses it at open, such as tmpfs, gets buffered I/O, and one that
+takes it at open but refuses a transfer has ``O_DIRECT`` cleared on that file and the
+transfer retried): each open file's
 bytes gather in a page-aligned buffer (together a quarter of ``memory_budget``, set by the
 stager) that writer threads write out at its offset while the next rows are routed. The
 node's share never sits in the page cache as dirty pages waiting for writeback, which in a
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import mmap
 import os
@@ -248,7 +251,11 @@ class _Writer:
                 if self._error is None:
                     view, done = memoryview(buffer), 0
                     while done < length:
-                        done += os.pwrite(fd, view[done:length], offset + done)
+                        try:
+                            done += os.pwrite(fd, view[done:length], offset + done)
+                        except OSError as exc:  # O_DIRECT taken at open, refused here
+                            if exc.errno != errno.EINVAL or not _drop_direct(fd):
+                                raise
             except BaseException as exc:  # noqa: BLE001 (raised in the sender)
                 self._error = exc
             finally:
@@ -489,6 +496,26 @@ class StorageExchange:
         self._markers = {k: v for k, v in self._markers.items() if k[:2] != (plan, epoch)}
 
 
+def _drop_direct(fd: int) -> bool:
+    """Clear ``O_DIRECT`` on ``fd`` (a file system that took it at open but refuses its
+    transfers, e.g. some network or FUSE ones): the transfer is then retried through the
+    page cache. ``False`` when ``fd`` had no ``O_DIRECT`` (the error is another's).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryFile() as f:
+    ...     _drop_direct(f.fileno())
+    False
+    """
+    direct = getattr(os, "O_DIRECT", 0)
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if not direct or not flags & direct:
+        return False
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~direct)
+    return True
+
+
 def _open_read(path: Path) -> int:
     """A descriptor of the regular file ``path`` for reading, with ``O_DIRECT`` where its
     file system takes it (the bytes go from the disk to the reader's buffer: no page cache
@@ -521,7 +548,12 @@ def _read_records(
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         view, done = memoryview(data.data), 0
         while done < padded:
-            n = os.readv(fd, [view[done:]])
+            try:
+                n = os.readv(fd, [view[done:]])
+            except OSError as exc:  # O_DIRECT taken at open, refused here
+                if exc.errno != errno.EINVAL or not _drop_direct(fd):
+                    raise
+                continue
             if not n:
                 break
             done += n
