@@ -367,3 +367,15 @@ def test_a_file_system_that_refuses_o_direct_transfers_falls_back_to_the_page_ca
         for _ in range(2):
             _same(_batches(staged), _batches(memory))
     assert {"pwrite", "readv"} <= set(refused)  # both were refused, then retried without
+
+
+def test_row_groups_too_big_for_the_budget_are_decoded_one_at_a_time(write, tmp_path, caplog):
+    """Pass 1 decodes row groups ahead only as far as half of memory_budget holds them (a
+    row group the size of the budget: none ahead, said at INFO); the batches are unchanged."""
+    ds = write(301, rows_per_shard=None, row_group_rows=301)  # one row group: 13 KB
+    common = {"seed": 1, "rank": 0, "world_size": 1}
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
+    with (caplog.at_level(logging.INFO, logger="feedline"),
+          ds.loader(cache="staged", **_kw(tmp_path, **common)) as staged):  # fmt: skip
+        _same(_batches(staged), _batches(memory))
+    assert "0 row group(s) decoded ahead, not 2" in caplog.text

@@ -10,6 +10,7 @@ fancy-index copy per row group and bucket, no Python per row.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 from collections import deque
@@ -28,10 +29,30 @@ from feedline.loader.data.staging.exchange import Outbox
 from feedline.loader.data.staging.report import StageReport
 from feedline.loader.order.stage_routes import Routes, StagePlan, node_of, node_row_groups
 
-__all__ = ["READ_AHEAD", "Share", "send_share"]
+__all__ = ["READ_AHEAD", "READ_SHARE", "Share", "read_ahead", "send_share"]
 
-#: row groups decoded ahead (each by its own thread) while the stager routes one
+logger = logging.getLogger(__name__)
+
+#: row groups decoded ahead (each by its own thread) while the stager routes one, at most
 READ_AHEAD = 2
+#: share of ``memory_budget`` pass 1's row groups may hold (the rest: buckets, write buffers)
+READ_SHARE = 0.5
+
+
+def read_ahead(row_group_bytes: int, budget: int) -> int:
+    """Row groups decoded ahead in pass 1: :data:`READ_AHEAD`, fewer when that many would
+    not fit :data:`READ_SHARE` of ``budget`` (each one ahead holds its arrays and its
+    decoded Arrow buffers, the one routed its arrays: ``2 * ahead + 1`` row groups).
+
+    Examples
+    --------
+    >>> read_ahead(6 << 20, 57 << 20), read_ahead(32 << 20, 57 << 20), read_ahead(0, 1)
+    (1, 0, 2)
+    """
+    if row_group_bytes <= 0:
+        return READ_AHEAD
+    fits = int(budget * READ_SHARE) // row_group_bytes  # row groups held at once
+    return max(0, min(READ_AHEAD, (fits - 1) // 2))
 
 
 @dataclass(frozen=True)
@@ -58,11 +79,13 @@ def send_share(
     cuts: Mapping[int, int],
     report: StageReport,
     check: Callable[[], None],
+    budget: int,
 ) -> None:
     """Read ``share.node``'s row groups and send each row of them to its buckets: to the
     ``outboxes`` (by destination node; a node without one was sent its rows before), cut as
     ``cuts`` says (each receiving node's rows per bucket). ``check()`` runs before each row
-    group (it raises to stop)."""
+    group (it raises to stop). ``budget``: the loader's ``memory_budget`` (bounds the row
+    groups decoded ahead, :func:`read_ahead`)."""
     sizes = layout.row_group_sizes
     starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
     groups = node_row_groups(sizes, share.nodes)[share.node]
@@ -78,8 +101,13 @@ def send_share(
     # the row groups' arrays, reused (READ_AHEAD decoding, one routed): fresh ones for every
     # row group would fault in the node's share once more per epoch
     largest = max((int(sizes[g]) for g in groups), default=0)
+    ahead = read_ahead(largest * row_bytes, budget)
+    if ahead < READ_AHEAD:
+        logger.info("Staging: %d row group(s) decoded ahead, not %d (row groups of up to %d "
+                    "bytes; memory_budget %d)", ahead, READ_AHEAD, largest * row_bytes,
+                    budget)  # fmt: skip
     free: queue.SimpleQueue[dict[str, np.ndarray]] = queue.SimpleQueue()
-    for _ in range(READ_AHEAD + 1):
+    for _ in range(ahead + 1):
         free.put(packing.allocate(largest))
 
     def read(g: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -96,13 +124,15 @@ def send_share(
 
     todo = [g for g in groups if sizes[g]]
     last = {int(file_of[g]): g for g in todo}  # each file's last row group in the share
-    with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="feedline-stage-read") as pool:
-        ahead = deque(pool.submit(read, g) for g in todo[:READ_AHEAD])
+    with ThreadPoolExecutor(max(1, ahead), thread_name_prefix="feedline-stage-read") as pool:
+        pending = deque(pool.submit(read, g) for g in todo[: max(1, ahead)])
         for k, g in enumerate(todo):
             check()
-            whole, storage = ahead.popleft().result()
-            if k + READ_AHEAD < len(todo):  # the next row groups decode meanwhile
-                ahead.append(pool.submit(read, todo[k + READ_AHEAD]))
+            whole, storage = pending.popleft().result()
+            nxt = k + max(1, ahead)
+            if nxt < len(todo):  # the next row groups decode meanwhile (with none ahead, the
+                # next one waits in free.get() until this one's arrays are put back)
+                pending.append(pool.submit(read, todo[nxt]))
             report.rows_read += int(sizes[g])
             report.bytes_read += int(sizes[g]) * row_bytes
             a, b = np.searchsorted(found.source, [starts[g], starts[g + 1]])

@@ -430,7 +430,7 @@ class StagedEpochs:
         outboxes: dict[int, Outbox] = {m: ex.send(plan.key, plan.epoch, m, buffer) for m in cuts}
         try:
             send_share(self.layout, self.packing, plan, self.share, outboxes, cuts, report,
-                       self._check_cancelled)  # fmt: skip
+                       self._check_cancelled, self.budget)  # fmt: skip
             for box in outboxes.values():
                 box.commit()
         except BaseException:
