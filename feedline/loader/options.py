@@ -65,6 +65,7 @@ __all__ = [
     "OPTION_NAMES",
     "LoaderOptions",
     "check_epoch",
+    "check_prefetch",
     "loader_options",
     "options_signature",
     "ranks",
@@ -319,13 +320,7 @@ class LoaderOptions:
             keep(self, "world_size", _count("world_size", self.world_size, 1, MAX_WORLD_SIZE))
         if self.rank is not None:
             keep(self, "rank", _count("rank", self.rank, 0, MAX_WORLD_SIZE - 1))
-        if isinstance(self.prefetch, str) and self.prefetch != "auto":
-            raise ConfigurationError(
-                f"Loader: prefetch must be an int >= 0 or 'auto', got {self.prefetch!r}. Fix: "
-                "pass prefetch=2 (batches kept ready), 0 (none) or 'auto' (tuned as it runs)."
-            )
-        if self.prefetch != "auto":  # "auto": tuned while the loader runs
-            keep(self, "prefetch", _count("prefetch", self.prefetch, 0))
+        keep(self, "prefetch", check_prefetch(self.prefetch))
         if self.rank is not None and self.world_size is not None:
             _check_rank(self.rank, self.world_size)
         if self.format not in FORMATS or self.cache not in CACHES:
@@ -406,6 +401,25 @@ def _count(name: str, value: Any, low: int, high: int | None = MAX_COUNT) -> int
         )
 
     return checked_int(value, low, high, fail=fail)
+
+
+def check_prefetch(prefetch: Any) -> int | str:
+    """``prefetch``: an int >= 0 (batches kept ready) or ``"auto"`` (tuned while the loader
+    runs, :mod:`feedline.loader.profiling.autotune`), else a :class:`ConfigurationError`.
+
+    Examples
+    --------
+    >>> check_prefetch(2), check_prefetch("auto")
+    (2, 'auto')
+    """
+    if isinstance(prefetch, str):
+        if prefetch == "auto":
+            return "auto"
+        raise ConfigurationError(
+            f"Loader: prefetch must be an int >= 0 or 'auto', got {prefetch!r}. Fix: pass "
+            "prefetch=2 (batches kept ready), 0 (none) or 'auto' (tuned as it runs)."
+        )
+    return _count("prefetch", prefetch, 0)
 
 
 def _check_rank(rank: int, world_size: int) -> None:

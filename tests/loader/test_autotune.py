@@ -265,5 +265,5 @@ def test_a_mix_tuned_mid_epoch_gives_the_batches_of_fixed_settings(scripted: Non
         resumed.close()
     assert {d["new"] for d in report["history"] if d["knob"] == "num_workers"} == {1, 2, 3}
     assert {d["new"] for d in report["history"] if d["knob"] == "prefetch"} == {1, 3, 5}
-    with pytest.raises(ConfigurationError, match="prefetch='soon'"):
+    with pytest.raises(ConfigurationError, match="prefetch must be an int >= 0 or 'auto'"):
         mixed(prefetch="soon")

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigurationError
-from feedline.loader.checks import MAX_COUNT, checked_int
 from feedline.loader.data.buffers import BufferPool
 from feedline.loader.mixing.combined_cache import combine_caches
 from feedline.loader.mixing.draws_ahead import DrawsAhead
@@ -37,6 +36,7 @@ from feedline.loader.nodes.map import Map
 from feedline.loader.nodes.node import Batch, Node, parse_position
 from feedline.loader.nodes.prefetch import Prefetch
 from feedline.loader.nodes.worker_pools import make_workers
+from feedline.loader.options import check_prefetch
 from feedline.loader.profiling.autotune import Autotuner
 
 __all__ = ["MIX_STATE_VERSION", "STOPS", "MixedLoader"]
@@ -161,7 +161,7 @@ class MixedLoader:
         self.seed, self.stop, self.window = int(seed), check_stop(stop), int(window)
         self.batch_size, self.drop_last, self.format = int(batch_size), bool(drop_last), fmt
         self.transform, self.batched = transform, batched
-        auto_prefetch = _check_prefetch(prefetch) == "auto"
+        auto_prefetch = check_prefetch(prefetch) == "auto"
         self.prefetch = 2 if auto_prefetch else int(prefetch)
         self.padding_mask = bool(padding_mask)
         self._workers = None if transform is None else make_workers(
@@ -682,26 +682,6 @@ def _per_batch_counts(codes: np.ndarray, sizes: list[int], sources: int,
     if tokens is not None:
         counts[:, 1] = np.bincount(key, tokens, minlength=cells).reshape(batches, -1)
     return counts
-
-
-def _check_prefetch(prefetch: Any) -> int | str:
-    """``prefetch``: an int >= 0 or ``"auto"``.
-
-    Examples
-    --------
-    >>> _check_prefetch(2), _check_prefetch("auto")
-    (2, 'auto')
-    """
-    if prefetch == "auto":
-        return "auto"
-
-    def fail(expected: str) -> ConfigurationError:
-        return ConfigurationError(
-            f"fl.mix(...).loader: prefetch={prefetch!r}; expected {expected} or 'auto'. Fix: "
-            "pass prefetch=2 (batches kept ready), 0 (none) or 'auto' (tuned as it runs)."
-        )
-
-    return checked_int(prefetch, 0, MAX_COUNT, fail=fail)
 
 
 def _runs(positions: np.ndarray) -> list[tuple[int, int]]:

@@ -28,7 +28,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -122,22 +122,29 @@ class LazyPermutation:
         >>> LazyPermutation(5, seed=1, epoch=0).take([[0, 1], [2, 3]]).shape
         (2, 2)
         """
-        pos = np.asarray(positions)
-        if pos.size == 0:
-            return np.zeros(pos.shape, dtype=np.int64)
-        if not np.issubdtype(pos.dtype, np.integer) or pos.min() < 0 or pos.max() >= self.n:
+        return self._walk(positions, self._feistel, "positions",
+                          "ask for positions of the epoch's order only")  # fmt: skip
+
+    def _walk(self, values: Sequence[int] | np.ndarray, step: Callable[[np.ndarray], np.ndarray],
+              name: str,
+              fix: str) -> np.ndarray:  # fmt: skip
+        """``step`` (the network, or its inverse) applied to ``values`` and walked along the
+        cycle until in ``[0, n)`` (fewer than 2 steps expected: ``2**bits < 2 n``)."""
+        v = np.asarray(values)
+        if v.size == 0:
+            return np.zeros(v.shape, dtype=np.int64)
+        if not np.issubdtype(v.dtype, np.integer) or v.min() < 0 or v.max() >= self.n:
             raise ConfigurationError(
-                f"LazyPermutation: positions must be integers in [0, {self.n}), got dtype "
-                f"{pos.dtype} in [{pos.min()}, {pos.max()}]. Fix: ask for positions of the "
-                "epoch's order only."
+                f"LazyPermutation: {name} must be integers in [0, {self.n}), got dtype "
+                f"{v.dtype} in [{v.min()}, {v.max()}]. Fix: {fix}."
             )
-        x = self._feistel(pos.astype(np.uint64).reshape(-1))
+        x = step(v.astype(np.uint64).reshape(-1))
         n = np.uint64(self.n)
         outside = np.flatnonzero(x >= n)
-        while outside.size:  # cycle walking: fewer than 2 steps expected (2**bits < 2 n)
-            x[outside] = self._feistel(x[outside])
+        while outside.size:
+            x[outside] = step(x[outside])
             outside = outside[x[outside] >= n]
-        return x.astype(np.int64).reshape(pos.shape)
+        return x.astype(np.int64).reshape(v.shape)
 
     def _feistel_inverse(self, y: np.ndarray) -> np.ndarray:
         """:meth:`_feistel` undone: the rounds in reverse, each with the widths it used."""
@@ -165,21 +172,8 @@ class LazyPermutation:
         >>> p.take(at).tolist()
         [5, 999]
         """
-        v = np.asarray(values)
-        if v.size == 0:
-            return np.zeros(v.shape, dtype=np.int64)
-        if not np.issubdtype(v.dtype, np.integer) or v.min() < 0 or v.max() >= self.n:
-            raise ConfigurationError(
-                f"LazyPermutation: values must be integers in [0, {self.n}), got dtype "
-                f"{v.dtype} in [{v.min()}, {v.max()}]. Fix: ask for rows of the dataset only."
-            )
-        y = self._feistel_inverse(v.astype(np.uint64).reshape(-1))
-        n = np.uint64(self.n)
-        outside = np.flatnonzero(y >= n)
-        while outside.size:  # the cycle walked backwards
-            y[outside] = self._feistel_inverse(y[outside])
-            outside = outside[y[outside] >= n]
-        return y.astype(np.int64).reshape(v.shape)
+        return self._walk(values, self._feistel_inverse, "values",
+                          "ask for rows of the dataset only")  # fmt: skip
 
 
 class LazyRemaining:
