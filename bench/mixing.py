@@ -1,11 +1,12 @@
-"""Mixing overhead: a mix of two sources vs one dataset's loader, samples/s, one run.
+"""Mixing overhead: a mix of sources vs one dataset's loader, samples/s, one run.
 
     PYTHONPATH=. python bench/mixing.py [--rows 400000] [--dim 64] [--batch-size 256]
-        [--epochs 3] [--rounds 7]
+        [--epochs 3] [--rounds 7] [--weights 0.5,0.5]
 
 The one-dataset loader reads ``rows`` rows (a ``float32`` vector of ``dim`` and an ``int64``
-label); the mix reads two sources of ``rows / 2`` rows each with the same columns, weights
-0.5 / 0.5 and ``stop="all_exhausted"`` (as many samples per epoch). Both cached in memory,
+label); the mix reads sources with the same columns, by default two of ``rows / 2`` rows
+with weights 0.5 / 0.5 (``--weights 0.5,0.3,0.2``: three, each with its weight's share of the
+rows), and ``stop="all_exhausted"`` (as many samples per epoch). Both cached in memory,
 numpy batches, ``prefetch=2``; an epoch to load the caches, then ``--rounds`` rounds, each
 loader in turn: one untimed epoch, then ``--epochs`` timed epochs in a row (samples/s from the
 caller's side, no training step). Reported: the best rounds and the median of the paired
@@ -46,12 +47,17 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs per round")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of each loader")
+    parser.add_argument("--weights", default="0.5,0.5",
+                        help="a weight per source, which gets its share of --rows")  # fmt: skip
     args = parser.parse_args()
     one = _data(args.rows, args.dim, 0)
-    a, b = _data(args.rows // 2, args.dim, 1), _data(args.rows - args.rows // 2, args.dim, 2)
+    weights = [float(w) for w in args.weights.split(",")]
+    sizes = [int(args.rows * w / sum(weights)) for w in weights]
+    sizes[0] += args.rows - sum(sizes)
+    sources = {f"s{k}": _data(n, args.dim, k + 1) for k, n in enumerate(sizes)}
     single = one.loader(batch_size=args.batch_size, seed=0, format="numpy", prefetch=2)
-    mixed = fl.mix({"a": a, "b": b}, {"a": 1, "b": 1}, seed=0, stop="all_exhausted").loader(
-        args.batch_size, format="numpy", prefetch=2)  # fmt: skip
+    mix = fl.mix(sources, dict(zip(sources, weights, strict=True)), seed=0, stop="all_exhausted")
+    mixed = mix.loader(args.batch_size, format="numpy", prefetch=2)
     for loader in (single, mixed):  # the caches load
         _epoch(loader)
     r1: list[float] = []
@@ -73,7 +79,7 @@ def main() -> None:
         f"({n1} samples/epoch)"
     )
     print(
-        f"mix of two  : best {max(r2):>12,.0f}  median {np.median(r2):>12,.0f} samples/s "
+        f"mix of {len(sizes):<5}: best {max(r2):>12,.0f}  median {np.median(r2):>12,.0f} samples/s "
         f"({n2} samples/epoch)"
     )
     print(

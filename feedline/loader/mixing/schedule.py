@@ -7,8 +7,9 @@ keyed by ``(seed, epoch, segment, block)`` (a block: the windows of about
 :data:`BLOCK_POSITIONS` positions, laid out together). Layout 2 (the default) gives each
 position of a window a distinct random key and hands the ``counts[0]`` smallest keys to
 source 0, the next ``counts[1]`` to source 1, and so on: one draw of random numbers and one
-partial sort per block, most of it outside the GIL. Layout 1 (checkpoints of feedline's first
-mixing release) shuffled each window's codes in place, 64 windows of 256 at a time.
+sort of each window's keys per block, most of it outside the GIL. Layout 1 (checkpoints of
+feedline's first mixing release) shuffled each window's codes in place, 64 windows of 256 at
+a time.
 
 A *segment* is a run of positions with one set of weights: a curriculum appends a segment
 where the weights change, and the positions before it keep their sources.
@@ -388,16 +389,17 @@ def _ranked_codes(rng: np.random.Generator, windows: int, counts: np.ndarray) ->
     bounds = np.cumsum(counts)[:-1]  # rank >= bounds[s] reads a source after s
     inner = sorted({int(b) for b in bounds if 0 < b < window})
     first = int((bounds == 0).sum())  # sources before it take no position
+    # each row sorted (NumPy's vectorized sort of integers: faster here than np.partition,
+    # ten times faster than a partition at several kth), then the boundaries' keys compared
+    ordered = np.sort(keys, axis=1) if inner and len(inner) <= _FEW else keys
     if sources == 2 and inner:  # two sources, both drawn: one comparison
         b = inner[0]
-        threshold = np.partition(keys, b, axis=1)[:, b : b + 1]
-        return np.greater_equal(keys, threshold).view(np.int8).ravel()
+        return np.greater_equal(keys, ordered[:, b : b + 1]).view(np.int8).ravel()
     codes = np.full((windows, window), first, code_type)
-    if len(inner) <= _FEW:  # a partial sort, then one comparison per source boundary
-        part = np.partition(keys, inner, axis=1) if inner else keys
+    if len(inner) <= _FEW:  # one comparison per source boundary
         for b in bounds.tolist():
             if 0 < b < window:
-                codes += keys >= part[:, b : b + 1]
+                codes += keys >= ordered[:, b : b + 1]
         return codes.ravel()
     ranked = np.repeat(np.arange(sources, dtype=code_type), counts)  # the sorted keys' sources
     np.put_along_axis(codes, np.argsort(keys, axis=1), ranked[None, :], axis=1)
