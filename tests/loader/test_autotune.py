@@ -267,3 +267,20 @@ def test_a_mix_tuned_mid_epoch_gives_the_batches_of_fixed_settings(scripted: Non
     assert {d["new"] for d in report["history"] if d["knob"] == "prefetch"} == {1, 3, 5}
     with pytest.raises(ConfigurationError, match="prefetch must be an int >= 0 or 'auto'"):
         mixed(prefetch="soon")
+
+
+@pytest.mark.timeout(120)
+def test_a_mix_keeps_its_tuned_prefetch_within_the_memory_budget() -> None:
+    """The mix's tuner, like one dataset's, bounds the queue by half of what memory_budget
+    leaves beside the sources' caches (8-byte ids here)."""
+    budget = 2_000_000
+    sources = {"a": fl.range(6000), "b": fl.range(6000)}
+    loader = fl.mix(sources, seed=0, stop="all_exhausted").loader(
+        8, format="numpy", transform=map_fns.uneven_big, num_workers=1, prefetch="auto",
+        memory_budget=budget)  # fmt: skip
+    report = run(loader, 400, step_s=0.003)
+    room = (budget - 8 * 12000) // 2
+    assert report["batch_bytes"] >= 8 * 64 * 1024
+    bound = max(1, room // report["batch_bytes"] - autotune.IN_FLIGHT)
+    assert report["max_prefetch"] == bound
+    assert max([report["prefetch"], *(d["new"] for d in report["history"])]) <= bound

@@ -45,6 +45,8 @@ CHUNK = 1 << 17
 AHEAD = 2
 _Chunk = tuple[np.ndarray, np.ndarray]
 _Key = tuple[Any, int]
+#: seconds between checks that the thread computing a chunk waited for still runs
+_WAIT_S = 0.05
 
 
 class _Work:
@@ -69,9 +71,6 @@ class _Work:
 
     def running(self) -> bool:
         return self._thread.is_alive()
-
-    def join(self) -> None:
-        self._thread.join()
 
 
 class DrawsAhead:
@@ -98,6 +97,7 @@ class DrawsAhead:
         self._lengths: dict[Any, int] = {}
         self._schedules: dict[Any, MixSchedule] = {}  # by key: the ones in use (see adopt)
         self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)  # notified as each chunk is put
         #: computed chunks (and errors met ahead), the oldest first
         self._done: OrderedDict[_Key, _Chunk | BaseException] = OrderedDict()
         self._work: _Work | None = None
@@ -169,21 +169,22 @@ class DrawsAhead:
         return schedule.chunk(c * self.chunk, max(end, c * self.chunk), self.bases)
 
     def _put(self, key: _Key, got: _Chunk | BaseException) -> None:
-        with self._lock:
+        with self._ready:
             self._done[key] = got
             self._done.move_to_end(key)
             while len(self._done) > self.ahead + 2:  # the oldest is done with
                 self._done.popitem(last=False)
+            self._ready.notify_all()
 
     def _get(self, schedule: MixSchedule, c: int) -> _Chunk:
         key = (schedule.key, c)
-        with self._lock:
+        with self._ready:
             got = self._done.get(key)
-            work = self._work if got is None and self._work is not None and (
-                key in self._work.keys) else None  # fmt: skip
-        if work is not None:  # being computed ahead: wait for it
-            work.join()
-            with self._lock:
+            work = self._work
+            # being computed ahead: wait for that chunk (not for the ones after it), while the
+            # thread runs (it puts every chunk or error it reaches, then ends)
+            while got is None and work is not None and key in work.keys and work.running():
+                self._ready.wait(_WAIT_S)
                 got = self._done.get(key)
         if isinstance(got, BaseException):
             raise got

@@ -161,8 +161,9 @@ class MixedLoader:
         self.seed, self.stop, self.window = int(seed), check_stop(stop), int(window)
         self.batch_size, self.drop_last, self.format = int(batch_size), bool(drop_last), fmt
         self.transform, self.batched = transform, batched
-        auto_prefetch = check_prefetch(prefetch) == "auto"
-        self.prefetch = 2 if auto_prefetch else int(prefetch)
+        checked = check_prefetch(prefetch)
+        auto_prefetch = checked == "auto"
+        self.prefetch = 2 if isinstance(checked, str) else checked
         self.padding_mask = bool(padding_mask)
         self._workers = None if transform is None else make_workers(
             transform, num_workers, worker_type, None)  # fmt: skip
@@ -188,6 +189,9 @@ class MixedLoader:
             raise ConfigurationError(f"fl.mix: source(s) {empty} have no samples. Fix: leave "
                                      "them out of the mix.")  # fmt: skip
         self._sessions = [b.session(shuffle=True, seed=self.seed, epoch=0) for b in self._backends]
+        if self._tuner is not None:  # the ready batches share what the caches leave, as in Loader
+            cached = sum(b.nbytes for b in self._backends)
+            self._tuner.room_bytes = max(0, self._loaders[0].memory_budget - cached) // 2
         # one cache over every source when they share a layout (one take per block per group)
         self._combined = combine_caches([b.source for b in self._backends])
         # gathers go into reused buffers (a set is reused once no batch refers to it)
@@ -230,15 +234,17 @@ class MixedLoader:
                 got = _lengths({k: v[a:b] for k, v in columns.items()}, b - a)
             else:  # a few thousand samples at a time
                 parts: list[np.ndarray] = []
+                got = None
                 for a in range(0, self.sizes[s], 4096):
                     n = min(4096, self.sizes[s] - a)
                     rows = self._sessions[s].gather(np.arange(a, a + n))
                     part = _lengths({k: _objects(list(v)) if isinstance(v, list) else v
                                      for k, v in rows.items()}, n)  # fmt: skip
-                    if part is None:
+                    if part is None:  # no list column
                         break
                     parts.append(part)
-                got = np.concatenate(parts) if len(parts) * 4096 >= self.sizes[s] else None
+                else:
+                    got = np.concatenate(parts)
             if got is None:
                 raise ConfigurationError(
                     f"fl.mix: stop={self.stop!r} counts tokens, the lengths of list columns' "
@@ -571,7 +577,7 @@ class MixedLoader:
         self._close_active()
         self._token = None
         self.seed, self._epoch = int(s["seed"]), int(s["epoch"])
-        self._windows_layout = int(s["version"])
+        self._windows_layout = version
         self._offsets = [int(x) for x in s["offsets"]]
         self._segments = [(int(p), tuple(float(x) for x in w)) for p, w in s["segments"]]
         self._layout = (world, size)

@@ -389,14 +389,11 @@ def _ranked_codes(rng: np.random.Generator, windows: int, counts: np.ndarray) ->
     bounds = np.cumsum(counts)[:-1]  # rank >= bounds[s] reads a source after s
     inner = sorted({int(b) for b in bounds if 0 < b < window})
     first = int((bounds == 0).sum())  # sources before it take no position
-    # each row sorted (NumPy's vectorized sort of integers: faster here than np.partition,
-    # ten times faster than a partition at several kth), then the boundaries' keys compared
-    ordered = np.sort(keys, axis=1) if inner and len(inner) <= _FEW else keys
-    if sources == 2 and inner:  # two sources, both drawn: one comparison
-        b = inner[0]
-        return np.greater_equal(keys, ordered[:, b : b + 1]).view(np.int8).ravel()
     codes = np.full((windows, window), first, code_type)
-    if len(inner) <= _FEW:  # one comparison per source boundary
+    if len(inner) <= _FEW:  # each row sorted (NumPy's vectorized sort of integers: faster
+        # here than np.partition, ten times faster than a partition at several kth), then one
+        # comparison per source boundary with the key ranked there
+        ordered = np.sort(keys, axis=1) if inner else keys
         for b in bounds.tolist():
             if 0 < b < window:
                 codes += keys >= ordered[:, b : b + 1]

@@ -124,12 +124,13 @@ def send_share(
 
     todo = [g for g in groups if sizes[g]]
     last = {int(file_of[g]): g for g in todo}  # each file's last row group in the share
-    with ThreadPoolExecutor(max(1, ahead), thread_name_prefix="feedline-stage-read") as pool:
-        pending = deque(pool.submit(read, g) for g in todo[: max(1, ahead)])
+    readers = max(1, ahead)  # with none ahead, one reader waits for the arrays routed
+    with ThreadPoolExecutor(readers, thread_name_prefix="feedline-stage-read") as pool:
+        pending = deque(pool.submit(read, g) for g in todo[:readers])
         for k, g in enumerate(todo):
             check()
             whole, storage = pending.popleft().result()
-            nxt = k + max(1, ahead)
+            nxt = k + readers
             if nxt < len(todo):  # the next row groups decode meanwhile (with none ahead, the
                 # next one waits in free.get() until this one's arrays are put back)
                 pending.append(pool.submit(read, todo[nxt]))

@@ -229,7 +229,7 @@ class StagedEpochs:
             return DirectRows(self.layout, self.packing)
         plan = self.planner(epoch)
         self._reached(plan.key, epoch)
-        task = self._request(plan, start=len(plan.plan(self.rank)) - len(indices))
+        task = self._request(plan, start=plan.length(self.rank) - len(indices))
         self._request(self.planner(epoch + 1))  # staged while this epoch trains
         self._forget(epoch)
         return StagedSession(task.handle, task.report, self.packing, len(indices), self.layout)
