@@ -379,3 +379,18 @@ def test_row_groups_too_big_for_the_budget_are_decoded_one_at_a_time(write, tmp_
           ds.loader(cache="staged", **_kw(tmp_path, **common)) as staged):  # fmt: skip
         _same(_batches(staged), _batches(memory))
     assert "0 row group(s) decoded ahead, not 2" in caplog.text
+
+
+@pytest.mark.parametrize("claimed", [-1, 2**50, 11])
+def test_a_bucket_files_size_is_checked_against_its_marker_before_a_buffer_is_made(
+    tmp_path, claimed
+):
+    """A marker whose size is not the file's (damaged, hostile: negative, a petabyte) is an
+    IntegrityError before any buffer of that size is made."""
+    from feedline.errors import IntegrityError
+    from feedline.loader.data.staging import exchange as stage_exchange
+
+    path = tmp_path / "r0.b0"
+    path.write_bytes(bytes(12))
+    with pytest.raises(IntegrityError, match="marker says"):
+        list(stage_exchange._read_records(path, [], claimed, 0))

@@ -534,8 +534,10 @@ def _read_records(
     page cache, or its pages dropped from it after), its size and CRC-32 compared with the
     sender's marker before any record is handed out (records are views of that read)."""
     where = f"the staging exchange file {str(path)!r}"
-    padded = -(-max(1, size) // _PAGE) * _PAGE  # O_DIRECT reads whole pages
-    data = np.frombuffer(mmap.mmap(-1, padded, flags=mmap.MAP_PRIVATE), np.uint8, padded)
+    mismatch = IntegrityError(
+        f"{where} is shorter or longer than its sender's marker says ({size} bytes). Fix: "
+        "delete the stage_dir folder of this epoch and restart."
+    )
     try:
         fd = _open_read(path)
     except (OSError, IntegrityError) as exc:
@@ -544,6 +546,10 @@ def _read_records(
             "and that nothing deletes files in it while the loaders run."
         ) from exc
     try:
+        if size < 0 or os.fstat(fd).st_size != size:  # checked before the buffer is made
+            raise mismatch
+        padded = -(-max(1, size) // _PAGE) * _PAGE  # O_DIRECT reads whole pages
+        data = np.frombuffer(mmap.mmap(-1, padded, flags=mmap.MAP_PRIVATE), np.uint8, padded)
         with contextlib.suppress(OSError, AttributeError):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         view, done = memoryview(data.data), 0
@@ -563,11 +569,8 @@ def _read_records(
     finally:
         os.close(fd)
     view = view[:size]
-    if done != size or longer:
-        raise IntegrityError(
-            f"{where} is shorter or longer than its sender's marker says ({size} "
-            "bytes). Fix: delete the stage_dir folder of this epoch and restart."
-        )
+    if done != size or longer:  # changed while it was read
+        raise mismatch
     if crc32(view) != crc:
         raise IntegrityError(
             f"{where} does not match its sender's marker (CRC-32 or size). Fix: delete the "
