@@ -73,6 +73,7 @@ from feedline.loader.data.block_checks import (
     checksum_table,
 )
 from feedline.loader.data.cache_files import open_lock, remove_entry
+from feedline.loader.data.file_cache_checks import check_file_cache
 from feedline.loader.data.memory_cache import ColumnCache, FileLayout, load_cache
 from feedline.loader.data.packed_columns import Packing, column_views, gather_packed
 from feedline.loader.data.shard_cache import default_cache_dir
@@ -521,17 +522,7 @@ def open_node_cache(
     """
     start = time.perf_counter()
     options = dict(options or {})
-    if os.name != "posix":
-        raise ConfigurationError(
-            "cache='node' needs POSIX file locks and memory maps (Linux, macOS). Fix: use "
-            "cache='memory'."
-        )
-    unsupported = [c.name for c in packing.singles if c.dtype.hasobject]
-    if unsupported:
-        raise ConfigurationError(
-            f"cache='node' holds fixed-size numbers and tensors; columns {unsupported} are "
-            "strings or binary. Fix: leave them out (columns=[...]) or use cache='memory'."
-        )
+    check_file_cache(packing, "node", "POSIX file locks and memory maps", "cache='memory'")
     folder = node_cache_dir(cache_dir)
     _make_folders(folder)
     key = cache_key(layout, packing, options)

@@ -70,6 +70,7 @@ import numpy as np
 
 from feedline.errors import ConfigurationError, FeedlineError, StorageError
 from feedline.host import memory_room
+from feedline.loader.data.file_cache_checks import check_file_cache
 from feedline.loader.data.memory_cache import FileLayout
 from feedline.loader.data.packed_columns import Packing
 from feedline.loader.data.staging.buckets import Buckets, order_bucket
@@ -167,18 +168,7 @@ class StagedEpochs:
         budget: int,
         exchange: Exchange | None = None,
     ) -> None:
-        if os.name != "posix":
-            raise ConfigurationError(
-                "cache='staged' needs POSIX file locks (Linux, macOS). Fix: use "
-                "cache='memory' or cache='none'."
-            )
-        unsupported = [c.name for c in packing.singles if c.dtype.hasobject]
-        if unsupported:
-            raise ConfigurationError(
-                f"cache='staged' holds fixed-size numbers and tensors; columns {unsupported} "
-                "are strings or binary. Fix: leave them out (columns=[...]) or use "
-                "cache='memory' / cache='none'."
-            )
+        check_file_cache(packing, "staged", "POSIX file locks", "cache='memory' or cache='none'")
         self.layout, self.packing, self.key = layout, packing, key
         self.rank, self.world_size = int(rank), int(world_size)
         self.ranks_per_node = int(ranks_per_node)
