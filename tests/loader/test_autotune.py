@@ -184,10 +184,17 @@ def test_the_prefetch_stays_within_the_memory_budget(budget: int) -> None:
     loader = fl.range(12000).loader(batch_size=8, shuffle=False, format="numpy",
                                     transform=map_fns.uneven_big, num_workers=1,
                                     prefetch="auto", memory_budget=budget)  # fmt: skip
-    report = run(loader, 400, step_s=0.003)
     room = (budget - 8 * 12000) // 2  # half of what the cache (8-byte ids) leaves
+
+    def bound_of(r: dict[str, Any]) -> int:
+        return max(1, room // r["batch_bytes"] - autotune.IN_FLIGHT)
+
+    # until the queue reached its bound (each doubling waits out windows of >= 0.1 s: 400
+    # batches were not always enough on a busy machine)
+    report = run(loader, 2000, step_s=0.003,
+                 until=lambda r: r["batch_bytes"] and r["prefetch"] == bound_of(r))  # fmt: skip
     assert report["batch_bytes"] >= 8 * 64 * 1024  # 8 samples of 64 KiB
-    bound = max(1, room // report["batch_bytes"] - autotune.IN_FLIGHT)
+    bound = bound_of(report)
     assert report["max_prefetch"] == bound
     assert report["prefetch"] <= bound
     assert max(d["new"] for d in report["history"]) <= bound
