@@ -793,8 +793,11 @@ class Loader:
         staging time), ``staged_here`` (this process ran pass 1 for its node, rather than
         finding the node's inbox complete), ``stage_rows_read`` and ``stage_bytes_read``
         (rows this node read from the dataset, and their bytes as loader arrays),
-        ``stage_bytes_sent`` and ``stage_buckets`` (this rank's)
-        (see :mod:`feedline.loader.data.staging.stager`).
+        ``stage_bytes_sent`` and ``stage_buckets`` (this rank's), and ``stage_source``:
+        ``"dataset"``, or ``"epoch before"`` where one rank on one node staged the epoch
+        from the epoch before's buckets as it read them (no dataset read; ``stage_s`` is then
+        that routing's time) (see :mod:`feedline.loader.data.staging.stager` and
+        :mod:`~feedline.loader.data.staging.recycle`).
 
         A remote dataset read through the shard cache adds its folder, limit and counters
         (``shard_hits``, ``shard_downloads``, ``shard_download_bytes``, ``shard_evictions``,

@@ -55,8 +55,8 @@ def _killed(path, cache_dir, flag) -> None:
 
     write = exchange._FileOutbox.write
 
-    def write_then_hang(self, rank, bucket, positions, rows):
-        write(self, rank, bucket, positions, rows)
+    def write_then_hang(self, rank, bucket, block):
+        write(self, rank, bucket, block)
         self.flush()
         Path(flag).write_text(str(self.marker))
         time.sleep(600)

@@ -114,7 +114,11 @@ class Buckets:
     """A rank's staged epoch: its row indices ``ids`` in read order, served by :meth:`rows`
     from buckets of ``bucket_rows`` positions that ``load(b)`` reads and orders (buckets
     ``b + 1`` to ``b + AHEAD`` ahead, in threads, while bucket ``b`` is served); ``release``
-    is called once by :meth:`close`."""
+    is called once by :meth:`close`; ``loaded(b, rows)``, in the thread that loaded bucket
+    ``b``, before it is handed to the reader (the next epoch staged from it,
+    :mod:`~feedline.loader.data.staging.recycle`: done before, not after, so that no more
+    than the buckets read ahead are held), and ``skipped()`` once a bucket is passed over
+    without being loaded (a resume mid-epoch)."""
 
     def __init__(
         self,
@@ -122,11 +126,15 @@ class Buckets:
         bucket_rows: int,
         load: Callable[[int], dict[str, np.ndarray]],
         release: Callable[[], None] | None = None,
+        loaded: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+        skipped: Callable[[], None] | None = None,
     ) -> None:
         self.ids = ids
         self.bucket_rows = int(bucket_rows)
         self.count = -(-len(ids) // self.bucket_rows)
-        self._load, self._release = load, release
+        self._load, self._release, self._loaded = load, release, loaded
+        self._skipped = skipped
+        self._asked: set[int] = set()  # buckets ever asked for
         self._held: dict[int, Future[dict[str, np.ndarray]]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -139,14 +147,21 @@ class Buckets:
                 return
             future: Future[dict[str, np.ndarray]] = Future()
             self._held[bucket] = future
+            self._asked.add(bucket)
 
         def run() -> None:
             if not future.set_running_or_notify_cancel():
                 return
             try:
-                future.set_result(self._load(bucket))
+                rows = self._load(bucket)
             except BaseException as exc:  # noqa: BLE001 (handed to the reader of the bucket)
                 future.set_exception(exc)
+                return
+            try:
+                if self._loaded is not None:
+                    self._loaded(bucket, rows)
+            finally:
+                future.set_result(rows)
 
         threading.Thread(target=run, name="feedline-stage-bucket", daemon=True).start()
 
@@ -156,8 +171,12 @@ class Buckets:
         size = self.bucket_rows
         first, last = at // size, (at + n - 1) // size
         with self._lock:
+            missed = any(b not in self._asked for b in range(first))
             for old in [b for b in self._held if b < first]:
-                self._held.pop(old).cancel()
+                missed |= self._held.pop(old).cancel()  # never loaded
+        if missed and self._skipped is not None:
+            skipped, self._skipped = self._skipped, None
+            skipped()
         for b in range(first, last + 1 + AHEAD):  # and the next ones ahead
             self.ahead(b)
         parts, waited = [], 0.0

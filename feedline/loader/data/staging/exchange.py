@@ -44,7 +44,7 @@ Examples
 >>> ex = StorageExchange(tempfile.mkdtemp(), "k", node=0, nodes=1)
 >>> keys = [("x", np.dtype("<f8"), ())]
 >>> out = ex.send("order", 0, to_node=0)
->>> out.write(0, 0, np.array([1, 0]), {"x": np.array([2.5, 1.5])})
+>>> out.write(0, 0, pack_rows(np.array([1, 0]), {"x": np.array([2.5, 1.5])}))
 >>> out.commit()
 >>> ex.wait("order", 0, timeout=1)
 >>> [(p.tolist(), a["x"].tolist()) for p, a in ex.records("order", 0, 0, 0, keys)]
@@ -61,7 +61,6 @@ import mmap
 import os
 import queue
 import shutil
-import struct
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -79,12 +78,21 @@ try:  # ISA-L's CRC-32 (the ``isal`` package): the same value, about 10x zlib's 
 except ImportError:  # pragma: no cover - the same function, slower
     from zlib import crc32
 
-__all__ = ["WAIT_TIMEOUT", "Exchange", "Outbox", "StorageExchange"]
+__all__ = [
+    "FORMAT",
+    "WAIT_TIMEOUT",
+    "Exchange",
+    "Outbox",
+    "StorageExchange",
+    "pack_rows",
+    "row_layout",
+]
 
 #: seconds a receiver waits for the other nodes' markers before it gives up
 WAIT_TIMEOUT = 3600.0
-#: a record's header: the number of rows that follow
-_RECORD = struct.Struct("<q")
+#: the bucket files' layout: rows of a fixed width, each its position and its arrays' bytes
+#: (:func:`row_layout`); a marker of another format is an inbox to send again
+FORMAT = 2
 #: bytes buffered per open bucket file while sending (one file per bucket of every rank is
 #: open: their buffers add up), a multiple of the page size
 _BUFFER = 64 << 10
@@ -102,10 +110,8 @@ ArrayLayout = tuple[str, np.dtype, tuple[int, ...]]
 class Outbox(Protocol):
     """One sender's rows for one destination node and epoch."""
 
-    def write(
-        self, rank: int, bucket: int, positions: np.ndarray, rows: Mapping[str, np.ndarray]
-    ) -> None:
-        """Send ``rows`` (arrays keyed as the storage, row-major) for ``positions``."""
+    def write(self, rank: int, bucket: int, block: np.ndarray) -> None:
+        """Send rows to ``rank``'s ``bucket``: ``block``, made by :func:`pack_rows`."""
 
     def commit(self) -> None:
         """Everything is sent: the receiver may read it."""
@@ -140,9 +146,55 @@ class Exchange(Protocol):
     def release(self, plan: str, epoch: int) -> None: ...
 
 
-def _bytes(values: np.ndarray) -> memoryview:
-    """The bytes of ``values`` (row-major), without a copy when they are contiguous."""
-    return np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
+def row_layout(arrays: Sequence[ArrayLayout]) -> tuple[int, list[int]]:
+    """The bytes of one row in a bucket file (:data:`FORMAT` 2), and where each array's
+    part of it starts: the row's position (int64) first, then each array's bytes, each at a
+    multiple of its item size, the row padded to a multiple of 8 (so every part of every
+    row is aligned).
+
+    Examples
+    --------
+    >>> row_layout([("a", np.dtype("<f4"), (3,)), ("b", np.dtype("u1"), ())])
+    (24, [8, 20])
+    """
+    at, starts = 8, []
+    for _key, dtype, shape in arrays:
+        at = -(-at // dtype.itemsize) * dtype.itemsize
+        starts.append(at)
+        at += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return -(-at // 8) * 8, starts
+
+
+def pack_rows(positions: np.ndarray, rows: Mapping[str, np.ndarray],
+              picked: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Rows as a bucket file holds them (:func:`row_layout`): ``positions`` and the rows of
+    ``rows`` (arrays keyed as the storage; with ``picked``, those rows of them), one row of
+    bytes each; a slice of rows is what :meth:`Outbox.write` sends.
+
+    Examples
+    --------
+    >>> block = pack_rows(np.array([7, 9]), {"x": np.array([[1.0], [2.0], [3.0]])},
+    ...                   np.array([2, 0]))
+    >>> block.shape
+    (2, 16)
+    >>> block[:, 8:].copy().view("<f8").ravel().tolist()
+    [3.0, 1.0]
+    """
+    n = len(positions)
+    arrays = [(k, a.dtype, a.shape[1:]) for k, a in rows.items()]
+    width, starts = row_layout(arrays)
+    block = np.zeros((n, width), np.uint8) if width > 8 + _parts(arrays) else np.empty(
+        (n, width), np.uint8)  # fmt: skip
+    block[:, :8] = np.asarray(positions).astype("<i8").view(np.uint8).reshape(n, 8)
+    for a, at in zip(rows.values(), starts, strict=True):
+        part = np.ascontiguousarray(a).reshape(len(a), -1).view(np.uint8)
+        block[:, at : at + part.shape[1]] = part if picked is None else part[picked]
+    return block
+
+
+def _parts(arrays: Sequence[ArrayLayout]) -> int:
+    """The bytes of one row's arrays together (without padding)."""
+    return sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, dtype, shape in arrays)
 
 
 class _FileOutbox:
@@ -155,17 +207,12 @@ class _FileOutbox:
         folder.mkdir(parents=True, exist_ok=True)
         self._writer = _Writer(self._buffer)
 
-    def write(
-        self, rank: int, bucket: int, positions: np.ndarray, rows: Mapping[str, np.ndarray]
-    ) -> None:
+    def write(self, rank: int, bucket: int, block: np.ndarray) -> None:
         name = f"r{rank}.b{bucket}"
         handle = self._files.get(name)
         if handle is None:
             handle = self._files[name] = self._open(self.folder / name)
-        handle.write(memoryview(_RECORD.pack(len(positions))))
-        handle.write(_bytes(positions.astype("<i8")))
-        for a in rows.values():
-            handle.write(_bytes(a))
+        handle.write(np.ascontiguousarray(block).reshape(-1).data)
 
     def _open(self, path: Path) -> _BucketFile:
         if self._direct:
@@ -196,7 +243,7 @@ class _FileOutbox:
             files[name] = [handle.size, handle.crc]
         self._files = {}
         tmp = self.marker.with_name(self.marker.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"files": files}))
+        tmp.write_text(json.dumps({"files": files, "format": FORMAT}))
         os.replace(tmp, self.marker)
         fsync_dir(self.marker.parent)
 
@@ -303,9 +350,11 @@ class _BucketFile:
     def write(self, data: memoryview) -> None:
         self.crc, self.size = crc32(data, self.crc), self.size + len(data)
         done, total, room = 0, len(data), self.writer.size
+        source = np.frombuffer(data, np.uint8)
         while done < total:
             n = min(total - done, room - self.filled)
-            self.buffer[self.filled : self.filled + n] = data[done : done + n]
+            # a NumPy copy: it lets go of the GIL (an mmap slice assignment holds it)
+            np.frombuffer(self.buffer, np.uint8, n, self.filled)[:] = source[done : done + n]
             self.filled += n
             done += n
             if self.filled == room:
@@ -421,7 +470,14 @@ class StorageExchange:
             for n in missing:
                 path = self._marker(plan, epoch, self.node, n)
                 with contextlib.suppress(FileNotFoundError, ValueError):
-                    self._markers[plan, epoch, n] = json.loads(path.read_text())["files"]
+                    marker = json.loads(path.read_text())
+                    if marker.get("format") != FORMAT:
+                        raise IntegrityError(
+                            f"The staging marker {str(path)!r} was written in another bucket "
+                            f"file format ({marker.get('format', 1)}, this feedline reads "
+                            f"{FORMAT}). Fix: run one feedline version on every node."
+                        )
+                    self._markers[plan, epoch, n] = marker["files"]
             missing = [n for n in range(self.nodes) if (plan, epoch, n) not in self._markers]
             if not missing:
                 return
@@ -439,29 +495,26 @@ class StorageExchange:
         """Whether every node's rows for this node in ``epoch`` are here (an earlier run's
         inbox, or another rank's of the node): then :meth:`records` may be read. A sender's
         rows whose files are not the size its marker says are dropped, marker and all, so
-        that sender sends them again."""
+        that sender sends them again; so are rows in another :data:`FORMAT` (an earlier
+        feedline's)."""
         whole = True
         for n in range(self.nodes):
             path = self._marker(plan, epoch, self.node, n)
             try:
-                files = json.loads(path.read_text())["files"]
-            except (OSError, ValueError, KeyError, TypeError):
+                marker = json.loads(path.read_text())
+                files: dict[str, list[int]] = marker["files"]
+                current = marker.get("format") == FORMAT
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 whole = False
                 continue
             folder = path.parent / f"from{n}"
-            for name, (size, _crc) in files.items():
-                try:
-                    intact = (folder / name).stat().st_size == size
-                except OSError:
-                    intact = False
-                if not intact:
-                    path.unlink(missing_ok=True)
-                    shutil.rmtree(folder, ignore_errors=True)
-                    self._markers.pop((plan, epoch, n), None)
-                    whole = False
-                    break
-            else:
+            if current and all(_sized(folder / name, size) for name, (size, _) in files.items()):
                 self._markers[plan, epoch, n] = files
+                continue
+            path.unlink(missing_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            self._markers.pop((plan, epoch, n), None)
+            whole = False
         return whole
 
     def records(
@@ -494,6 +547,14 @@ class StorageExchange:
             with contextlib.suppress(OSError):
                 empty.rmdir()
         self._markers = {k: v for k, v in self._markers.items() if k[:2] != (plan, epoch)}
+
+
+def _sized(path: Path, size: int) -> bool:
+    """Whether ``path`` is there and ``size`` bytes long."""
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
 
 
 def _drop_direct(fd: int) -> bool:
@@ -530,9 +591,10 @@ def _open_read(path: Path) -> int:
 def _read_records(
     path: Path, arrays: Sequence[ArrayLayout], size: int, crc: int
 ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """The records of one bucket file: the file read whole in one sequential read (past the
-    page cache, or its pages dropped from it after), its size and CRC-32 compared with the
-    sender's marker before any record is handed out (records are views of that read)."""
+    """The rows of one bucket file, as one record (positions, arrays): the file read whole in
+    one sequential read (past the page cache, or its pages dropped from it after), its size
+    and CRC-32 compared with the sender's marker before any row is handed out (the record's
+    arrays are strided views of that read, :func:`row_layout`)."""
     where = f"the staging exchange file {str(path)!r}"
     mismatch = IntegrityError(
         f"{where} is shorter or longer than its sender's marker says ({size} bytes). Fix: "
@@ -545,9 +607,15 @@ def _read_records(
             f"Cannot read {where}: {exc}. Fix: check that stage_dir= is shared by every node "
             "and that nothing deletes files in it while the loaders run."
         ) from exc
+    width, starts = row_layout(arrays)
     try:
         if size < 0 or os.fstat(fd).st_size != size:  # checked before the buffer is made
             raise mismatch
+        if size % width:
+            raise IntegrityError(
+                f"{where} holds a damaged row: {size} bytes are not whole rows of {width}. "
+                "Fix: delete the stage_dir folder of this epoch and restart."
+            )
         padded = -(-max(1, size) // _PAGE) * _PAGE  # O_DIRECT reads whole pages
         data = np.frombuffer(mmap.mmap(-1, padded, flags=mmap.MAP_PRIVATE), np.uint8, padded)
         with contextlib.suppress(OSError, AttributeError):
@@ -576,22 +644,11 @@ def _read_records(
             f"{where} does not match its sender's marker (CRC-32 or size). Fix: delete the "
             "stage_dir folder of this epoch and restart."
         )
-    row_bytes = [int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, dtype, shape in arrays]
-    at = 0
-    while at < size:
-        if at + _RECORD.size > size:
-            raise IntegrityError(f"{where} holds a damaged record. Fix: restart the job.")
-        (count,) = _RECORD.unpack_from(view, at)
-        at += _RECORD.size
-        need = count * (8 + sum(row_bytes))
-        if count < 0 or at + need > size:
-            raise IntegrityError(f"{where} holds a damaged record. Fix: restart the job.")
-        positions = np.frombuffer(view, "<i8", count, at)
-        at += count * 8
-        rows: dict[str, Any] = {}
-        for (key, dtype, shape), nbytes in zip(arrays, row_bytes, strict=True):
-            rows[key] = np.frombuffer(view, dtype, count * nbytes // dtype.itemsize, at).reshape(
-                count, *shape
-            )
-            at += count * nbytes
-        yield positions, rows
+    count = size // width
+    table = data[: count * width].reshape(count, width)
+    positions = table[:, :8].view("<i8").reshape(count)
+    rows: dict[str, Any] = {}
+    for (key, dtype, shape), at in zip(arrays, starts, strict=True):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        rows[key] = table[:, at : at + nbytes].view(dtype).reshape(count, *shape)
+    yield positions, rows

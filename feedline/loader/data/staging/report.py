@@ -21,7 +21,9 @@ HIDDEN_SHARE = 0.05
 @dataclass
 class StageReport:
     """One epoch's staging: its time, the loop's wait for it (pass 1, then each bucket
-    not yet ordered when the loop reached it), and what was read, sent and served."""
+    not yet ordered when the loop reached it), and what was read, sent and served;
+    ``source``: where its rows came from, ``"dataset"`` (pass 1) or ``"epoch before"`` (its
+    buckets, as they were read: :mod:`~feedline.loader.data.staging.recycle`)."""
 
     epoch: int
     stage_s: float = 0.0
@@ -31,6 +33,7 @@ class StageReport:
     bytes_read: int = 0
     bytes_sent: int = 0
     buckets: int = 0
+    source: str = "dataset"
 
     def as_dict(self) -> dict[str, Any]:
         """The keys of ``Loader.stats()["staged_epochs"]`` (see the loader's docs)."""
@@ -38,4 +41,5 @@ class StageReport:
         return {"epoch": self.epoch, "stage_s": self.stage_s, "stage_wait_s": self.wait_s,
                 "stage_hidden": hidden, "staged_here": self.staged_here,
                 "stage_rows_read": self.rows_read, "stage_bytes_read": self.bytes_read,
-                "stage_bytes_sent": self.bytes_sent, "stage_buckets": self.buckets}  # fmt: skip
+                "stage_bytes_sent": self.bytes_sent, "stage_buckets": self.buckets,
+                "stage_source": self.source}  # fmt: skip

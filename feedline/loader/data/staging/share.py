@@ -25,11 +25,11 @@ from feedline.errors import FeedlineError
 from feedline.io.storage.local_files import open_regular
 from feedline.loader.data.memory_cache import FileLayout, _checked, fill_arrays, read_rows
 from feedline.loader.data.packed_columns import Packing, column_views
-from feedline.loader.data.staging.exchange import Outbox
+from feedline.loader.data.staging.exchange import Outbox, pack_rows
 from feedline.loader.data.staging.report import StageReport
 from feedline.loader.order.stage_routes import Routes, StagePlan, node_of, node_row_groups
 
-__all__ = ["READ_AHEAD", "READ_SHARE", "Share", "read_ahead", "send_share"]
+__all__ = ["READ_AHEAD", "READ_SHARE", "Share", "read_ahead", "route_rows", "send_share"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,12 +80,15 @@ def send_share(
     report: StageReport,
     check: Callable[[], None],
     budget: int,
+    spill: int | None = None,
 ) -> None:
     """Read ``share.node``'s row groups and send each row of them to its buckets: to the
     ``outboxes`` (by destination node; a node without one was sent its rows before), cut as
     ``cuts`` says (each receiving node's rows per bucket). ``check()`` runs before each row
     group (it raises to stop). ``budget``: the loader's ``memory_budget`` (bounds the row
-    groups decoded ahead, :func:`read_ahead`)."""
+    groups decoded ahead, :func:`read_ahead`). ``spill``: the pseudo-rank whose bucket 0 gets
+    the rows no plan names (to node 0; see :mod:`~feedline.loader.data.staging.recycle`),
+    or ``None`` to leave them."""
     sizes = layout.row_group_sizes
     starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
     groups = node_row_groups(sizes, share.nodes)[share.node]
@@ -137,8 +140,10 @@ def send_share(
             report.rows_read += int(sizes[g])
             report.bytes_read += int(sizes[g]) * row_bytes
             a, b = np.searchsorted(found.source, [starts[g], starts[g + 1]])
-            sent = _route(found, int(a), int(b), int(starts[g]), storage, outboxes, per_rank,
+            sent = route_rows(found, int(a), int(b), int(starts[g]), storage, outboxes, per_rank,
                           share.ranks_per_node)  # fmt: skip
+            if spill is not None and 0 in outboxes:
+                sent += _spill(found.source[a:b], int(starts[g]), storage, outboxes[0], spill)
             report.bytes_sent += sent * row_bytes
             free.put(whole)
             f = int(file_of[g])
@@ -155,7 +160,21 @@ def _drop_pages(layout: FileLayout, file: int) -> None:
         os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def _route(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.ndarray],
+def _spill(routed: np.ndarray, first: int, storage: Mapping[str, np.ndarray], outbox: Outbox,
+           spill: int) -> int:  # fmt: skip
+    """Send the rows of one row group (its arrays ``storage``, its first row ``first``) that
+    no plan names (``routed``: the rows that have a destination) to bucket 0 of ``spill``,
+    keyed by their row indices; the rows sent."""
+    rows = len(next(iter(storage.values()))) if storage else 0
+    left = np.ones(rows, dtype=bool)
+    left[routed - first] = False
+    picked = np.flatnonzero(left)
+    if picked.size:
+        outbox.write(spill, 0, pack_rows(picked + first, storage, picked))
+    return int(picked.size)
+
+
+def route_rows(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.ndarray],
            outboxes: Mapping[int, Outbox], per_rank: np.ndarray, ranks_per_node: int,
            ) -> int:  # fmt: skip
     """Send rows ``found[a:b]`` of one row group (its arrays ``storage``, its first row
@@ -168,6 +187,9 @@ def _route(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.n
     buckets = (rank << 32) | (pos // size)
     order = np.argsort(buckets, kind="stable")
     ends = np.flatnonzero(np.diff(buckets[order])) + 1
+    # every row in the order of its bucket, in the bucket files' layout: one gather per array,
+    # then one write per bucket (not one per array and bucket: ~4 rows per bucket a row group)
+    block = pack_rows(pos[order], storage, rows[order])
     sent = 0
     for lo, hi in zip(np.concatenate([[0], ends]), np.concatenate([ends, [len(order)]]),
                       strict=True):  # fmt: skip
@@ -176,8 +198,6 @@ def _route(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.n
         box = outboxes.get(node_of(r, ranks_per_node))
         if box is None:  # delivered by an earlier run of this node
             continue
-        picked = rows[order[lo:hi]]  # each bucket's rows copied out once (small arrays)
-        box.write(r, int(pos[head]) // int(size[head]), pos[order[lo:hi]],
-                  {k: v[picked] for k, v in storage.items()})  # fmt: skip
+        box.write(r, int(pos[head]) // int(size[head]), block[lo:hi])
         sent += int(hi - lo)
     return sent

@@ -81,13 +81,14 @@ from feedline.loader.data.staging.exchange import (
     Outbox,
     StorageExchange,
 )
-from feedline.loader.data.staging.locks import hold_shared, locked
+from feedline.loader.data.staging.locks import hold_shared, locked, try_hold
+from feedline.loader.data.staging.recycle import Recycler, spill_rank
 from feedline.loader.data.staging.report import StageReport
 from feedline.loader.data.staging.session import DirectRows, StagedSession
 from feedline.loader.data.staging.share import Share, send_share
 from feedline.loader.order.stage_routes import StagePlan, check_nodes, node_of
 
-__all__ = ["BUCKET_SHARE", "StagedEpochs", "staged_dir"]
+__all__ = ["BUCKET_SHARE", "RECYCLE", "StagedEpochs", "staged_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +101,17 @@ BUCKET_SHARE = 16
 #: pass 1's write buffers (one per bucket file, see exchange._BucketFile) hold at most this
 #: share of ``memory_budget`` together ...
 WRITE_SHARE = 4
+#: ... or this share when the rows come from the epoch before's buckets (no row groups are
+#: decoded then: pass 1's half of the budget is free)
+RECYCLE_WRITE_SHARE = 2
 #: ... and between these sizes each (a bigger ``O_DIRECT`` write runs faster: 64 KiB 0.7,
 #: 256 KiB 1.6, 1 MiB 2.4 GB/s on the bench's disk)
 WRITE_MIN, WRITE_MAX = 16 << 10, 1 << 20
+
+
+#: on one node with one rank, stage each epoch after the first from the epoch before's buckets
+#: as they are read (:mod:`~feedline.loader.data.staging.recycle`), not from the dataset
+RECYCLE = True
 
 
 def staged_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -209,7 +218,14 @@ class StagedEpochs:
         self._worker: threading.Thread | None = None
         self._generation = 0
         self._current: _Task | None = None
+        self._recyclers: dict[tuple[int, str], Recycler] = {}
         self.reports: dict[int, StageReport] = {}
+
+    @property
+    def _recycles(self) -> bool:
+        """Whether epochs are staged from the epoch before (one node, one rank): pass 1 then
+        keeps the rows no plan names aside (a spill) for the next epoch."""
+        return RECYCLE and self.nodes == 1 and self.world_size == 1
 
     # ------------------------------------------------------------------ serving
 
@@ -255,6 +271,9 @@ class StagedEpochs:
             running = [t for t in self._tasks.values() if not t.done.is_set()]
             for task in running:
                 self._tasks.pop((task.plan.epoch, task.plan.key), None)
+            recyclers, self._recyclers = list(self._recyclers.values()), {}
+        for recycler in recyclers:  # the epoch they stage is staged from the dataset, if asked
+            recycler.abort()
 
     def _check_cancelled(self) -> None:
         """Raise :class:`_Cancelled` when :meth:`close` came after the task being staged was
@@ -320,7 +339,9 @@ class StagedEpochs:
         or another rank's of the node), then this rank's buckets."""
         plan, report = task.plan, task.report
         start = time.perf_counter()
-        with locked(self._lock_path(plan.key, plan.epoch)):
+        with locked(self._lock_path(plan.key, plan.epoch)):  # a recycler holds it until done
+            with self._lock:
+                recycled = self._recyclers.pop((plan.epoch, plan.key), None)
             ready = self.exchange.complete(plan.key, plan.epoch)
             if not ready:  # senders cut this node's buckets as it says
                 self.exchange.publish(plan.key, plan.epoch, {"bucket_rows": self.bucket_rows})
@@ -330,6 +351,10 @@ class StagedEpochs:
                 self.exchange.wait(plan.key, plan.epoch)
             self._receive(plan, task, report)
         report.stage_s = time.perf_counter() - start
+        if ready and recycled is not None and recycled.committed:
+            report.staged_here, report.source = True, "epoch before"
+            report.stage_s = recycled.busy_s  # its routing, spread over the epoch before
+            report.bytes_sent = recycled.rows_sent * self.row_bytes
         self._clean(plan.epoch, plan.key)
         if report.staged_here:
             logger.info(
@@ -339,10 +364,13 @@ class StagedEpochs:
 
     def _receive(self, plan: StagePlan, task: _Task, report: StageReport) -> None:
         """Pass 2, handed to the session: this rank's buckets from the node's inbox (held,
-        shared, until the epoch is dropped), its first one ordered ahead."""
+        shared, until the epoch is dropped), its first one ordered ahead; and the next epoch
+        staged from them as they are read, where it can be (:meth:`_recycler`)."""
         ids = plan.plan(self.rank)
         size, total = self.bucket_rows, len(ids)
         fd = hold_shared(self._lock_path(plan.key, plan.epoch, "read"))
+        ahead = self._recycler(plan, ids)
+        recycler = ahead[0] if ahead else None
 
         def load(b: int) -> dict[str, np.ndarray]:
             at = b * size
@@ -358,12 +386,58 @@ class StagedEpochs:
                     f"failed: {exc!r}. Fix: check the disk under stage_dir= / cache_dir=."
                 ) from exc
 
-        staged = Buckets(np.asarray(ids, np.int64), size, load, lambda: os.close(fd))
+        def release() -> None:
+            if recycler is not None:  # left before its last bucket: nothing is committed
+                recycler.abort()
+            os.close(fd)
+
+        staged = Buckets(np.asarray(ids, np.int64), size, load, release,
+                         recycler.take if recycler else None,
+                         recycler.abort if recycler else None)  # fmt: skip
         report.buckets = staged.count
         if task.start:  # a resumed session: its first bucket (else bucket 0 when it starts)
             staged.ahead(task.start // size)
         task.staged = staged
         task.started.set()
+        if ahead:  # off the first batch's path: sorts both plans
+            recycler, target = ahead
+            try:
+                spill = self.exchange.records(plan.key, plan.epoch, spill_rank(self.world_size),
+                                              0, self.arrays)  # fmt: skip
+                recycler.prepare(target.plan(self.rank), rows=self.layout.num_rows, spill=spill)
+            except BaseException:
+                recycler.abort()
+                raise
+
+    def _recycler(self, plan: StagePlan, ids: np.ndarray) -> tuple[Recycler, StagePlan] | None:
+        """A :class:`~feedline.loader.data.staging.recycle.Recycler` staging the epoch after
+        ``plan``'s (and that epoch's plans) from its buckets as this rank reads them: on one
+        node with one rank (this process reads every row), unless that epoch is staged or
+        being staged already."""
+        if not self._recycles or self.planner is None:
+            return None
+        target = self.planner(plan.epoch + 1)
+        fd = try_hold(self._lock_path(target.key, target.epoch))
+        if fd is None:  # being staged (or read) by another process
+            return None
+        try:
+            if self.exchange.complete(target.key, target.epoch):
+                os.close(fd)
+                return None
+            self.exchange.publish(target.key, target.epoch, {"bucket_rows": self.bucket_rows})
+            buffer = self._write_buffer(target, {self.node: self.bucket_rows},
+                                        RECYCLE_WRITE_SHARE)  # fmt: skip
+            outbox = self.exchange.send(target.key, target.epoch, self.node, buffer)
+        except BaseException:
+            os.close(fd)
+            raise
+        recycler = Recycler(epoch=target.epoch, ids=ids, bucket_rows=self.bucket_rows,
+                            outbox=outbox, cut=self.bucket_rows,
+                            spill_to=spill_rank(self.world_size),
+                            release=lambda: os.close(fd))  # fmt: skip
+        with self._lock:
+            self._recyclers[target.epoch, target.key] = recycler
+        return recycler, target
 
     def _reached(self, plan: str, epoch: int) -> None:
         """Note that this rank serves epoch ``epoch`` of ``plan`` (and is done with the ones
@@ -419,8 +493,9 @@ class StagedEpochs:
         buffer = self._write_buffer(plan, cuts)
         outboxes: dict[int, Outbox] = {m: ex.send(plan.key, plan.epoch, m, buffer) for m in cuts}
         try:
+            spill = spill_rank(self.world_size) if self._recycles else None
             send_share(self.layout, self.packing, plan, self.share, outboxes, cuts, report,
-                       self._check_cancelled, self.budget)  # fmt: skip
+                       self._check_cancelled, self.budget, spill)  # fmt: skip
             for box in outboxes.values():
                 box.commit()
         except BaseException:
@@ -428,16 +503,18 @@ class StagedEpochs:
                 box.abort()
             raise
 
-    def _write_buffer(self, plan: StagePlan, cuts: dict[int, int]) -> int:
-        """Bytes buffered per bucket file in pass 1: a :data:`WRITE_SHARE` of
-        ``memory_budget`` over the bucket files open at once (one per bucket of every rank
-        sent to), within ``[WRITE_MIN, WRITE_MAX]``."""
+    def _write_buffer(self, plan: StagePlan, cuts: dict[int, int], share: int = WRITE_SHARE
+                      ) -> int:  # fmt: skip
+        """Bytes buffered per bucket file in pass 1: a ``share`` of ``memory_budget``
+        (:data:`WRITE_SHARE`, or :data:`RECYCLE_WRITE_SHARE` from the epoch before's buckets)
+        over the bucket files open at once (one per bucket of every rank sent to), within
+        ``[WRITE_MIN, WRITE_MAX]``."""
         files = 0
         for r in range(plan.world_size):
             cut = cuts.get(node_of(r, self.ranks_per_node))
             if cut:
                 files += -(-plan.length(r) // cut)
-        each = self.budget // WRITE_SHARE // max(1, files)
+        each = self.budget // share // max(1, files)
         return min(WRITE_MAX, max(WRITE_MIN, each))
 
     def describe(self) -> dict[str, Any]:
