@@ -63,6 +63,7 @@ import queue
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -123,7 +124,8 @@ class Outbox(Protocol):
 class Exchange(Protocol):
     """The rows' way between nodes (see the module docs)."""
 
-    def send(self, plan: str, epoch: int, to_node: int, buffer: int = ...) -> Outbox: ...
+    def send(self, plan: str, epoch: int, to_node: int, buffer: int = ...,
+             aside: bool = False) -> Outbox: ...  # fmt: skip
 
     def publish(self, plan: str, epoch: int, layout: Mapping[str, Any]) -> None: ...
 
@@ -198,8 +200,12 @@ def _parts(arrays: Sequence[ArrayLayout]) -> int:
 
 
 class _FileOutbox:
-    def __init__(self, folder: Path, marker: Path, buffer: int = _BUFFER) -> None:
-        self.folder, self.marker = folder, marker
+    """``final``: the folder the files are moved to at commit (they are written aside, in
+    ``folder``, by a sender that holds no lock while it writes)."""
+
+    def __init__(self, folder: Path, marker: Path, buffer: int = _BUFFER,
+                 final: Path | None = None) -> None:  # fmt: skip
+        self.folder, self.marker, self.final = folder, marker, final
         self._files: dict[str, _BucketFile] = {}
         self._direct = hasattr(os, "O_DIRECT")  # until the folder's file system refuses it
         self._buffer = max(_PAGE, int(buffer) // _PAGE * _PAGE)
@@ -242,6 +248,9 @@ class _FileOutbox:
             handle.close()
             files[name] = [handle.size, handle.crc]
         self._files = {}
+        if self.final is not None:  # the files into place (a sender's partial ones dropped)
+            shutil.rmtree(self.final, ignore_errors=True)
+            os.replace(self.folder, self.final)
         tmp = self.marker.with_name(self.marker.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"files": files, "format": FORMAT}))
         os.replace(tmp, self.marker)
@@ -408,13 +417,20 @@ class StorageExchange:
     def _marker(self, plan: str, epoch: int, to_node: int, from_node: int) -> Path:
         return self._epoch(plan, epoch) / f"to{to_node}" / f"from{from_node}.done"
 
-    def send(self, plan: str, epoch: int, to_node: int, buffer: int = _BUFFER) -> Outbox:
+    def send(self, plan: str, epoch: int, to_node: int, buffer: int = _BUFFER,
+             aside: bool = False) -> Outbox:  # fmt: skip
         """This node's outbox for ``to_node`` in epoch ``epoch`` of the order ``plan``
-        (earlier partial files dropped), ``buffer`` bytes buffered per bucket file."""
+        (earlier partial files dropped), ``buffer`` bytes buffered per bucket file;
+        ``aside``: its files are written in a folder of their own and moved into place by
+        :meth:`Outbox.commit` (the sender holds the epoch's lock only to commit)."""
         inbox = self._epoch(plan, epoch) / f"to{to_node}"
         marker = self._marker(plan, epoch, to_node, self.node)
+        final = inbox / f"from{self.node}"
         try:
-            return _FileOutbox(inbox / f"from{self.node}", marker, buffer)
+            if aside:
+                folder = inbox / f"from{self.node}.aside.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+                return _FileOutbox(folder, marker, buffer, final)
+            return _FileOutbox(final, marker, buffer)
         except OSError as exc:
             raise StorageError(
                 f"Cannot write the staging exchange folder {str(inbox)!r}: {exc}. Fix: pass a "

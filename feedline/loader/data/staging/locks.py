@@ -19,7 +19,7 @@ from pathlib import Path
 
 from feedline.loader.data.cache_files import open_lock
 
-__all__ = ["hold_shared", "locked", "try_hold"]
+__all__ = ["hold_shared", "locked"]
 
 
 @contextlib.contextmanager
@@ -55,31 +55,6 @@ def hold_shared(path: Path) -> int:
     fd = open_lock(path, what="the staging readers' lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def try_hold(path: Path) -> int | None:
-    """Take the lock file ``path`` alone if no one holds it (a descriptor, to be closed to let
-    go), else ``None`` at once.
-
-    Examples
-    --------
-    >>> import tempfile, pathlib
-    >>> path = pathlib.Path(tempfile.mkdtemp()) / "e1.lock"
-    >>> fd = try_hold(path)
-    >>> try_hold(path) is None
-    True
-    >>> os.close(fd)
-    """
-    fd = open_lock(path, what="the staging lock")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
     except BaseException:
         os.close(fd)
         raise

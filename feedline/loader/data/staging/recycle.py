@@ -116,8 +116,11 @@ class Recycler:
     """Stages epoch ``epoch`` (one rank: its plan ``target``, ``cut`` positions per bucket)
     from the buckets of the epoch before as they are ordered (:meth:`take`, bucket numbers
     ``0 .. buckets - 1``, in any order, each once) and its ``spill`` (the rows its plan left
-    out), through ``outbox``; commits once every bucket came, then calls ``release`` (also on
-    :meth:`abort`). ``ids``: the epoch before's plan, whose bucket ``b`` is positions
+    out), through ``outbox`` (an outbox written aside: no lock is held while the epoch before
+    is read); once every bucket came, ``settle(commit)`` commits it unless the epoch was
+    staged otherwise meanwhile (another loader on the same folder), and says whether it did
+    (else the rows sent are dropped). ``ids``: the epoch before's plan, whose bucket ``b`` is
+    positions
     ``[b * bucket_rows, (b + 1) * bucket_rows)``; ``spill_to``: the pseudo-rank of the new
     epoch's spill (:func:`spill_rank`). :meth:`prepare` (sorting both plans: seconds at
     10^7 rows, so not on the loop's path) comes first; :meth:`take` waits for it.
@@ -143,11 +146,12 @@ class Recycler:
     """
 
     def __init__(self, *, epoch: int, ids: np.ndarray, bucket_rows: int, outbox: Outbox,
-                 cut: int, spill_to: int, release: Callable[[], None] | None = None,
-                 ) -> None:  # fmt: skip
+                 cut: int, spill_to: int,
+                 settle: Callable[[Callable[[], None]], bool] | None = None) -> None:  # fmt: skip
         self.epoch, self.bucket_rows, self.cut = int(epoch), int(bucket_rows), int(cut)
         self._ids = np.asarray(ids, np.int64)
-        self._outbox, self._spill_to, self._release = outbox, int(spill_to), release
+        self._outbox, self._spill_to = outbox, int(spill_to)
+        self._settle = settle or _commit_now
         self._buckets = -(-len(self._ids) // self.bucket_rows)
         self._left = set(range(self._buckets))  # not handed over yet
         self._routed = 0
@@ -272,14 +276,24 @@ class Recycler:
 
     def _commit(self) -> None:
         try:
-            self._outbox.commit()
+            settled = self._settle(self._outbox.commit)
         except BaseException:
             self._close(abort=True)
             raise
+        if not settled:  # staged meanwhile by another loader, or being staged
+            self._close(abort=True)
+            return
         self.committed = True
         self._close(abort=False)
         logger.info("Loader staged epoch %d from the epoch before's buckets (%.2f s of routing, "
                     "no dataset read)", self.epoch, self.busy_s)  # fmt: skip
+
+    def release(self) -> None:
+        """The epoch before is dropped by its reader: stop unless every bucket was handed
+        over (then its last ones are still being routed: they finish)."""
+        with self._lock:
+            if self._left and not (self.committed or self.aborted):
+                self._close(abort=True)
 
     def abort(self) -> None:
         """Stop: drop what was sent (the epoch is then staged from the dataset)."""
@@ -294,12 +308,13 @@ class Recycler:
                 self._outbox.abort()
             except Exception:  # best effort: the epoch is staged again
                 logger.debug("Dropping a recycled epoch's files failed", exc_info=True)
-        release, self._release = self._release, None
-        try:
-            if release is not None:
-                release()
-        finally:
-            with contextlib.suppress(queue.Empty):  # let the buckets waiting go
-                while True:
-                    self._queue.get_nowait()
-            self._finished.set()
+        with contextlib.suppress(queue.Empty):  # let the buckets waiting go
+            while True:
+                self._queue.get_nowait()
+        self._finished.set()
+
+
+def _commit_now(commit: Callable[[], None]) -> bool:
+    """A :class:`Recycler`'s ``settle`` with no one else to ask: commit."""
+    commit()
+    return True

@@ -81,7 +81,7 @@ from feedline.loader.data.staging.exchange import (
     Outbox,
     StorageExchange,
 )
-from feedline.loader.data.staging.locks import hold_shared, locked, try_hold
+from feedline.loader.data.staging.locks import hold_shared, locked
 from feedline.loader.data.staging.recycle import Recycler, spill_rank
 from feedline.loader.data.staging.report import StageReport
 from feedline.loader.data.staging.session import DirectRows, StagedSession
@@ -339,9 +339,17 @@ class StagedEpochs:
         or another rank's of the node), then this rank's buckets."""
         plan, report = task.plan, task.report
         start = time.perf_counter()
-        with locked(self._lock_path(plan.key, plan.epoch)):  # a recycler holds it until done
-            with self._lock:
-                recycled = self._recyclers.pop((plan.epoch, plan.key), None)
+        with self._lock:
+            recycled = self._recyclers.get((plan.epoch, plan.key))
+        try:  # staged from the epoch before as that is read (aborted if it is left early)
+            while recycled is not None and not recycled.join(0.5):
+                self._check_cancelled()
+        finally:
+            if recycled is not None:
+                recycled.abort()  # when cancelled (else it is done: nothing happens)
+                with self._lock:
+                    self._recyclers.pop((plan.epoch, plan.key), None)
+        with locked(self._lock_path(plan.key, plan.epoch)):
             ready = self.exchange.complete(plan.key, plan.epoch)
             if not ready:  # senders cut this node's buckets as it says
                 self.exchange.publish(plan.key, plan.epoch, {"bucket_rows": self.bucket_rows})
@@ -388,7 +396,7 @@ class StagedEpochs:
 
         def release() -> None:
             if recycler is not None:  # left before its last bucket: nothing is committed
-                recycler.abort()
+                recycler.release()
             os.close(fd)
 
         staged = Buckets(np.asarray(ids, np.int64), size, load, release,
@@ -417,24 +425,24 @@ class StagedEpochs:
         if not self._recycles or self.planner is None:
             return None
         target = self.planner(plan.epoch + 1)
-        fd = try_hold(self._lock_path(target.key, target.epoch))
-        if fd is None:  # being staged (or read) by another process
+        if self.exchange.complete(target.key, target.epoch):
             return None
-        try:
-            if self.exchange.complete(target.key, target.epoch):
-                os.close(fd)
-                return None
-            self.exchange.publish(target.key, target.epoch, {"bucket_rows": self.bucket_rows})
-            buffer = self._write_buffer(target, {self.node: self.bucket_rows},
-                                        RECYCLE_WRITE_SHARE)  # fmt: skip
-            outbox = self.exchange.send(target.key, target.epoch, self.node, buffer)
-        except BaseException:
-            os.close(fd)
-            raise
+        self.exchange.publish(target.key, target.epoch, {"bucket_rows": self.bucket_rows})
+        buffer = self._write_buffer(target, {self.node: self.bucket_rows}, RECYCLE_WRITE_SHARE)
+        outbox = self.exchange.send(target.key, target.epoch, self.node, buffer, aside=True)
+        lock = self._lock_path(target.key, target.epoch)
+
+        def settle(commit: Callable[[], None]) -> bool:
+            """Commit, unless another loader on this folder stages the epoch or did."""
+            with locked(lock, wait=False) as got:
+                if not got or self.exchange.complete(target.key, target.epoch):
+                    return False
+                commit()
+                return True
+
         recycler = Recycler(epoch=target.epoch, ids=ids, bucket_rows=self.bucket_rows,
                             outbox=outbox, cut=self.bucket_rows,
-                            spill_to=spill_rank(self.world_size),
-                            release=lambda: os.close(fd))  # fmt: skip
+                            spill_to=spill_rank(self.world_size), settle=settle)  # fmt: skip
         with self._lock:
             self._recyclers[target.epoch, target.key] = recycler
         return recycler, target
