@@ -5,39 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 
-import numpy as np
 import pytest
+from staged_batches import ROW, batches, same, staged_options
 
 from feedline.loader.data.staging.stager import StagedEpochs
 from feedline.loader.order import sample_order
 from feedline.loader.order.stage_routes import StagePlan
-
-#: bytes of one row of the loader conftest's table (id, x, vec, label)
-ROW = 8 + 4 + 24 + 8
-
-
-def _kw(tmp_path, **extra):
-    """Loader options: a budget so small that a bucket is 37 rows (many buckets; a gather of
-    whole batches often spans two)."""
-    return {"batch_size": 8, "format": "numpy", "memory_budget": ROW * 37 * 16,
-            "cache_dir": tmp_path / "cache"} | extra  # fmt: skip
-
-
-def _batches(loader, n=None):
-    out = []
-    for batch in loader:
-        out.append({k: np.array(v) for k, v in batch.items()})
-        if n is not None and len(out) == n:
-            break
-    return out
-
-
-def _same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert x.keys() == y.keys()
-        for key in x:
-            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
 
 
 @pytest.mark.parametrize("seed", [0, 7])
@@ -49,10 +22,10 @@ def test_staged_batches_equal_memory_batches(write, tmp_path, seed, world, drop_
     ds = write(301, rows_per_shard=100, row_group_rows=23)
     for rank in range(world):
         common = {"seed": seed, "rank": rank, "world_size": world, "drop_last": drop_last}
-        staged = ds.loader(cache="staged", **_kw(tmp_path, **common))
+        staged = ds.loader(cache="staged", **staged_options(tmp_path, **common))
         memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
         for _ in range(2):
-            _same(_batches(staged), _batches(memory))
+            same(batches(staged), batches(memory))
         assert staged.stats()["cache"] == "staged"
         assert staged.stats()["shuffle_mode"] == "exact"
         assert staged.state_dict() == memory.state_dict()
@@ -75,9 +48,9 @@ def test_staged_epochs_over_lazy_rows_route_by_the_inverse_permutation(
         common = {"seed": 3, "rank": rank, "world_size": world, "drop_last": drop_last,
                   "pad_last": pad_last}  # fmt: skip
         memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
-        with ds.loader(cache="staged", **_kw(tmp_path / str(rank), **common)) as staged:
+        with ds.loader(cache="staged", **staged_options(tmp_path / str(rank), **common)) as staged:
             for _ in range(2):
-                _same(_batches(staged), _batches(memory))
+                same(batches(staged), batches(memory))
         assert set(asked) == {rank}, asked  # only its own plan, never the others'
         asked.clear()
 
@@ -86,9 +59,9 @@ def test_pad_last_and_shuffle_false_follow_memory(write, tmp_path):
     ds = write(101, row_group_rows=10)
     for extra in ({"drop_last": False, "pad_last": True, "world_size": 3, "rank": 2},
                   {"shuffle": False, "world_size": 2, "rank": 1}):  # fmt: skip
-        staged = ds.loader(cache="staged", **_kw(tmp_path, **extra))
+        staged = ds.loader(cache="staged", **staged_options(tmp_path, **extra))
         memory = ds.loader(cache="memory", batch_size=8, format="numpy", **extra)
-        _same(_batches(staged), _batches(memory))
+        same(batches(staged), batches(memory))
 
 
 def test_exact_resume_mid_epoch(write, tmp_path):
@@ -96,18 +69,18 @@ def test_exact_resume_mid_epoch(write, tmp_path):
     rest of the memory loader's epoch."""
     ds = write(400)
     common = {"seed": 3, "world_size": 2, "rank": 1}
-    first = ds.loader(cache="staged", **_kw(tmp_path, **common))
-    _batches(first)
-    head = _batches(first, 5)
+    first = ds.loader(cache="staged", **staged_options(tmp_path, **common))
+    batches(first)
+    head = batches(first, 5)
     state = first.state_dict()
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
-    _batches(memory)
-    whole = _batches(memory)
+    batches(memory)
+    whole = batches(memory)
     assert state == memory.state_dict() | {"batches": 5}
-    resumed = ds.loader(cache="staged", **_kw(tmp_path, world_size=2, rank=1))
+    resumed = ds.loader(cache="staged", **staged_options(tmp_path, world_size=2, rank=1))
     resumed.load_state_dict(state)
-    _same(head + _batches(resumed), whole)
-    _same(_batches(resumed), _batches(memory))  # and the next epoch
+    same(head + batches(resumed), whole)
+    same(batches(resumed), batches(memory))  # and the next epoch
 
 
 def test_elastic_resume_mid_epoch(write, tmp_path):
@@ -115,16 +88,16 @@ def test_elastic_resume_mid_epoch(write, tmp_path):
     ds = write(500)
     states = []
     for rank in range(2):
-        old = ds.loader(cache="staged", **_kw(tmp_path, seed=4, world_size=2, rank=rank))
-        _batches(old, 7)
+        old = ds.loader(cache="staged", **staged_options(tmp_path, seed=4, world_size=2, rank=rank))
+        batches(old, 7)
         states.append(old.state_dict())
     for rank in range(3):
-        new = ds.loader(cache="staged", **_kw(tmp_path, world_size=3, rank=rank))
+        new = ds.loader(cache="staged", **staged_options(tmp_path, world_size=3, rank=rank))
         ref = ds.loader(cache="memory", batch_size=8, format="numpy", world_size=3, rank=rank)
         new.load_state_dict(states)
         ref.load_state_dict(states)
-        _same(_batches(new), _batches(ref))
-        _same(_batches(new), _batches(ref))
+        same(batches(new), batches(ref))
+        same(batches(new), batches(ref))
 
 
 @pytest.mark.timeout(120)
@@ -146,23 +119,23 @@ def test_resume_at_an_epoch_boundary_while_the_next_epoch_is_staged(
         return receive(self, plan, task, report)
 
     monkeypatch.setattr(StagedEpochs, "_receive", held)
-    old = ds.loader(cache="staged", **_kw(tmp_path, seed=9, world_size=2, rank=0))
-    _batches(old)
+    old = ds.loader(cache="staged", **staged_options(tmp_path, seed=9, world_size=2, rank=0))
+    batches(old)
     assert entered.wait(60)  # epoch 1 is being staged right now
     state = old.state_dict()
     world = 1 if elastic else 2
-    new = ds.loader(cache="staged", **_kw(tmp_path, world_size=world, rank=0))
+    new = ds.loader(cache="staged", **staged_options(tmp_path, world_size=world, rank=0))
     ref = ds.loader(cache="memory", batch_size=8, format="numpy", world_size=world, rank=0)
     new.load_state_dict(state)
     ref.load_state_dict(state)
     if not elastic:  # the new loader waits for the old one's staging of the same epoch
         threading.Timer(0.2, gate.set).start()
-    assert _batches(new) == [] and _batches(ref) == []  # epoch 0 was complete
+    assert batches(new) == [] and batches(ref) == []  # epoch 0 was complete
     new.set_epoch(1)
     ref.set_epoch(1)
-    expected = _batches(ref)
+    expected = batches(ref)
     assert len(expected) == (400 // 8 if elastic else 400 // 16)
-    _same(_batches(new), expected)
+    same(batches(new), expected)
     gate.set()
     report = {r["epoch"]: r for r in new.stats()["staged_epochs"]}
     assert report[1]["staged_here"] is elastic  # same plan: the old loader's inbox was used
@@ -170,9 +143,9 @@ def test_resume_at_an_epoch_boundary_while_the_next_epoch_is_staged(
 
 def test_metrics_report_staging_and_whether_it_was_hidden(write, tmp_path):
     ds = write(300)
-    loader = ds.loader(cache="staged", **_kw(tmp_path, seed=1))
-    _batches(loader)
-    _batches(loader)
+    loader = ds.loader(cache="staged", **staged_options(tmp_path, seed=1))
+    batches(loader)
+    batches(loader)
     metrics = loader.metrics()
     assert [m["epoch"] for m in metrics] == [0, 1]
     assert all(m["stage_s"] >= 0 and m["stage_wait_s"] >= 0 for m in metrics)
@@ -185,7 +158,7 @@ def test_metrics_report_staging_and_whether_it_was_hidden(write, tmp_path):
 def test_memory_stays_within_the_budget_per_bucket(write, tmp_path):
     """A bucket holds at most a sixteenth of memory_budget: the pass-2 chunk is that big."""
     ds = write(300)
-    loader = ds.loader(cache="staged", **_kw(tmp_path))
+    loader = ds.loader(cache="staged", **staged_options(tmp_path))
     assert loader.stats()["stage_bucket_rows"] * ROW <= loader.memory_budget // 16
 
 
@@ -201,17 +174,17 @@ def test_no_staged_file_is_written_and_a_restart_reuses_the_inbox(write, tmp_pat
 
     monkeypatch.setattr(session.DirectRows, "gather", refuse)
     ds = write(300)
-    first = ds.loader(cache="staged", **_kw(tmp_path, seed=8))
-    head = _batches(first, 6)
+    first = ds.loader(cache="staged", **staged_options(tmp_path, seed=8))
+    head = batches(first, 6)
     state = first.state_dict()
     folder = tmp_path / "cache" / "staged"
     written = [p for p in folder.rglob("*") if p.is_file() and ".locks" not in p.parts]
     assert written and all("exchange" in p.parts for p in written)
     assert not list(folder.rglob("*.stage"))
-    again = ds.loader(cache="staged", **_kw(tmp_path, seed=8))
+    again = ds.loader(cache="staged", **staged_options(tmp_path, seed=8))
     again.load_state_dict(state)
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=8)
-    _same(head + _batches(again), _batches(memory))
+    same(head + batches(again), batches(memory))
     report = again.stats()["staged_epochs"][0]
     assert report["staged_here"] is False and report["stage_rows_read"] == 0
 
@@ -220,14 +193,14 @@ def test_a_damaged_inbox_is_staged_again(write, tmp_path):
     """A bucket file that lost bytes (a lost write) is never served: a new loader finds the
     inbox incomplete, its node sends the rows again, and the batches stay exact."""
     ds = write(300)
-    loader = ds.loader(cache="staged", **_kw(tmp_path, seed=2))
-    expected = _batches(loader)
+    loader = ds.loader(cache="staged", **staged_options(tmp_path, seed=2))
+    expected = batches(loader)
     files = sorted((tmp_path / "cache" / "staged" / "exchange").rglob("e0/to0/from0/r0.b1"))
     assert len(files) == 1
     with open(files[0], "r+b") as f:
         f.truncate(files[0].stat().st_size - 8)
-    again = ds.loader(cache="staged", **_kw(tmp_path, seed=2))
-    _same(_batches(again), expected)
+    again = ds.loader(cache="staged", **staged_options(tmp_path, seed=2))
+    same(batches(again), expected)
     assert again.stats()["staged_epochs"][0]["staged_here"] is True
 
 
@@ -242,7 +215,7 @@ def test_auto_stages_over_the_budget_and_says_so(write, tmp_path, caplog):
     assert stats["cache"] == "staged" and stats["shuffle_mode"] == "exact"
     assert "stages each epoch" in stats["shuffle_reason"]
     assert any("stages each epoch" in r.getMessage() for r in caplog.records)
-    _same(_batches(auto), _batches(ds.loader(seed=5, cache="memory", batch_size=8,
+    same(batches(auto), batches(ds.loader(seed=5, cache="memory", batch_size=8,
                                              format="numpy")))  # fmt: skip
     assert ds.loader(shuffle=False, **kw).stats()["cache"] == "none"
 
@@ -295,9 +268,9 @@ def test_bucket_files_are_checked_against_the_marker(write, tmp_path, monkeypatc
         victim.write_bytes(bytes(data))
 
     monkeypatch.setattr(stage_exchange._FileOutbox, "commit", commit_then_damage)
-    loader = ds.loader(cache="staged", **_kw(tmp_path))
+    loader = ds.loader(cache="staged", **staged_options(tmp_path))
     with pytest.raises(IntegrityError, match="marker"):
-        _batches(loader)
+        batches(loader)
 
 
 @pytest.mark.timeout(60)
@@ -305,13 +278,13 @@ def test_a_closed_loader_stages_again_and_stays_exact(write, tmp_path):
     """Closing the loader cancels the staging ahead (its stager thread ends); iterating again
     stages what it needs and yields cache="memory"'s batches."""
     ds = write(300)
-    loader = ds.loader(cache="staged", **_kw(tmp_path, seed=6))
+    loader = ds.loader(cache="staged", **staged_options(tmp_path, seed=6))
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=6)
-    _same(_batches(loader), _batches(memory))
+    same(batches(loader), batches(memory))
     loader.close()
     source = loader._prepare().source
     assert source.join(30)
-    _same(_batches(loader), _batches(memory))
+    same(batches(loader), batches(memory))
 
 
 def test_a_share_over_the_page_cache_drops_its_pages_and_stays_exact(write, tmp_path, monkeypatch):
@@ -327,9 +300,9 @@ def test_a_share_over_the_page_cache_drops_its_pages_and_stays_exact(write, tmp_
         share, "_drop_pages", lambda layout, f: (dropped.append(f), drop(layout, f))
     )
     ds = write(301, rows_per_shard=100, row_group_rows=23)
-    staged = ds.loader(cache="staged", **_kw(tmp_path, seed=3))
+    staged = ds.loader(cache="staged", **staged_options(tmp_path, seed=3))
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=3)
-    _same(_batches(staged), _batches(memory))
+    same(batches(staged), batches(memory))
     assert staged._prepare().source.join(60)  # epoch 1, staged ahead
     assert sorted(dropped) == [0, 1, 2, 3]  # each shard once, by epoch 0's pass 1
     assert [e["stage_source"] for e in staged.stats()["staged_epochs"]] == [
@@ -365,10 +338,10 @@ def test_a_file_system_that_refuses_o_direct_transfers_falls_back_to_the_page_ca
     monkeypatch.setattr(os, "readv", refusing(os.readv))
     ds = write(301, rows_per_shard=100, row_group_rows=23)
     common = {"seed": 5, "rank": 1, "world_size": 2, "drop_last": False}
-    with ds.loader(cache="staged", **_kw(tmp_path, **common)) as staged:
+    with ds.loader(cache="staged", **staged_options(tmp_path, **common)) as staged:
         memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
         for _ in range(2):
-            _same(_batches(staged), _batches(memory))
+            same(batches(staged), batches(memory))
     assert {"pwrite", "readv"} <= set(refused)  # both were refused, then retried without
 
 
@@ -379,8 +352,8 @@ def test_row_groups_too_big_for_the_budget_are_decoded_one_at_a_time(write, tmp_
     common = {"seed": 1, "rank": 0, "world_size": 1}
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
     with (caplog.at_level(logging.INFO, logger="feedline"),
-          ds.loader(cache="staged", **_kw(tmp_path, **common)) as staged):  # fmt: skip
-        _same(_batches(staged), _batches(memory))
+          ds.loader(cache="staged", **staged_options(tmp_path, **common)) as staged):  # fmt: skip
+        same(batches(staged), batches(memory))
     assert "0 row group(s) decoded ahead, not 2" in caplog.text
 
 

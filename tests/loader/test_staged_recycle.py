@@ -8,36 +8,11 @@ import threading
 
 import numpy as np
 import pytest
+from staged_batches import batches, same, staged_options
 
 from feedline.loader.data.staging import exchange as stage_exchange
 from feedline.loader.data.staging import recycle, stager
 from feedline.loader.order import sample_order
-
-#: bytes of one row of the loader conftest's table (id, x, vec, label)
-ROW = 8 + 4 + 24 + 8
-
-
-def _kw(tmp_path, **extra):
-    """A budget so small that a bucket is 37 rows: many buckets, batches across two."""
-    return {"batch_size": 8, "format": "numpy", "memory_budget": ROW * 37 * 16,
-            "cache_dir": tmp_path / "cache"} | extra  # fmt: skip
-
-
-def _batches(loader, n=None):
-    out = []
-    for batch in loader:
-        out.append({k: np.array(v) for k, v in batch.items()})
-        if n is not None and len(out) == n:
-            break
-    return out
-
-
-def _same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert x.keys() == y.keys()
-        for key in x:
-            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
 
 
 def _sources(loader):
@@ -57,10 +32,10 @@ def test_later_epochs_are_staged_from_the_epoch_before_and_equal_memory_batches(
     plan leaves out (drop_last's remainder: 301 rows, batches of 8) or repeats (padding)."""
     ds = write(301, rows_per_shard=100, row_group_rows=23)
     common = {"seed": seed, "drop_last": drop_last, "pad_last": pad_last, "shuffle": shuffle}
-    staged = ds.loader(cache="staged", **_kw(tmp_path, **common))
+    staged = ds.loader(cache="staged", **staged_options(tmp_path, **common))
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
     for _ in range(5):
-        _same(_batches(staged), _batches(memory))
+        same(batches(staged), batches(memory))
     assert staged._prepare().source.join(60)
     epochs = staged.stats()["staged_epochs"]
     assert [e["stage_source"] for e in epochs] == ["dataset"] + ["epoch before"] * 5
@@ -74,10 +49,10 @@ def test_a_lazy_order_is_recycled_too(write, tmp_path, monkeypatch):
     come from the epoch before and equal cache="memory"'s."""
     monkeypatch.setattr(sample_order, "LAZY_ROWS", 100)
     ds = write(301, rows_per_shard=100, row_group_rows=23)
-    staged = ds.loader(cache="staged", **_kw(tmp_path, seed=2))
+    staged = ds.loader(cache="staged", **staged_options(tmp_path, seed=2))
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=2)
     for _ in range(3):
-        _same(_batches(staged), _batches(memory))
+        same(batches(staged), batches(memory))
     assert _sources(staged)[:3] == ["dataset", "epoch before", "epoch before"]
 
 
@@ -88,13 +63,13 @@ def test_an_epoch_left_half_way_stages_the_next_from_the_dataset(write, tmp_path
     comes from epoch 1's buckets again. (The bucket is 37 rows; prefetch=0 so that the 3
     batches do not read the epoch's buckets ahead.)"""
     ds = write(301, rows_per_shard=100, row_group_rows=23)
-    staged = ds.loader(cache="staged", **_kw(tmp_path, seed=4, prefetch=0))
+    staged = ds.loader(cache="staged", **staged_options(tmp_path, seed=4, prefetch=0))
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=4)
-    _same(_batches(staged, 3), _batches(memory, 3))
+    same(batches(staged, 3), batches(memory, 3))
     staged.set_epoch(1)
     memory.set_epoch(1)
-    _same(_batches(staged), _batches(memory))  # epoch 1, whole
-    _same(_batches(staged), _batches(memory))  # epoch 2, from epoch 1's buckets
+    same(batches(staged), batches(memory))  # epoch 1, whole
+    same(batches(staged), batches(memory))  # epoch 2, from epoch 1's buckets
     assert staged._prepare().source.join(60)
     assert _sources(staged)[:3] == ["dataset", "dataset", "epoch before"], _sources(staged)
 
@@ -105,18 +80,18 @@ def test_a_resume_mid_epoch_beside_the_abandoned_loader_is_exact(write, tmp_path
     loader (not closed) still stages epoch 2 from epoch 1's buckets it will never read: the
     new one does not wait for it, stages epoch 2 from the dataset, and stays exact."""
     ds = write(301, rows_per_shard=100, row_group_rows=23)
-    old = ds.loader(cache="staged", **_kw(tmp_path, seed=6))
-    _batches(old)
-    head = _batches(old, 5)
+    old = ds.loader(cache="staged", **staged_options(tmp_path, seed=6))
+    batches(old)
+    head = batches(old, 5)
     state = old.state_dict()
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=6)
-    _batches(memory)
-    whole = _batches(memory)
-    resumed = ds.loader(cache="staged", **_kw(tmp_path))
+    batches(memory)
+    whole = batches(memory)
+    resumed = ds.loader(cache="staged", **staged_options(tmp_path))
     resumed.load_state_dict(state)
-    _same(head + _batches(resumed), whole)
-    _same(_batches(resumed), _batches(memory))  # epoch 2
-    _same(_batches(resumed), _batches(memory))  # epoch 3, from epoch 2's buckets
+    same(head + batches(resumed), whole)
+    same(batches(resumed), batches(memory))  # epoch 2
+    same(batches(resumed), batches(memory))  # epoch 3, from epoch 2's buckets
     sources = _sources(resumed)
     assert sources[1] == "dataset" and sources[2] == "epoch before", sources
     old.close()
@@ -127,16 +102,16 @@ def test_a_loader_closed_mid_epoch_drops_the_epoch_being_recycled(write, tmp_pat
     """close() mid-epoch aborts the epoch staged from it: no marker, no files left aside;
     iterating again stages what it needs and stays exact."""
     ds = write(1000, rows_per_shard=250, row_group_rows=23)
-    staged = ds.loader(cache="staged", **_kw(tmp_path, seed=8, prefetch=0))
+    staged = ds.loader(cache="staged", **staged_options(tmp_path, seed=8, prefetch=0))
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=8)
-    _same(_batches(staged, 3), _batches(memory, 3))
+    same(batches(staged, 3), batches(memory, 3))
     staged.close()
     assert staged._prepare().source.join(30)
     exchange = tmp_path / "cache" / "staged" / "exchange"
     assert not list(exchange.rglob("*.aside.*"))  # the rows routed so far, dropped
     assert not [m for m in exchange.rglob("from0.done") if "/e1/" in m.as_posix()]
-    _same(_batches(staged), _batches(memory))  # epoch 1 (the loop resumes at the next one)
-    _same(_batches(staged), _batches(memory))
+    same(batches(staged), batches(memory))  # epoch 1 (the loop resumes at the next one)
+    same(batches(staged), batches(memory))
 
 
 @pytest.mark.timeout(120)
@@ -149,11 +124,11 @@ def test_a_failing_router_falls_back_to_the_dataset(write, tmp_path, monkeypatch
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(recycle.Recycler, "_route", broken)
-    staged = ds.loader(cache="staged", **_kw(tmp_path, seed=1))
+    staged = ds.loader(cache="staged", **staged_options(tmp_path, seed=1))
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=1)
     with caplog.at_level("WARNING"):
         for _ in range(3):
-            _same(_batches(staged), _batches(memory))
+            same(batches(staged), batches(memory))
     assert _sources(staged)[:3] == ["dataset"] * 3
     assert "staged from the dataset" in caplog.text
 
@@ -163,10 +138,10 @@ def test_an_inbox_of_the_older_format_is_staged_again(write, tmp_path):
     """A complete inbox whose marker names no bucket-file format (an earlier feedline's)
     is dropped and staged again, not misread."""
     ds = write(120, row_group_rows=20)
-    first = ds.loader(cache="staged", **_kw(tmp_path, seed=3))
+    first = ds.loader(cache="staged", **staged_options(tmp_path, seed=3))
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=3)
-    expected = _batches(memory)
-    _same(_batches(first), expected)
+    expected = batches(memory)
+    same(batches(first), expected)
     first.close()
     markers = [m for m in (tmp_path / "cache").rglob("from0.done") if "/e0/" in m.as_posix()]
     assert markers
@@ -174,8 +149,8 @@ def test_an_inbox_of_the_older_format_is_staged_again(write, tmp_path):
         doc = json.loads(marker.read_text())
         del doc["format"]
         marker.write_text(json.dumps(doc))
-    again = ds.loader(cache="staged", **_kw(tmp_path, seed=3))
-    _same(_batches(again), expected)
+    again = ds.loader(cache="staged", **staged_options(tmp_path, seed=3))
+    same(batches(again), expected)
     assert again.stats()["staged_epochs"][0]["staged_here"] is True  # staged again
 
 
@@ -211,9 +186,11 @@ def test_recycling_needs_one_rank_on_one_node(write, tmp_path):
     """Two ranks: each stages from the dataset (a rank reads only its own rows)."""
     ds = write(120, row_group_rows=20)
     for rank in range(2):
-        loader = ds.loader(cache="staged", **_kw(tmp_path, seed=1, world_size=2, rank=rank))
-        _batches(loader)
-        _batches(loader)
+        loader = ds.loader(
+            cache="staged", **staged_options(tmp_path, seed=1, world_size=2, rank=rank)
+        )
+        batches(loader)
+        batches(loader)
         assert loader._prepare().source.join(30)
         assert set(_sources(loader)) == {"dataset"}
 
@@ -222,10 +199,10 @@ def test_recycling_needs_one_rank_on_one_node(write, tmp_path):
 def test_recycling_can_be_turned_off(write, tmp_path, monkeypatch):
     monkeypatch.setattr(stager, "RECYCLE", False)
     ds = write(120, row_group_rows=20)
-    loader = ds.loader(cache="staged", **_kw(tmp_path, seed=1))
+    loader = ds.loader(cache="staged", **staged_options(tmp_path, seed=1))
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=1)
     for _ in range(3):
-        _same(_batches(loader), _batches(memory))
+        same(batches(loader), batches(memory))
     assert set(_sources(loader)) == {"dataset"}
 
 
