@@ -17,7 +17,14 @@ each rank's read order, with sequential reads only and a bounded amount of memor
    batches from there, the next bucket read and ordered ahead by a thread.
 
 Across the cluster each row is read from the dataset once per epoch, and crosses the disk
-(or the shared folder) once more: written to a bucket file, read back once. A *node* is a
+(or the shared folder) once more: written to a bucket file, read back once. On one node with
+one rank (a single-process job), every epoch after the first skips pass 1: pass 2 of epoch
+``e`` holds every row in turn (the rows its plan leaves out are kept in a spill file), so
+each bucket, once ordered, is also routed to epoch ``e + 1``'s buckets
+(:mod:`~feedline.loader.data.staging.recycle`): the dataset is read once, by the first epoch,
+and no Parquet is decoded again; ``stats()["staged_epochs"]`` says ``"stage_source": "epoch
+before"``. An epoch left before its end, or resumed mid-way, stages the next one from the
+dataset. A *node* is a
 group of ``ranks_per_node`` consecutive ranks (torchrun's ``LOCAL_WORLD_SIZE``; by default all
 ranks are on one node); one process of the node (whichever takes the epoch's lock first) runs
 pass 1 for the node, every rank runs its own pass 2 from the node's inbox. No rank writes a
