@@ -51,6 +51,31 @@ def test_streaming_yields_the_two_level_permutation_with_bounded_pools(write) ->
     assert all(r.dtype == np.float32 for r in rows)
 
 
+def test_a_stream_reuses_its_pool_arrays_within_an_epoch(write, monkeypatch) -> None:
+    """A pool's arrays fill the next pool once it is dropped (the gathers copy out of it):
+    an epoch allocates pool storage about once per pool held at a time, not once per pool,
+    so no dropped pool lingers in a thread's malloc heap; the batches are unchanged."""
+    from feedline.loader.data.packed_columns import Packing
+
+    ds = write(1000, rows_per_shard=250, row_group_rows=50)  # 20 row groups: 7 pools of 3
+    expected = ids(ds.loader(batch_size=40, cache="none", shuffle_window=3, format="numpy",
+                             seed=4, prefetch=0))  # fmt: skip
+    made = []
+    allocate = Packing.allocate
+
+    def counted(self, rows, *args, **kwargs):
+        made.append(rows)
+        return allocate(self, rows, *args, **kwargs)
+
+    monkeypatch.setattr(Packing, "allocate", counted)
+    loader = ds.loader(batch_size=40, cache="none", shuffle_window=3, format="numpy", seed=4,
+                       prefetch=0)  # fmt: skip
+    np.testing.assert_array_equal(ids(loader), expected)
+    pools = loader.stats()["pools_loaded"]
+    assert pools >= 7
+    assert 1 <= len([r for r in made if r >= 150]) <= 3 < pools, made  # not one per pool
+
+
 def test_streaming_is_deterministic_resumable_and_sharded(write) -> None:
     ds = write(600, rows_per_shard=200, row_group_rows=40)
     kwargs = {"batch_size": 20, "cache": "none", "shuffle_window": 2, "format": "numpy"}

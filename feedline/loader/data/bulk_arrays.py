@@ -36,8 +36,9 @@ LARGE = 64 << 20
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
-def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An uninitialized array: anonymous memory when it is :data:`LARGE`, else ``np.empty``.
+def empty(shape: tuple[int, ...], dtype: Any, large: int = LARGE) -> np.ndarray:
+    """An uninitialized array: anonymous memory when it is ``large`` bytes or more (by
+    default :data:`LARGE`), else ``np.empty``.
 
     Examples
     --------
@@ -46,7 +47,7 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes < LARGE or dtype.hasobject or not hasattr(mmap, "MAP_ANONYMOUS"):
+    if nbytes < large or dtype.hasobject or not hasattr(mmap, "MAP_ANONYMOUS"):
         return np.empty(shape, dtype)
     memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return np.frombuffer(memory, dtype).reshape(shape)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from feedline.errors import ConfigurationError, SchemaError
-from feedline.loader.data.bulk_arrays import empty
+from feedline.loader.data.bulk_arrays import LARGE, empty
 from feedline.loader.data.columns import ColumnSpec
 
 __all__ = ["Block", "Packing", "Slot", "column_views", "gather_packed", "plan_packing"]
@@ -131,12 +131,13 @@ class Packing:
         out = {b.key: b.buffer_shape() for b in self.blocks}
         return out | {c.name: (c.shape, c.dtype) for c in self.singles}
 
-    def allocate(self, rows: int) -> dict[str, np.ndarray]:
-        """Empty storage for ``rows`` rows: one array per block and per single column (large
-        ones in memory the kernel can populate in bulk: :mod:`feedline.loader.data.bulk_arrays`).
+    def allocate(self, rows: int, large: int = LARGE) -> dict[str, np.ndarray]:
+        """Empty storage for ``rows`` rows: one array per block and per single column (those
+        of ``large`` bytes or more in memory the kernel can populate in bulk, and that goes
+        back to the system when dropped: :mod:`feedline.loader.data.bulk_arrays`).
         """
-        out = {b.key: empty((rows, b.width), b.dtype) for b in self.blocks}
-        return out | {c.name: empty((rows, *c.shape), c.dtype) for c in self.singles}
+        out = {b.key: empty((rows, b.width), b.dtype, large) for b in self.blocks}
+        return out | {c.name: empty((rows, *c.shape), c.dtype, large) for c in self.singles}
 
 
 def _width(spec: ColumnSpec) -> int:

@@ -34,10 +34,15 @@ from feedline.loader.data.memory_cache import (
 )
 from feedline.loader.data.packed_columns import Packing, column_views, plan_packing
 
-__all__ = ["PoolReader", "StreamStats", "sequential_pools"]
+__all__ = ["POOL_MAPPED", "PoolReader", "StreamStats", "sequential_pools"]
 
 #: threads decoding the row groups of one pool at once (at most one per row group)
 MAX_POOL_THREADS = 4
+#: pool arrays of at least this many bytes are memory maps of their own, given back to the
+#: system when the pool is dropped: from ``malloc`` they stayed in the heap of the thread
+#: that made them (glibc's mmap threshold grows past a freed pool's size), and a stream in a
+#: 300 MB memory cgroup grew to its limit over some epochs and was OOM-killed
+POOL_MAPPED = 1 << 20
 
 
 @dataclass
@@ -125,10 +130,19 @@ class PoolReader:
             self._pool_groups.append(in_pool)
             self._pool_rows.append(row)
         self._loaded: dict[int, ColumnCache] = {}
+        # a dropped pool's arrays, reused by the next one: no fresh pages (or malloc heap
+        # left behind) per pool; sized for the largest pool
+        self._arrays: dict[int, dict[str, np.ndarray]] = {}
+        self._spare: dict[str, np.ndarray] | None = None
+        self._largest = max(self._pool_rows, default=0)
         self.stats = stats if stats is not None else StreamStats()
 
     def _load(self, p: int) -> ColumnCache:
-        storage = self._packing.allocate(self._pool_rows[p])
+        rows = self._pool_rows[p]
+        spare, self._spare = self._spare, None
+        if spare is None or len(next(iter(spare.values()), ())) < rows:
+            spare = self._packing.allocate(max(rows, self._largest), large=POOL_MAPPED)
+        storage = {k: v[:rows] for k, v in spare.items()}
         views = column_views(self._packing, storage)
         names = [s.name for s in self._specs]
         row_of = self._row_of(p)
@@ -161,6 +175,7 @@ class PoolReader:
         self.stats.row_groups_read += len(self._pool_groups[p])
         self.stats.pools_loaded += 1
         self.stats.pool_rows.append(self._pool_rows[p])
+        self._arrays[p] = spare
         return ColumnCache(packing=self._packing, storage=storage)
 
     def _row_of(self, p: int) -> Callable[[int], int]:
@@ -203,6 +218,7 @@ class PoolReader:
         needed = [int(p) for p in np.unique(pool)]
         for p in [p for p in self._loaded if p not in needed]:
             del self._loaded[p]  # batches walk forwards: an unneeded pool is done with
+            self._spare = self._arrays.pop(p)  # its arrays fill the next pool (gathers copy)
         for p in needed:
             if p not in self._loaded:
                 self._loaded[p] = self._load(p)
