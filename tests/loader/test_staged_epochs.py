@@ -369,4 +369,4 @@ def test_a_bucket_files_size_is_checked_against_its_marker_before_a_buffer_is_ma
     path = tmp_path / "r0.b0"
     path.write_bytes(bytes(12))
     with pytest.raises(IntegrityError, match="marker says"):
-        list(stage_exchange._read_records(path, [], claimed, 0))
+        stage_exchange._read_table(path, [], claimed, 0)

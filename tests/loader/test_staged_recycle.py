@@ -162,7 +162,7 @@ def test_a_bucket_file_of_broken_rows_is_refused_before_use(tmp_path):
     path.write_bytes(bytes(20))
     arrays = [("x", np.dtype("<f4"), (1,))]  # rows of 16 bytes
     with pytest.raises(IntegrityError, match="whole rows"):
-        list(stage_exchange._read_records(path, arrays, 20, 0))
+        stage_exchange._read_table(path, arrays, 20, 0)
 
 
 def test_pack_rows_round_trips_through_a_bucket_file(tmp_path):
@@ -225,9 +225,12 @@ def test_a_recycler_routes_concurrent_buckets_once_each():
     target = np.random.default_rng(1).permutation(1000)
     r = recycle.Recycler(epoch=1, ids=ids, bucket_rows=64, outbox=Box(), cut=50, spill_to=1)
     assert r.prepare(target, rows=1000, spill=[])
-    data = {"v": ids.reshape(-1, 1)}
-    threads = [threading.Thread(target=r.take, args=(b, {"v": data["v"][b * 64 : b * 64 + 64]}))
-               for b in [*range(16), 3]]  # fmt: skip
+
+    def bucket(b):  # positions [64 b, 64 b + 64) of the epoch before, as read from its file
+        at = np.arange(b * 64, min(1000, b * 64 + 64))
+        return [stage_exchange.pack_rows(at, {"v": ids[at].reshape(-1, 1)})]
+
+    threads = [threading.Thread(target=r.take, args=(b, bucket(b))) for b in [*range(16), 3]]
     for t in threads:
         t.start()
     for t in threads:

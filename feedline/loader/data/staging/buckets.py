@@ -16,7 +16,7 @@ Examples
 --------
 >>> ids = np.array([7, 5, 9, 1, 3])
 >>> data = {"x": ids * 10}
->>> def load(b):  # bucket b: positions [2b, 2b + 2)
+>>> def load(b, spare):  # bucket b: positions [2b, 2b + 2); spare: a dropped one's arrays
 ...     return {"x": data["x"][2 * b : 2 * b + 2]}
 >>> held = Buckets(ids, 2, load)
 >>> rows, waited = held.rows(1, 3)
@@ -55,10 +55,12 @@ def order_bucket(
     epoch: int,
     rank: int,
     bucket: int,
+    into: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Positions ``[at, at + rows)`` of a rank's plan in order, from the ``records`` sent for
     them (each: positions, and rows keyed as the packing's storage), checked to fill each
-    position of the bucket once.
+    position of the bucket once; in ``into`` (a dropped bucket's arrays) where they hold
+    ``rows`` rows, else in new memory.
 
     Examples
     --------
@@ -72,9 +74,11 @@ def order_bucket(
     >>> got[key].ravel().tolist()
     [1, 2]
     """
-    chunk = {
-        key: anonymous(a.dtype, (rows, *a.shape[1:])) for key, a in packing.allocate(0).items()
-    }
+    if into is not None and all(len(a) >= rows for a in into.values()):
+        chunk = {key: a[:rows] for key, a in into.items()}
+    else:
+        chunk = {key: anonymous(a.dtype, (rows, *a.shape[1:]))
+                 for key, a in packing.allocate(0).items()}  # fmt: skip
     filled = 0
     for positions, values in records:
         where = positions - at
@@ -112,28 +116,26 @@ def anonymous(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 
 class Buckets:
     """A rank's staged epoch: its row indices ``ids`` in read order, served by :meth:`rows`
-    from buckets of ``bucket_rows`` positions that ``load(b)`` reads and orders (buckets
-    ``b + 1`` to ``b + AHEAD`` ahead, in threads, while bucket ``b`` is served); ``release``
-    is called once by :meth:`close`; ``loaded(b, rows)``, in the thread that loaded bucket
-    ``b``, before it is handed to the reader (the next epoch staged from it,
-    :mod:`~feedline.loader.data.staging.recycle`: done before, not after, so that no more
-    than the buckets read ahead are held), and ``skipped()`` once a bucket is passed over
-    without being loaded (a resume mid-epoch)."""
+    from buckets of ``bucket_rows`` positions that ``load(b, spare)`` reads and orders
+    (buckets ``b + 1`` to ``b + AHEAD`` ahead, in threads, while bucket ``b`` is served;
+    ``spare``: the arrays of a bucket served and dropped, to fill again, or ``None``: no
+    fresh memory, and no page faults, per bucket); ``release`` is called once by
+    :meth:`close`, and ``skipped()`` once a bucket is passed over without being loaded (a
+    resume mid-epoch)."""
 
     def __init__(
         self,
         ids: np.ndarray,
         bucket_rows: int,
-        load: Callable[[int], dict[str, np.ndarray]],
+        load: Callable[[int, dict[str, np.ndarray] | None], dict[str, np.ndarray]],
         release: Callable[[], None] | None = None,
-        loaded: Callable[[int, dict[str, np.ndarray]], None] | None = None,
         skipped: Callable[[], None] | None = None,
     ) -> None:
         self.ids = ids
         self.bucket_rows = int(bucket_rows)
         self.count = -(-len(ids) // self.bucket_rows)
-        self._load, self._release, self._loaded = load, release, loaded
-        self._skipped = skipped
+        self._load, self._release, self._skipped = load, release, skipped
+        self._spare: list[dict[str, np.ndarray]] = []  # served buckets' arrays, to refill
         self._asked: set[int] = set()  # buckets ever asked for
         self._held: dict[int, Future[dict[str, np.ndarray]]] = {}
         self._lock = threading.Lock()
@@ -152,16 +154,12 @@ class Buckets:
         def run() -> None:
             if not future.set_running_or_notify_cancel():
                 return
+            with self._lock:
+                spare = self._spare.pop() if self._spare else None
             try:
-                rows = self._load(bucket)
+                future.set_result(self._load(bucket, spare))
             except BaseException as exc:  # noqa: BLE001 (handed to the reader of the bucket)
                 future.set_exception(exc)
-                return
-            try:
-                if self._loaded is not None:
-                    self._loaded(bucket, rows)
-            finally:
-                future.set_result(rows)
 
         threading.Thread(target=run, name="feedline-stage-bucket", daemon=True).start()
 
@@ -173,7 +171,11 @@ class Buckets:
         with self._lock:
             missed = any(b not in self._asked for b in range(first))
             for old in [b for b in self._held if b < first]:
-                missed |= self._held.pop(old).cancel()  # never loaded
+                done = self._held.pop(old)
+                missed |= done.cancel()  # never loaded
+                if done.done() and not done.cancelled() and done.exception() is None:
+                    # served (the rows handed out were copied by the gather): refill it
+                    self._spare = [done.result(), *self._spare][:AHEAD]
         if missed and self._skipped is not None:
             skipped, self._skipped = self._skipped, None
             skipped()

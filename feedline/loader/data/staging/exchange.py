@@ -87,6 +87,7 @@ __all__ = [
     "StorageExchange",
     "pack_rows",
     "row_layout",
+    "split_rows",
 ]
 
 #: seconds a receiver waits for the other nodes' markers before it gives up
@@ -112,7 +113,8 @@ class Outbox(Protocol):
     """One sender's rows for one destination node and epoch."""
 
     def write(self, rank: int, bucket: int, block: np.ndarray) -> None:
-        """Send rows to ``rank``'s ``bucket``: ``block``, made by :func:`pack_rows`."""
+        """Send rows to ``rank``'s ``bucket``: ``block``, made by :func:`pack_rows` (copied
+        before this returns: the caller may reuse its memory)."""
 
     def commit(self) -> None:
         """Everything is sent: the receiver may read it."""
@@ -138,6 +140,10 @@ class Exchange(Protocol):
     def wait(self, plan: str, epoch: int, timeout: float = WAIT_TIMEOUT) -> None: ...
 
     def complete(self, plan: str, epoch: int) -> bool: ...
+
+    def tables(
+        self, plan: str, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
+    ) -> Iterator[np.ndarray]: ...
 
     def records(
         self, plan: str, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
@@ -533,18 +539,25 @@ class StorageExchange:
             whole = False
         return whole
 
-    def records(
+    def tables(
         self, plan: str, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
-    ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
-        """Every record sent for ``rank``'s ``bucket`` (after :meth:`wait`), checked against
-        its sender's marker as it is read."""
+    ) -> Iterator[np.ndarray]:
+        """The rows each sender sent for ``rank``'s ``bucket`` (after :meth:`wait`), a table
+        of bytes per sender (:func:`split_rows`), checked against its marker as it is read."""
         name = f"r{rank}.b{bucket}"
         for n in range(self.nodes):
             expected = self._markers[plan, epoch, n].get(name)
             if expected is None:
                 continue
             path = self._epoch(plan, epoch) / f"to{self.node}" / f"from{n}" / name
-            yield from _read_records(path, arrays, int(expected[0]), int(expected[1]))
+            yield _read_table(path, arrays, int(expected[0]), int(expected[1]))
+
+    def records(
+        self, plan: str, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
+    ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        """:meth:`tables`, each as its positions and arrays (:func:`split_rows`)."""
+        for table in self.tables(plan, epoch, rank, bucket, arrays):
+            yield split_rows(table, arrays)
 
     def held(self) -> list[tuple[str, int]]:
         """The ``(plan, epoch)`` pairs this node's inbox holds rows or markers of."""
@@ -604,13 +617,11 @@ def _open_read(path: Path) -> int:
     return open_regular_fd(str(path), os.O_RDONLY)
 
 
-def _read_records(
-    path: Path, arrays: Sequence[ArrayLayout], size: int, crc: int
-) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """The rows of one bucket file, as one record (positions, arrays): the file read whole in
-    one sequential read (past the page cache, or its pages dropped from it after), its size
-    and CRC-32 compared with the sender's marker before any row is handed out (the record's
-    arrays are strided views of that read, :func:`row_layout`)."""
+def _read_table(path: Path, arrays: Sequence[ArrayLayout], size: int, crc: int) -> np.ndarray:
+    """The rows of one bucket file, a ``(rows, width)`` table of bytes (:func:`row_layout`):
+    the file read whole in one sequential read (past the page cache, or its pages dropped
+    from it after), its size and CRC-32 compared with the sender's marker before it is
+    returned."""
     where = f"the staging exchange file {str(path)!r}"
     mismatch = IntegrityError(
         f"{where} is shorter or longer than its sender's marker says ({size} bytes). Fix: "
@@ -623,7 +634,7 @@ def _read_records(
             f"Cannot read {where}: {exc}. Fix: check that stage_dir= is shared by every node "
             "and that nothing deletes files in it while the loaders run."
         ) from exc
-    width, starts = row_layout(arrays)
+    width, _ = row_layout(arrays)
     try:
         if size < 0 or os.fstat(fd).st_size != size:  # checked before the buffer is made
             raise mismatch
@@ -661,10 +672,27 @@ def _read_records(
             "stage_dir folder of this epoch and restart."
         )
     count = size // width
-    table = data[: count * width].reshape(count, width)
+    return data[: count * width].reshape(count, width)
+
+
+def split_rows(
+    table: np.ndarray, arrays: Sequence[ArrayLayout]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A table of rows (:func:`pack_rows`, or a bucket file's) as its positions and arrays:
+    strided views of it.
+
+    Examples
+    --------
+    >>> table = pack_rows(np.array([4, 2]), {"x": np.array([[1.5], [2.5]])})
+    >>> positions, rows = split_rows(table, [("x", np.dtype("<f8"), (1,))])
+    >>> positions.tolist(), rows["x"].ravel().tolist()
+    ([4, 2], [1.5, 2.5])
+    """
+    _width, starts = row_layout(arrays)
+    count = len(table)
     positions = table[:, :8].view("<i8").reshape(count)
     rows: dict[str, Any] = {}
     for (key, dtype, shape), at in zip(arrays, starts, strict=True):
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         rows[key] = table[:, at : at + nbytes].view(dtype).reshape(count, *shape)
-    yield positions, rows
+    return positions, rows

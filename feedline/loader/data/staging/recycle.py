@@ -42,13 +42,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from feedline.loader.data.staging.exchange import Outbox, pack_rows
-from feedline.loader.data.staging.share import route_rows
-from feedline.loader.order.stage_routes import Routes
+from feedline.loader.data.staging.exchange import Outbox
 
 __all__ = ["QUEUED", "Destinations", "Recycler", "first_positions", "spill_rank"]
 
@@ -120,13 +118,13 @@ class Recycler:
     is read); once every bucket came, ``settle(commit)`` commits it unless the epoch was
     staged otherwise meanwhile (another loader on the same folder), and says whether it did
     (else the rows sent are dropped). ``ids``: the epoch before's plan, whose bucket ``b`` is
-    positions
-    ``[b * bucket_rows, (b + 1) * bucket_rows)``; ``spill_to``: the pseudo-rank of the new
-    epoch's spill (:func:`spill_rank`). :meth:`prepare` (sorting both plans: seconds at
+    positions ``[b * bucket_rows, (b + 1) * bucket_rows)``; ``spill_to``: the pseudo-rank of
+    the new epoch's spill (:func:`spill_rank`). :meth:`prepare` (sorting both plans: seconds at
     10^7 rows, so not on the loop's path) comes first; :meth:`take` waits for it.
 
     Examples
     --------
+    >>> from feedline.loader.data.staging.exchange import pack_rows
     >>> class Box:
     ...     sent, done = [], False
     ...     def write(self, rank, bucket, block):
@@ -138,9 +136,9 @@ class Recycler:
     >>> recycler = Recycler(epoch=1, ids=np.array([2, 0]), bucket_rows=2, outbox=box,
     ...                     cut=2, spill_to=1)
     >>> recycler.prepare(np.array([1, 0]), rows=3,
-    ...                  spill=[(np.array([1]), {"x": np.array([10])})])
+    ...                  spill=[pack_rows(np.array([1]), {"x": np.array([10])})])
     True
-    >>> recycler.take(0, {"x": np.array([20, 0])})
+    >>> recycler.take(0, [pack_rows(np.array([0, 1]), {"x": np.array([20, 0])})])
     >>> recycler.join(10), recycler.committed, box.sent
     (True, True, [(0, 0, [0], [10]), (0, 0, [1], [0]), (1, 0, [2], [20])])
     """
@@ -155,7 +153,7 @@ class Recycler:
         self._buckets = -(-len(self._ids) // self.bucket_rows)
         self._left = set(range(self._buckets))  # not handed over yet
         self._routed = 0
-        self._queue: queue.Queue[tuple[int, Mapping[str, np.ndarray]]] = queue.Queue(QUEUED)
+        self._queue: queue.Queue[tuple[int, Sequence[np.ndarray]]] = queue.Queue(QUEUED)
         self._router: threading.Thread | None = None
         self._finished = threading.Event()
         self._first = np.zeros(0, dtype=bool)
@@ -165,16 +163,18 @@ class Recycler:
         self.committed = self.aborted = False
         self.busy_s = 0.0
         self.rows_sent = 0
+        self._scratch: list[np.ndarray] = []  # the router's rows, reused (see _with_positions)
 
-    def prepare(self, target: np.ndarray, *, rows: int,
-                spill: Iterable[tuple[np.ndarray, Mapping[str, np.ndarray]]]) -> bool:  # fmt: skip
+    def prepare(self, target: np.ndarray, *, rows: int, spill: Iterable[np.ndarray]) -> bool:
         """Get ready to route into the plan ``target`` (row indices of a dataset of ``rows``
-        rows), and route the epoch before's ``spill`` (records: row indices, rows); ``False``
-        (and aborted) when the epoch before's plan and spill do not hold every row ``target``
-        names."""
+        rows), and route the epoch before's ``spill`` (tables of rows whose positions are
+        their row indices); ``False`` (and aborted) when the epoch before's plan and spill do
+        not hold every row ``target`` names."""
         try:
             start = time.perf_counter()
-            spilled = [(np.asarray(i, np.int64), r) for i, r in spill]
+            spilled = [(_positions(t), t) for t in spill]
+            if any(len(i) and (i.min() < 0 or i.max() >= rows) for i, _ in spilled):
+                raise ValueError("a spilled row's index is outside the dataset")
             held = np.zeros(int(rows), dtype=bool)
             held[self._ids] = True
             for ids, _ in spilled:
@@ -185,9 +185,9 @@ class Recycler:
                 return False
             self._first = first_positions(self._ids)
             with self._lock:
-                for ids, values in spilled:
+                for ids, table in spilled:
                     if not self.aborted:
-                        self._route(ids, values)
+                        self._route(table, ids)
             self.busy_s += time.perf_counter() - start
         except Exception:  # the epoch is then staged from the dataset
             logger.warning("Staging epoch %d from the epoch before failed; it is staged from "
@@ -201,11 +201,12 @@ class Recycler:
                 self._commit()
         return not self.aborted
 
-    def take(self, bucket: int, rows: Mapping[str, np.ndarray]) -> None:
-        """Hand bucket ``bucket`` of the epoch before (its rows in order) to the router
-        thread, waiting while :data:`QUEUED` buckets wait for it (so the reader of the
-        epoch before holds at most that many more); a bucket taken before, or after an
-        abort, is ignored."""
+    def take(self, bucket: int, tables: Sequence[np.ndarray]) -> None:
+        """Hand bucket ``bucket`` of the epoch before to the router thread: its rows as read
+        from its bucket files (tables of bytes, :func:`~feedline.loader.data.staging.
+        exchange.split_rows`; their positions checked by the bucket's reader), waiting while
+        :data:`QUEUED` buckets wait for it (so the reader of the epoch before holds at most
+        that many more); a bucket taken before, or after an abort, is ignored."""
         self._ready.wait()
         with self._lock:
             if self.aborted or self.committed or bucket not in self._left:
@@ -217,7 +218,7 @@ class Recycler:
                 self._router.start()
         while not self.aborted:
             try:
-                self._queue.put((bucket, rows), timeout=0.1)
+                self._queue.put((bucket, tables), timeout=0.1)
                 return
             except queue.Full:
                 continue
@@ -244,34 +245,43 @@ class Recycler:
                     if not self.aborted:
                         self._close(abort=True)
 
-    def _route_bucket(self, bucket: int, rows: Mapping[str, np.ndarray]) -> None:
+    def _route_bucket(self, bucket: int, tables: Sequence[np.ndarray]) -> None:
         """Route one bucket of the epoch before (under the lock); commit after the last."""
         start = time.perf_counter()
-        at = bucket * self.bucket_rows
-        ids = self._ids[at : at + self.bucket_rows]
-        first = self._first[at : at + len(ids)]
-        if first.all():
-            self._route(ids, rows)
-        else:  # a padding repeat: its row was routed from its first position
-            keep = np.flatnonzero(first)
-            self._route(ids[keep], {k: v[keep] for k, v in rows.items()})
+        for table in tables:
+            positions = _positions(table)
+            first = self._first[positions]
+            if first.all():
+                self._route(table, self._ids[positions])
+            else:  # a padding repeat: its row was routed from its first position
+                keep = np.flatnonzero(first)
+                self._route(table[keep], self._ids[positions[keep]])
         self._routed += 1
         self.busy_s += time.perf_counter() - start
         if self._routed == self._buckets:
             self._commit()
 
-    def _route(self, ids: np.ndarray, rows: Mapping[str, np.ndarray]) -> None:
+    def _route(self, table: np.ndarray, ids: np.ndarray) -> None:
+        """Send the rows of ``table`` (dataset rows ``ids``) to their buckets in the new
+        epoch: each row's bytes copied once, whole, with its new position written over the
+        old (no row is split into its arrays and packed again)."""
         assert self._where is not None
         source, position = self._where.find(ids)
         if len(source):
-            found = Routes(source, np.zeros(len(source), np.int64), position)
-            self.rows_sent += route_rows(found, 0, len(source), 0, rows, {0: self._outbox},
-                                         np.array([self.cut], np.int64), 1)  # fmt: skip
+            bucket = position // self.cut
+            order = np.argsort(bucket, kind="stable")
+            rows = _with_positions(table, source[order], position[order], self._scratch)
+            bucket = bucket[order]
+            ends = np.flatnonzero(np.diff(bucket)) + 1
+            for lo, hi in zip([0, *ends], [*ends, len(bucket)], strict=True):
+                self._outbox.write(0, int(bucket[lo]), rows[lo:hi])
+            self.rows_sent += len(source)
         unused = np.ones(len(ids), dtype=bool)
         unused[source] = False
         if unused.any():  # left out of the new epoch's plan: kept for the one after
             spilled = np.flatnonzero(unused)
-            self._outbox.write(self._spill_to, 0, pack_rows(ids[spilled], rows, spilled))
+            spill = _with_positions(table, spilled, ids[spilled], self._scratch)
+            self._outbox.write(self._spill_to, 0, spill)
             self.rows_sent += int(spilled.size)
 
     def _commit(self) -> None:
@@ -318,3 +328,21 @@ def _commit_now(commit: Callable[[], None]) -> bool:
     """A :class:`Recycler`'s ``settle`` with no one else to ask: commit."""
     commit()
     return True
+
+
+def _positions(table: np.ndarray) -> np.ndarray:
+    """The positions of a table of rows (each row's first 8 bytes)."""
+    return table[:, :8].view("<i8").reshape(len(table)).astype(np.int64, copy=False)
+
+
+def _with_positions(table: np.ndarray, rows: np.ndarray, positions: np.ndarray,
+                    scratch: list[np.ndarray]) -> np.ndarray:  # fmt: skip
+    """Rows ``rows`` of ``table``, copied (into ``scratch[0]``, reused: the outbox copies them
+    out before the next call; made or grown as needed), with ``positions`` as theirs."""
+    n, width = len(rows), table.shape[1]
+    if not scratch or scratch[0].shape[1] != width or len(scratch[0]) < n:
+        scratch[:] = [np.empty((max(n, 2 * len(scratch[0]) if scratch else n), width), np.uint8)]
+    out = scratch[0][:n]
+    np.take(table, rows, axis=0, out=out, mode="clip")  # (mode="raise" copies out first)
+    out[:, :8] = np.asarray(positions, "<i8").reshape(-1, 1).view(np.uint8)
+    return out

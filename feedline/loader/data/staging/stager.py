@@ -87,6 +87,7 @@ from feedline.loader.data.staging.exchange import (
     Exchange,
     Outbox,
     StorageExchange,
+    split_rows,
 )
 from feedline.loader.data.staging.locks import hold_shared, locked
 from feedline.loader.data.staging.recycle import Recycler, spill_rank
@@ -387,12 +388,18 @@ class StagedEpochs:
         ahead = self._recycler(plan, ids)
         recycler = ahead[0] if ahead else None
 
-        def load(b: int) -> dict[str, np.ndarray]:
+        def load(b: int, spare: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
             at = b * size
             try:
-                records = self.exchange.records(plan.key, plan.epoch, self.rank, b, self.arrays)
-                return order_bucket(records, self.packing, at=at, rows=min(size, total - at),
-                                    epoch=plan.epoch, rank=self.rank, bucket=b)  # fmt: skip
+                tables = list(self.exchange.tables(plan.key, plan.epoch, self.rank, b,
+                                                   self.arrays))  # fmt: skip
+                records = [split_rows(table, self.arrays) for table in tables]
+                chunk = order_bucket(records, self.packing, at=at, rows=min(size, total - at),
+                                     epoch=plan.epoch, rank=self.rank, bucket=b,
+                                     into=spare)  # fmt: skip
+                if recycler is not None:  # its rows as read, checked: to the next epoch
+                    recycler.take(b, tables)
+                return chunk
             except FeedlineError:
                 raise
             except Exception as exc:
@@ -407,7 +414,6 @@ class StagedEpochs:
             os.close(fd)
 
         staged = Buckets(np.asarray(ids, np.int64), size, load, release,
-                         recycler.take if recycler else None,
                          recycler.abort if recycler else None)  # fmt: skip
         report.buckets = staged.count
         if task.start:  # a resumed session: its first bucket (else bucket 0 when it starts)
@@ -417,8 +423,8 @@ class StagedEpochs:
         if ahead:  # off the first batch's path: sorts both plans
             recycler, target = ahead
             try:
-                spill = self.exchange.records(plan.key, plan.epoch, spill_rank(self.world_size),
-                                              0, self.arrays)  # fmt: skip
+                spill = self.exchange.tables(plan.key, plan.epoch, spill_rank(self.world_size),
+                                             0, self.arrays)  # fmt: skip
                 recycler.prepare(target.plan(self.rank), rows=self.layout.num_rows, spill=spill)
             except BaseException:
                 recycler.abort()
