@@ -107,11 +107,13 @@ BUCKET_SHARE = 16
 
 
 #: pass 1's write buffers (one per bucket file, see exchange._BucketFile) hold at most this
-#: share of ``memory_budget`` together ...
+#: share of ``memory_budget`` together while an epoch before is read (its buckets: a few
+#: sixteenths) ...
 WRITE_SHARE = 4
-#: ... or this share when the rows come from the epoch before's buckets (no row groups are
-#: decoded then: pass 1's half of the budget is free)
-RECYCLE_WRITE_SHARE = 2
+#: ... or this share when no epoch is being read (the first staged: 8% sooner to its first
+#: batch, measured) or when the rows come from the epoch before's buckets (no row groups
+#: are decoded then: pass 1's half of the budget is free)
+ALONE_WRITE_SHARE = 2
 #: ... and between these sizes each (a bigger ``O_DIRECT`` write runs faster: 64 KiB 0.7,
 #: 256 KiB 1.6, 1 MiB 2.4 GB/s on the bench's disk)
 WRITE_MIN, WRITE_MAX = 16 << 10, 1 << 20
@@ -441,7 +443,7 @@ class StagedEpochs:
         if self.exchange.complete(target.key, target.epoch):
             return None
         self.exchange.publish(target.key, target.epoch, {"bucket_rows": self.bucket_rows})
-        buffer = self._write_buffer(target, {self.node: self.bucket_rows}, RECYCLE_WRITE_SHARE)
+        buffer = self._write_buffer(target, {self.node: self.bucket_rows}, ALONE_WRITE_SHARE)
         outbox = self.exchange.send(target.key, target.epoch, self.node, buffer, aside=True)
         lock = self._lock_path(target.key, target.epoch)
 
@@ -511,7 +513,11 @@ class StagedEpochs:
                 cuts[m] = int(told["bucket_rows"])
         if not cuts:
             return
-        buffer = self._write_buffer(plan, cuts)
+        with self._lock:  # an epoch before being read: its buckets take a share of the budget
+            reading = any(
+                e < plan.epoch and t.staged is not None for (e, _), t in self._tasks.items()
+            )
+        buffer = self._write_buffer(plan, cuts, WRITE_SHARE if reading else ALONE_WRITE_SHARE)
         outboxes: dict[int, Outbox] = {m: ex.send(plan.key, plan.epoch, m, buffer) for m in cuts}
         try:
             spill = spill_rank(self.world_size) if self._recycles else None
@@ -527,9 +533,9 @@ class StagedEpochs:
     def _write_buffer(self, plan: StagePlan, cuts: dict[int, int], share: int = WRITE_SHARE
                       ) -> int:  # fmt: skip
         """Bytes buffered per bucket file in pass 1: a ``share`` of ``memory_budget``
-        (:data:`WRITE_SHARE`, or :data:`RECYCLE_WRITE_SHARE` from the epoch before's buckets)
-        over the bucket files open at once (one per bucket of every rank sent to), within
-        ``[WRITE_MIN, WRITE_MAX]``."""
+        (:data:`WRITE_SHARE`, or :data:`ALONE_WRITE_SHARE` when no row group or no bucket is
+        held beside them) over the bucket files open at once (one per bucket of every rank
+        sent to), within ``[WRITE_MIN, WRITE_MAX]``."""
         files = 0
         for r in range(plan.world_size):
             cut = cuts.get(node_of(r, self.ranks_per_node))
