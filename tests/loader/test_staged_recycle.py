@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -238,3 +239,29 @@ def test_a_recycler_routes_concurrent_buckets_once_each():
     assert r.join(30) and r.committed and commits == [1]
     positions = np.sort(np.concatenate(sent))
     np.testing.assert_array_equal(positions, np.arange(1000))
+
+
+@pytest.mark.timeout(60)
+def test_no_staging_thread_waits_for_the_training_loop(write, tmp_path):
+    """Mid-epoch and between epochs, the epoch being staged from the one read holds no
+    thread: the router stops when idle and the stager defers that epoch (a loop that stops
+    iterating, and never closes its loader, leaves no thread behind)."""
+    ds = write(1000, rows_per_shard=250, row_group_rows=23)
+    loader = ds.loader(cache="staged", **staged_options(tmp_path, seed=2, prefetch=0))
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=2)
+
+    def staging_threads():
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            alive = [t.name for t in threading.enumerate() if t.name.startswith("feedline-stag")]
+            if not alive:
+                return []
+            time.sleep(0.05)
+        return alive
+
+    same(batches(loader, 3), batches(memory, 3))
+    assert staging_threads() == []  # mid-epoch 0: epoch 1 half routed, nothing waits
+    same(batches(loader), batches(memory))
+    assert staging_threads() == []
+    same(batches(loader), batches(memory))  # epoch 1: staged from epoch 0 all the same
+    assert _sources(loader)[:2] == ["dataset", "epoch before"]

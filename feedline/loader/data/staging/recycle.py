@@ -153,9 +153,12 @@ class Recycler:
         self._buckets = -(-len(self._ids) // self.bucket_rows)
         self._left = set(range(self._buckets))  # not handed over yet
         self._routed = 0
+        self._pending = 0  # buckets handed to the router and not yet taken by it
         self._queue: queue.Queue[tuple[int, Sequence[np.ndarray]]] = queue.Queue(QUEUED)
         self._router: threading.Thread | None = None
         self._finished = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._finish_lock = threading.Lock()  # for these two (the router holds _lock long)
         self._first = np.zeros(0, dtype=bool)
         self._where: Destinations | None = None
         self._lock = threading.Lock()
@@ -212,6 +215,7 @@ class Recycler:
             if self.aborted or self.committed or bucket not in self._left:
                 return
             self._left.discard(bucket)
+            self._pending += 1  # handed over, not yet routed: the router stays for it
             if self._router is None:
                 self._router = threading.Thread(target=self._run, daemon=True,
                                                 name="feedline-stage-recycle")  # fmt: skip
@@ -227,14 +231,28 @@ class Recycler:
         """Wait until the epoch is committed or aborted; ``False`` on timeout."""
         return self._finished.wait(timeout)
 
+    def when_finished(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` once the epoch is committed or aborted (in the thread that
+        finishes it); ``False`` (and no call) when it is finished already."""
+        with self._finish_lock:
+            if self._finished.is_set():
+                return False
+            self._callbacks.append(callback)
+            return True
+
     def _run(self) -> None:
         """The router: each bucket handed over, routed in turn; the commit after the last."""
         while not (self.aborted or self.committed):
             try:
-                item = self._queue.get(timeout=0.5)
+                item = self._queue.get(timeout=0.05)
             except queue.Empty:
+                with self._lock:  # idle: no thread waits for the training loop
+                    if not self._pending:
+                        self._router = None
+                        return
                 continue
             with self._lock:
+                self._pending -= 1
                 if self.aborted or self.committed:
                     return
                 try:
@@ -321,7 +339,12 @@ class Recycler:
         with contextlib.suppress(queue.Empty):  # let the buckets waiting go
             while True:
                 self._queue.get_nowait()
-        self._finished.set()
+        with self._finish_lock:
+            self._finished.set()
+            callbacks, self._callbacks = self._callbacks, []
+        if callbacks:  # in a thread of their own: this one may hold locks they take
+            threading.Thread(target=lambda: [c() for c in callbacks], daemon=True,
+                             name="feedline-stage-recycled").start()  # fmt: skip
 
 
 def _commit_now(commit: Callable[[], None]) -> bool:

@@ -229,6 +229,7 @@ class StagedEpochs:
         self._generation = 0
         self._current: _Task | None = None
         self._recyclers: dict[tuple[int, str], Recycler] = {}
+        self._waiting: _Task | None = None  # deferred until its recycler is done (_defer)
         self.reports: dict[int, StageReport] = {}
 
     @property
@@ -282,6 +283,7 @@ class StagedEpochs:
             for task in running:
                 self._tasks.pop((task.plan.epoch, task.plan.key), None)
             recyclers, self._recyclers = list(self._recyclers.values()), {}
+            self._waiting = None
         for recycler in recyclers:  # the epoch they stage is staged from the dataset, if asked
             recycler.abort()
 
@@ -319,13 +321,20 @@ class StagedEpochs:
     def _run(self) -> None:
         while True:
             with self._lock:
-                if not self._queue:
+                waiting = self._waiting
+                held = waiting is not None and self._queue[:1] != [] and (
+                    self._queue[0].plan.epoch > waiting.plan.epoch)  # fmt: skip
+                if not self._queue or held:  # a later epoch waits for the deferred one
                     self._worker = None
                     return
                 task = self._queue.pop(0)
             self._current = task
+            deferred = False
             try:
-                self._stage(task)
+                with self._lock:
+                    deferred = self._defer(task)
+                if not deferred:
+                    self._stage(task)
             except BaseException as exc:  # noqa: BLE001 (handed to the session waiting for it)
                 error = exc
                 if isinstance(exc, _Cancelled):
@@ -339,10 +348,42 @@ class StagedEpochs:
                 task.error = error
                 task.started.set()
             finally:
-                task.done.set()
+                if not deferred:
+                    task.done.set()
+
+    def _resume(self, task: _Task) -> None:
+        """Queue ``task`` again once the recycler staging its epoch is done (committed, or
+        aborted: then it is staged from the dataset); a task the loader dropped meanwhile
+        (closed, or its epoch forgotten) ends cancelled."""
+        with self._lock:
+            if self._waiting is task:
+                self._waiting = None
+            alive = task.generation == self._generation and self._tasks.get(
+                (task.plan.epoch, task.plan.key)) is task  # fmt: skip
+            if alive:
+                self._queue.append(task)
+                self._queue.sort(key=lambda t: t.plan.epoch)
+                if self._worker is None or not self._worker.is_alive():
+                    self._worker = threading.Thread(target=self._run, name="feedline-stager",
+                                                    daemon=True)  # fmt: skip
+                    self._worker.start()
+        if not alive:
+            task.error = task.error or _cancelled(task.plan.epoch)
+            task.started.set()
+            task.done.set()
 
     def _lock_path(self, plan: str, epoch: int, kind: str = "lock") -> Path:
         return self.folder / ".locks" / f"{plan}.e{epoch}.{kind}"
+
+    def _defer(self, task: _Task) -> bool:
+        """(Under the lock.) Whether ``task``'s epoch is being staged from the epoch before
+        as that is read: then it waits, and the epochs after it with it, until that is done
+        (:meth:`_resume` queues it again; no thread waits for the training loop meanwhile)."""
+        recycled = self._recyclers.get((task.plan.epoch, task.plan.key))
+        if recycled is None or not recycled.when_finished(lambda: self._resume(task)):
+            return False
+        self._waiting = task
+        return True
 
     def _stage(self, task: _Task) -> None:
         """Pass 1 for this node unless its inbox holds the epoch already (an earlier run's,
@@ -350,15 +391,7 @@ class StagedEpochs:
         plan, report = task.plan, task.report
         start = time.perf_counter()
         with self._lock:
-            recycled = self._recyclers.get((plan.epoch, plan.key))
-        try:  # staged from the epoch before as that is read (aborted if it is left early)
-            while recycled is not None and not recycled.join(0.5):
-                self._check_cancelled()
-        finally:
-            if recycled is not None:
-                recycled.abort()  # when cancelled (else it is done: nothing happens)
-                with self._lock:
-                    self._recyclers.pop((plan.epoch, plan.key), None)
+            recycled = self._recyclers.pop((plan.epoch, plan.key), None)
         with locked(self._lock_path(plan.key, plan.epoch)):
             ready = self.exchange.complete(plan.key, plan.epoch)
             if not ready:  # senders cut this node's buckets as it says
