@@ -134,6 +134,15 @@ def test_accelerate_loop_covers_each_epoch_once(tmp_path: Path) -> None:
     assert saved["train_ids"] == result.train_ids
 
 
+def _aborted_in_teardown(output: str, epochs: int) -> bool:
+    """Whether a torchrun job finished every epoch and then a rank aborted on its way out."""
+    return (
+        "terminate called without an active exception" in output
+        and f"epoch {epochs - 1}: train loss" in output
+        and "exitcode  : -6" in output
+    )
+
+
 @pytest.mark.ddp
 def test_accelerate_loop_on_two_processes_shares_each_epoch(tmp_path: Path) -> None:
     pytest.importorskip("accelerate")
@@ -142,6 +151,13 @@ def test_accelerate_loop_on_two_processes_shares_each_epoch(tmp_path: Path) -> N
                "--nproc_per_node", "2", script, str(tmp_path)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode and _aborted_in_teardown(done.stdout + done.stderr, epochs=3):
+        # Once in some ten suite runs a rank aborts in torch's native teardown after the
+        # last epoch ("terminate called without an active exception", SIGABRT), with the
+        # process group destroyed and no feedline thread left (checked: only MainThread at
+        # the end of main). Not feedline's; run once more, and that run must pass whole.
+        (tmp_path / "result.json").unlink(missing_ok=True)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["world_size"] == 2 and result["steps_per_epoch"] == 4096 // (2 * 64)
