@@ -20,7 +20,8 @@ Readers (batches of 256, numpy, ``--epochs`` epochs or ``--seconds``, whichever 
 * ``node``: ``cache="node"`` (exact), its file filled beforehand outside the cgroups;
 * ``stream``: ``cache="none"``, the two-level shuffle;
 * ``staged``: ``cache="staged"`` (exact), epoch 0 staged before its first batch, epoch 1 in
-  the background while epoch 0 is read.
+  the background while epoch 0 is read (with one rank, from epoch 0's buckets as they are
+  read; with several, from the dataset).
 
 Setups: ``1 node`` (world_size 1) and ``2 nodes`` (world_size 2, one rank per node, each in
 its own cgroup with its own cache folder; the staged ranks share an exchange folder).
