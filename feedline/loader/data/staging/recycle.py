@@ -10,20 +10,25 @@ turn, every row of the dataset: the rows of the epoch's plan, and the few the pl
 (bucket 0 of the pseudo-rank :func:`spill_rank`). Those are exactly the rows pass 1 of epoch
 ``e + 1`` would read from the dataset again.
 
-A :class:`Recycler` routes each bucket of epoch ``e``, once it is read and ordered, to its rows'
-destinations in epoch ``e + 1`` (the bucket files, spill and marker pass 1 would write, through
-the same outbox), and commits when the last bucket was routed: the next epoch is staged as the
-current one is read, from memory, and the dataset is read once, by the first epoch staged.
-Each later epoch moves the share through the disk twice, not three times, and decodes no
-Parquet. Only a row's first position in epoch ``e`` is routed (a padding repeat is sent once,
-to every destination it has in epoch ``e + 1``).
+A :class:`Recycler` routes each bucket of epoch ``e``, once it is read and checked, to its
+rows' destinations in epoch ``e + 1`` (the bucket files, spill and marker pass 1 would write,
+written aside and moved into place at the commit), in a thread of its own: the rows as read
+from the bucket files, each row's bytes copied once, whole, its new position written over
+the old. It commits when the last bucket was routed: the next epoch is staged as the current
+one is read, from memory, and the dataset is read once, by the first epoch staged. Each later
+epoch moves the share through the disk twice, not three times, and decodes no Parquet. Only
+a row's first position in epoch ``e`` is routed (a padding repeat is sent once, to every
+destination it has in epoch ``e + 1``). No thread waits for the training loop meanwhile: the
+router stops when it has nothing to route, and the stager defers epoch ``e + 1`` until the
+recycler is done (:meth:`~feedline.loader.data.staging.stager.StagedEpochs._defer`).
 
 When epoch ``e``'s rows do not cover epoch ``e + 1``'s (an inbox staged without a spill, or
 the finished segments of an elastic resume), when epoch ``e`` is not read from its start (a
-resume mid-epoch), or when it is left before its last bucket (the loader closed, the next
-epoch asked for early), nothing is committed and epoch ``e + 1`` is staged from the dataset as
-before. The rows are checked as ever: every bucket file against its marker's size and CRC-32,
-every bucket for exactly its positions, every batch against the plan.
+resume mid-epoch), when it is left before its last bucket (the loader closed, the next epoch
+asked for early), or when routing fails (logged), nothing is committed and epoch ``e + 1`` is
+staged from the dataset as before. The rows are checked as ever: every bucket file against
+its marker's size and CRC-32, every bucket for exactly its positions, every batch against
+the plan.
 
 Examples
 --------
@@ -111,16 +116,16 @@ class Destinations:
 
 
 class Recycler:
-    """Stages epoch ``epoch`` (one rank: its plan ``target``, ``cut`` positions per bucket)
-    from the buckets of the epoch before as they are ordered (:meth:`take`, bucket numbers
-    ``0 .. buckets - 1``, in any order, each once) and its ``spill`` (the rows its plan left
-    out), through ``outbox`` (an outbox written aside: no lock is held while the epoch before
-    is read); once every bucket came, ``settle(commit)`` commits it unless the epoch was
+    """Stages epoch ``epoch`` (one rank: its plan, given to :meth:`prepare`; ``cut`` positions
+    per bucket) from the buckets of the epoch before as they are read (:meth:`take`, bucket
+    numbers ``0 .. buckets - 1``, in any order, each once) and its ``spill`` (the rows its plan
+    left out), through ``outbox`` (an outbox written aside: no lock is held while the epoch
+    before is read); once every bucket came, ``settle(commit)`` commits it unless the epoch was
     staged otherwise meanwhile (another loader on the same folder), and says whether it did
     (else the rows sent are dropped). ``ids``: the epoch before's plan, whose bucket ``b`` is
-    positions ``[b * bucket_rows, (b + 1) * bucket_rows)``; ``spill_to``: the pseudo-rank of
-    the new epoch's spill (:func:`spill_rank`). :meth:`prepare` (sorting both plans: seconds at
-    10^7 rows, so not on the loop's path) comes first; :meth:`take` waits for it.
+    positions ``[b * bucket_rows, (b + 1) * bucket_rows)``; ``spill_to``: the pseudo-rank of the
+    new epoch's spill (:func:`spill_rank`). :meth:`prepare` (sorting both plans: seconds at 10^7
+    rows, so not on the loop's path) comes first; :meth:`take` waits for it.
 
     Examples
     --------
@@ -199,9 +204,10 @@ class Recycler:
             return False
         finally:
             self._ready.set()
-        if not self._buckets:
+        if not self._buckets:  # an empty epoch before: nothing to wait for
             with self._lock:
-                self._commit()
+                if not self.aborted:
+                    self._commit()
         return not self.aborted
 
     def take(self, bucket: int, tables: Sequence[np.ndarray]) -> None:
