@@ -370,3 +370,43 @@ def test_a_bucket_files_size_is_checked_against_its_marker_before_a_buffer_is_ma
     path.write_bytes(bytes(12))
     with pytest.raises(IntegrityError, match="marker says"):
         stage_exchange._read_table(path, [], claimed, 0)
+
+
+@pytest.mark.timeout(60)
+def test_rows_sent_to_a_node_that_moves_past_the_epoch_meanwhile_are_dropped(
+    write, tmp_path, monkeypatch
+):
+    """A node whose inbox of an epoch is complete still sends that epoch's rows to nodes that
+    asked for them (a restarted receiver). If the receiver moves past the epoch meanwhile and
+    deletes its inbox under the files being written, the sender drops those rows and goes on;
+    a sender that must send (its own epoch waits on it) still fails loudly."""
+    import shutil
+
+    from feedline.errors import StorageError
+    from feedline.loader.data.staging import exchange as stage_exchange
+    from feedline.loader.data.staging.report import StageReport
+
+    ds = write(300, rows_per_shard=100, row_group_rows=25)
+    options = staged_options(tmp_path, seed=1, rank=1, world_size=2, ranks_per_node=1,
+                             stage_dir=tmp_path / "shared")  # fmt: skip
+    loader = ds.loader(cache="staged", **options)
+    source = loader._prepare().source
+    source.planner = loader._stage_plan
+    plan = source.planner(0)
+    receiver = stage_exchange.StorageExchange(tmp_path / "shared", source.key, node=0, nodes=2)
+    inbox = receiver.root / plan.key / "e0" / "to0"
+    write_rows = stage_exchange._FileOutbox.write
+
+    def receiver_moves_on(self, rank, bucket, block):
+        if inbox.exists():  # node 0 drops its inbox of epoch 0, layout and all
+            shutil.rmtree(inbox)
+        write_rows(self, rank, bucket, block)
+
+    monkeypatch.setattr(stage_exchange._FileOutbox, "write", receiver_moves_on)
+    source.exchange.publish(plan.key, 0, {"bucket_rows": 37})  # node 1's own (as _stage does)
+    receiver.publish(plan.key, 0, {"bucket_rows": 37})
+    source._send(plan, StageReport(0), waiting=False)  # dropped, no error
+    receiver.publish(plan.key, 0, {"bucket_rows": 37})
+    with pytest.raises((OSError, StorageError)):
+        source._send(plan, StageReport(0), waiting=True)
+    loader.close()

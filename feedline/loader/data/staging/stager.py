@@ -551,13 +551,25 @@ class StagedEpochs:
                 e < plan.epoch and t.staged is not None for (e, _), t in self._tasks.items()
             )
         buffer = self._write_buffer(plan, cuts, WRITE_SHARE if reading else ALONE_WRITE_SHARE)
-        outboxes: dict[int, Outbox] = {m: ex.send(plan.key, plan.epoch, m, buffer) for m in cuts}
+        outboxes: dict[int, Outbox] = {}
         try:
+            for m in cuts:
+                outboxes[m] = ex.send(plan.key, plan.epoch, m, buffer)
             spill = spill_rank(self.world_size) if self._recycles else None
             send_share(self.layout, self.packing, plan, self.share, outboxes, cuts, report,
                        self._check_cancelled, self.budget, spill)  # fmt: skip
             for box in outboxes.values():
                 box.commit()
+        except (OSError, StorageError) as exc:
+            for box in outboxes.values():
+                box.abort()
+            gone = [m for m in cuts if ex.layout(plan.key, plan.epoch, m, timeout=None) is None]
+            if waiting or not gone:
+                raise
+            # sent only because these nodes asked (this node's inbox was complete): they moved
+            # past the epoch meanwhile and dropped their inbox under the rows being written
+            logger.info("Staging epoch %d: nodes %s moved past it while this node sent them "
+                        "its rows (%r); not sent", plan.epoch, gone, exc)  # fmt: skip
         except BaseException:
             for box in outboxes.values():
                 box.abort()
