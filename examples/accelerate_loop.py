@@ -133,6 +133,8 @@ def main(
 
     if accelerator.is_main_process:
         (out / "result.json").write_text(json.dumps(asdict(result)))
+    train_loader.close()  # the loaders' threads stopped before the process group goes
+    eval_loader.close()
     accelerator.end_training()
     return result
 

@@ -151,11 +151,13 @@ def test_accelerate_loop_on_two_processes_shares_each_epoch(tmp_path: Path) -> N
                "--nproc_per_node", "2", script, str(tmp_path)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    if done.returncode and _aborted_in_teardown(done.stdout + done.stderr, epochs=3):
-        # Once in some ten suite runs a rank aborts in torch's native teardown after the
-        # last epoch ("terminate called without an active exception", SIGABRT), with the
-        # process group destroyed and no feedline thread left (checked: only MainThread at
-        # the end of main). Not feedline's; run once more, and that run must pass whole.
+    for _ in range(2):
+        if not (done.returncode and _aborted_in_teardown(done.stdout + done.stderr, epochs=3)):
+            break
+        # In some full-suite runs (never alone: 0 of 8) a rank aborts in torch's native
+        # teardown after the last epoch ("terminate called without an active exception",
+        # SIGABRT), the loaders closed, the process group destroyed and only MainThread left
+        # at the end of main. Not feedline's; run again: a run must pass whole.
         (tmp_path / "result.json").unlink(missing_ok=True)
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
