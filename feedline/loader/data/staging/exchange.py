@@ -35,7 +35,7 @@ Why storage first: it needs no process group, no extra port and no Ray, works be
 separately started jobs and restarts, and its traffic is large sequential files, which
 shared file systems and object stores serve well. A ``torch.distributed`` (gloo/NCCL
 all-to-all) or Ray object-store exchange fits the same interface (:class:`Exchange`:
-``publish`` / ``layout`` / ``send`` / ``delivered`` / ``wait`` / ``complete`` / ``records`` /
+``publish`` / ``layout`` / ``send`` / ``delivered`` / ``wait`` / ``complete`` / ``tables`` /
 ``held`` / ``release``); neither is written yet.
 
 Examples
@@ -47,8 +47,10 @@ Examples
 >>> out.write(0, 0, pack_rows(np.array([1, 0]), {"x": np.array([2.5, 1.5])}))
 >>> out.commit()
 >>> ex.wait("order", 0, timeout=1)
->>> [(p.tolist(), a["x"].tolist()) for p, a in ex.records("order", 0, 0, 0, keys)]
-[([1, 0], [2.5, 1.5])]
+>>> [table] = ex.tables("order", 0, 0, 0, keys)
+>>> positions, rows = split_rows(table, keys)
+>>> positions.tolist(), rows["x"].tolist()
+([1, 0], [2.5, 1.5])
 """
 
 from __future__ import annotations
@@ -144,10 +146,6 @@ class Exchange(Protocol):
     def tables(
         self, plan: str, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
     ) -> Iterator[np.ndarray]: ...
-
-    def records(
-        self, plan: str, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
-    ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]: ...
 
     def held(self) -> list[tuple[str, int]]: ...
 
@@ -515,7 +513,7 @@ class StorageExchange:
 
     def complete(self, plan: str, epoch: int) -> bool:
         """Whether every node's rows for this node in ``epoch`` are here (an earlier run's
-        inbox, or another rank's of the node): then :meth:`records` may be read. A sender's
+        inbox, or another rank's of the node): then :meth:`tables` may be read. A sender's
         rows whose files are not the size its marker says are dropped, marker and all, so
         that sender sends them again; so are rows in another :data:`FORMAT` (an earlier
         feedline's)."""
@@ -551,13 +549,6 @@ class StorageExchange:
                 continue
             path = self._epoch(plan, epoch) / f"to{self.node}" / f"from{n}" / name
             yield _read_table(path, arrays, int(expected[0]), int(expected[1]))
-
-    def records(
-        self, plan: str, epoch: int, rank: int, bucket: int, arrays: Sequence[ArrayLayout]
-    ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
-        """:meth:`tables`, each as its positions and arrays (:func:`split_rows`)."""
-        for table in self.tables(plan, epoch, rank, bucket, arrays):
-            yield split_rows(table, arrays)
 
     def held(self) -> list[tuple[str, int]]:
         """The ``(plan, epoch)`` pairs this node's inbox holds rows or markers of."""

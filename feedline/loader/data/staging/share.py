@@ -29,7 +29,7 @@ from feedline.loader.data.staging.exchange import Outbox, pack_rows
 from feedline.loader.data.staging.report import StageReport
 from feedline.loader.order.stage_routes import Routes, StagePlan, node_of, node_row_groups
 
-__all__ = ["READ_AHEAD", "READ_SHARE", "Share", "read_ahead", "route_rows", "send_share"]
+__all__ = ["READ_AHEAD", "READ_SHARE", "Share", "read_ahead", "send_share"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def send_share(
             report.rows_read += int(sizes[g])
             report.bytes_read += int(sizes[g]) * row_bytes
             a, b = np.searchsorted(found.source, [starts[g], starts[g + 1]])
-            sent = route_rows(found, int(a), int(b), int(starts[g]), storage, outboxes, per_rank,
+            sent = _route(found, int(a), int(b), int(starts[g]), storage, outboxes, per_rank,
                           share.ranks_per_node)  # fmt: skip
             if spill is not None and 0 in outboxes:
                 sent += _spill(found.source[a:b], int(starts[g]), storage, outboxes[0], spill)
@@ -174,7 +174,7 @@ def _spill(routed: np.ndarray, first: int, storage: Mapping[str, np.ndarray], ou
     return int(picked.size)
 
 
-def route_rows(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.ndarray],
+def _route(found: Routes, a: int, b: int, first: int, storage: Mapping[str, np.ndarray],
            outboxes: Mapping[int, Outbox], per_rank: np.ndarray, ranks_per_node: int,
            ) -> int:  # fmt: skip
     """Send rows ``found[a:b]`` of one row group (its arrays ``storage``, its first row

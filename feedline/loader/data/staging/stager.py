@@ -262,11 +262,16 @@ class StagedEpochs:
                 self._queue.append(task)
                 self._queue.sort(key=lambda t: t.plan.epoch)
                 self._lock.notify_all()
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._run, name="feedline-stager",
-                                                daemon=True)  # fmt: skip
-                self._worker.start()
+            self._start_worker()
         return task
+
+    def _start_worker(self) -> None:
+        """(Under the lock.) Start the stager thread unless it runs (it ends when the queue
+        is empty, or holds only epochs after a deferred one)."""
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._run, name="feedline-stager",
+                                            daemon=True)  # fmt: skip
+            self._worker.start()
 
     def close(self) -> None:
         """Drop the epochs asked for but not begun, and stop the one being staged at its next
@@ -363,10 +368,7 @@ class StagedEpochs:
             if alive:
                 self._queue.append(task)
                 self._queue.sort(key=lambda t: t.plan.epoch)
-                if self._worker is None or not self._worker.is_alive():
-                    self._worker = threading.Thread(target=self._run, name="feedline-stager",
-                                                    daemon=True)  # fmt: skip
-                    self._worker.start()
+                self._start_worker()
         if not alive:
             task.error = task.error or _cancelled(task.plan.epoch)
             task.started.set()
