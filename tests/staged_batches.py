@@ -7,14 +7,18 @@ from typing import Any
 
 import numpy as np
 
+from feedline.loader.data.staging.stager import BUCKET_SHARE, RECYCLED_BUCKET_SHARE
+
 #: bytes of one row of the loader conftest's table (id, x, vec, label)
 ROW = 8 + 4 + 24 + 8
 
 
 def staged_options(tmp_path: Any, **extra: Any) -> dict[str, Any]:
     """Loader options: a budget so small that a bucket is 37 rows (many buckets; a gather of
-    whole batches often spans two)."""
-    return {"batch_size": 8, "format": "numpy", "memory_budget": ROW * 37 * 16,
+    whole batches often spans two), with one rank (whose buckets are a bigger share of the
+    budget: its epochs are staged from the epoch before) or several."""
+    share = RECYCLED_BUCKET_SHARE if extra.get("world_size", 1) == 1 else BUCKET_SHARE
+    return {"batch_size": 8, "format": "numpy", "memory_budget": ROW * 37 * share,
             "cache_dir": tmp_path / "cache"} | extra  # fmt: skip
 
 

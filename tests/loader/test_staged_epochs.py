@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
 import pytest
 from staged_batches import ROW, batches, same, staged_options
 
-from feedline.loader.data.staging.stager import StagedEpochs
+from feedline.errors import IntegrityError
+from feedline.loader.data.staging.stager import BUCKET_SHARE, RECYCLED_BUCKET_SHARE, StagedEpochs
 from feedline.loader.order import sample_order
 from feedline.loader.order.stage_routes import StagePlan
 
@@ -155,11 +157,42 @@ def test_metrics_report_staging_and_whether_it_was_hidden(write, tmp_path):
     assert report[0]["stage_buckets"] == -(-296 // 37)  # 37 batches of 8 rows, 37 per bucket
 
 
-def test_memory_stays_within_the_budget_per_bucket(write, tmp_path):
-    """A bucket holds at most a sixteenth of memory_budget: the pass-2 chunk is that big."""
+@pytest.mark.parametrize(("world", "share"), [(1, RECYCLED_BUCKET_SHARE), (2, BUCKET_SHARE)])
+def test_memory_stays_within_the_budget_per_bucket(write, tmp_path, world, share):
+    """A bucket holds at most a sixteenth of memory_budget (an eighth with one rank, whose
+    later epochs run no pass 1 beside its buckets): the pass-2 chunk is that big."""
     ds = write(300)
+    loader = ds.loader(cache="staged", **staged_options(tmp_path, world_size=world,
+                                                        memory_budget=ROW * 64 * 16))  # fmt: skip
+    assert loader.stats()["stage_bucket_rows"] == ROW * 64 * 16 // share // ROW
+
+
+def test_ranks_of_a_node_with_other_budgets_read_its_inbox_as_it_was_cut(write, tmp_path):
+    """memory_budget="auto" follows the memory free when each rank's loader starts, so the
+    ranks of one node may cut buckets differently: each reads the node's inbox as its sender
+    cut it (by the layout the node published), not by its own cut."""
+    ds = write(301, rows_per_shard=100, row_group_rows=23)
+    for rank, rows in [(0, 37), (1, 53)]:
+        common = {"seed": 3, "rank": rank, "world_size": 2}
+        budget = ROW * rows * BUCKET_SHARE
+        staged = ds.loader(cache="staged", **staged_options(tmp_path, memory_budget=budget,
+                                                             **common))  # fmt: skip
+        memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
+        assert staged.stats()["stage_bucket_rows"] == rows
+        for _ in range(2):
+            same(batches(staged), batches(memory))
+        staged.close()
+
+
+@pytest.mark.parametrize("cut", [-5, 0, "37", True, None])
+def test_a_published_layout_with_a_bad_bucket_size_is_refused(write, tmp_path, cut):
+    ds = write(100)
     loader = ds.loader(cache="staged", **staged_options(tmp_path))
-    assert loader.stats()["stage_bucket_rows"] * ROW <= loader.memory_budget // 16
+    batches(loader)  # staged, its layout published
+    for path in (tmp_path / "cache").rglob("layout.json"):
+        path.write_text(json.dumps({"bucket_rows": cut}))
+    with pytest.raises(IntegrityError, match="bucket_rows"):
+        batches(ds.loader(cache="staged", **staged_options(tmp_path)))
 
 
 def test_no_staged_file_is_written_and_a_restart_reuses_the_inbox(write, tmp_path, monkeypatch):
@@ -352,7 +385,8 @@ def test_row_groups_too_big_for_the_budget_are_decoded_one_at_a_time(write, tmp_
     common = {"seed": 1, "rank": 0, "world_size": 1}
     memory = ds.loader(cache="memory", batch_size=8, format="numpy", **common)
     with (caplog.at_level(logging.INFO, logger="feedline"),
-          ds.loader(cache="staged", **staged_options(tmp_path, **common)) as staged):  # fmt: skip
+          ds.loader(cache="staged", **staged_options(tmp_path, memory_budget=ROW * 37 * 16,
+                                                     **common)) as staged):  # fmt: skip
         same(batches(staged), batches(memory))
     assert "0 row group(s) decoded ahead, not 2" in caplog.text
 

@@ -171,7 +171,6 @@ class Recycler:
         self.committed = self.aborted = False
         self.busy_s = 0.0
         self.rows_sent = 0
-        self._scratch: list[np.ndarray] = []  # the router's rows, reused (see _with_positions)
 
     def prepare(self, target: np.ndarray, *, rows: int, spill: Iterable[np.ndarray]) -> bool:
         """Get ready to route into the plan ``target`` (row indices of a dataset of ``rows``
@@ -288,24 +287,24 @@ class Recycler:
     def _route(self, table: np.ndarray, ids: np.ndarray) -> None:
         """Send the rows of ``table`` (dataset rows ``ids``) to their buckets in the new
         epoch: each row's bytes copied once, whole, with its new position written over the
-        old (no row is split into its arrays and packed again)."""
+        old (no row is split into its arrays and packed again), a bucket's rows at a time
+        (no copy of the whole table is made: a bucket's memory goes to write buffers)."""
         assert self._where is not None
         source, position = self._where.find(ids)
         if len(source):
             bucket = position // self.cut
             order = np.argsort(bucket, kind="stable")
-            rows = _with_positions(table, source[order], position[order], self._scratch)
-            bucket = bucket[order]
+            source, position, bucket = source[order], position[order], bucket[order]
             ends = np.flatnonzero(np.diff(bucket)) + 1
             for lo, hi in zip([0, *ends], [*ends, len(bucket)], strict=True):
-                self._outbox.write(0, int(bucket[lo]), rows[lo:hi])
+                rows = _with_positions(table, source[lo:hi], position[lo:hi])
+                self._outbox.write(0, int(bucket[lo]), rows)
             self.rows_sent += len(source)
         unused = np.ones(len(ids), dtype=bool)
         unused[source] = False
         if unused.any():  # left out of the new epoch's plan: kept for the one after
             spilled = np.flatnonzero(unused)
-            spill = _with_positions(table, spilled, ids[spilled], self._scratch)
-            self._outbox.write(self._spill_to, 0, spill)
+            self._outbox.write(self._spill_to, 0, _with_positions(table, spilled, ids[spilled]))
             self.rows_sent += int(spilled.size)
 
     def _commit(self) -> None:
@@ -364,14 +363,8 @@ def _positions(table: np.ndarray) -> np.ndarray:
     return table[:, :8].view("<i8").reshape(len(table)).astype(np.int64, copy=False)
 
 
-def _with_positions(table: np.ndarray, rows: np.ndarray, positions: np.ndarray,
-                    scratch: list[np.ndarray]) -> np.ndarray:  # fmt: skip
-    """Rows ``rows`` of ``table``, copied (into ``scratch[0]``, reused: the outbox copies them
-    out before the next call; made or grown as needed), with ``positions`` as theirs."""
-    n, width = len(rows), table.shape[1]
-    if not scratch or scratch[0].shape[1] != width or len(scratch[0]) < n:
-        scratch[:] = [np.empty((max(n, 2 * len(scratch[0]) if scratch else n), width), np.uint8)]
-    out = scratch[0][:n]
-    np.take(table, rows, axis=0, out=out, mode="clip")  # (mode="raise" copies out first)
+def _with_positions(table: np.ndarray, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """A copy of rows ``rows`` of ``table`` with ``positions`` as theirs."""
+    out = np.take(table, rows, axis=0)
     out[:, :8] = np.asarray(positions, "<i8").reshape(-1, 1).view(np.uint8)
     return out
