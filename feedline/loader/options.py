@@ -130,8 +130,8 @@ class LoaderOptions:
         shuffle within ``memory_budget``: the rows go to per-rank bucket files (under
         ``stage_dir``, by default ``<cache_dir>/staged/exchange``), each bucket is read back
         sequentially and put in the rank's read order in memory as the rank reaches it
-        (two buckets held, a sixteenth of the budget each); each node reads only its share
-        of the row groups (see ``ranks_per_node``, ``stage_dir`` and
+        (two buckets held, a sixteenth of the budget each, an eighth with one rank); each
+        node reads only its share of the row groups (see ``ranks_per_node``, ``stage_dir`` and
         :mod:`feedline.loader.data.staging.stager`). ``"auto"`` picks it, when shuffling,
         for numbers and tensors of a written dataset over ``memory_budget``.
     prefetch:

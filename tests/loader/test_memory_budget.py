@@ -200,11 +200,12 @@ def test_stream_over_data_twice_the_cgroup_is_not_oom_killed(tmp_path: Path) -> 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_staged_epochs_over_data_larger_than_the_cgroup_are_not_oom_killed(tmp_path: Path) -> None:
-    """Issue 25: cache="staged" holds two buckets (a sixteenth of the default budget each, one
-    read twice over), three row groups and its bucket files' write buffers (a quarter of the
-    budget) at a time, and writes and reads its bucket files past the page cache (O_DIRECT);
-    370 MB of 12 KiB rows staged and read through a 300 MiB cgroup, two epochs (the second
-    staged while the first is read), in the exact order."""
+    """Issue 25: cache="staged" holds two buckets (with one rank, an eighth of the default
+    budget each, one read twice over, and one being routed to the next epoch), three row
+    groups and its bucket files' write buffers (half the budget) at a time, and writes and
+    reads its bucket files past the page cache (O_DIRECT); 370 MB of 12 KiB rows staged and
+    read through a 300 MiB cgroup, two epochs (the second staged while the first is read), in
+    the exact order."""
     rows, width, group_rows = 30_000, 3072, 500
     _write(tmp_path / "d", rows, width, group_rows, files=2)
     with memory_cgroup(300 * 2**20) as group:

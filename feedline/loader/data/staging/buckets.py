@@ -1,13 +1,14 @@
 """One rank's rows of a staged epoch, served from memory bucket by bucket.
 
 Pass 2 of staging (:mod:`feedline.loader.data.staging.stager`): a rank's plan is cut into
-buckets of ``bucket_rows`` consecutive positions (a sixteenth of ``memory_budget`` each). When
+buckets of ``bucket_rows`` consecutive positions (a sixteenth of ``memory_budget`` each, an
+eighth with one rank on one node). When
 the rank reaches a bucket, every sender's file of it is read from the node's inbox (one
 sequential read each, :mod:`feedline.loader.data.staging.exchange`) and its rows are put in
 order in memory (:func:`order_bucket`); the batches are taken from there. The next
 :data:`AHEAD` bucket is read and ordered ahead by a thread of its own (a bucket's file is
 read whole before it is ordered, so a bucket being read holds twice its size): three
-sixteenths of the budget at most. Bucket arrays are anonymous maps, given back to the system
+buckets at most. Bucket arrays are anonymous maps, given back to the system
 as soon as they are dropped. Nothing is written back: the
 rows are written and read back once (the exchange's bucket files), not twice (those, then a
 staged file per rank).

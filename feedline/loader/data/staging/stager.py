@@ -10,7 +10,8 @@ each rank's read order, with sequential reads only and a bounded amount of memor
    groups, sequentially (all of them for one node;
    :func:`~feedline.loader.order.stage_routes.node_row_groups` for several), and sends each
    row to the bucket of each of its destinations ``(rank, position)``: buckets of
-   ``bucket_rows`` consecutive positions of one rank, a sixteenth of ``memory_budget`` each,
+   ``bucket_rows`` consecutive positions of one rank, a sixteenth of ``memory_budget`` each
+   (an eighth with one rank on one node: :data:`RECYCLED_BUCKET_SHARE`),
    written as files through the exchange (:mod:`~feedline.loader.data.staging.exchange`);
 2. pass 2 (:mod:`~feedline.loader.data.staging.buckets`): each rank takes its buckets one by
    one from every sender as it reaches them, puts each in order in memory and serves its
