@@ -195,6 +195,20 @@ def test_a_published_layout_with_a_bad_bucket_size_is_refused(write, tmp_path, c
         batches(ds.loader(cache="staged", **staged_options(tmp_path)))
 
 
+def test_a_published_bucket_size_over_the_epoch_allocates_nothing_and_fails_clearly(
+    write, tmp_path
+):
+    """A layout naming more rows per bucket than the epoch has (here 2^40) is not trusted for
+    an allocation: the bucket is cut at the epoch's end, and its files' rows, checked against
+    the positions, do not fill it."""
+    ds = write(100)
+    batches(ds.loader(cache="staged", **staged_options(tmp_path)))
+    for path in (tmp_path / "cache").rglob("layout.json"):
+        path.write_text(json.dumps({"bucket_rows": 2**40}))
+    with pytest.raises(IntegrityError, match="rows"):
+        batches(ds.loader(cache="staged", **staged_options(tmp_path)))
+
+
 def test_no_staged_file_is_written_and_a_restart_reuses_the_inbox(write, tmp_path, monkeypatch):
     """The rank's rows are served from its buckets in memory (never read from the dataset
     again): nothing but the exchange's bucket files is written. A new loader resuming
@@ -444,3 +458,29 @@ def test_rows_sent_to_a_node_that_moves_past_the_epoch_meanwhile_are_dropped(
     with pytest.raises((OSError, StorageError)):
         source._send(plan, StageReport(0), waiting=True)
     loader.close()
+
+
+def test_an_inbox_released_withdraws_its_layout_before_its_markers(tmp_path, monkeypatch):
+    """A sender sends to a node whose layout is there and whose marker from it is not: if the
+    markers went first, a lagging rank of another node could start sending (reading its share
+    again) into an inbox being deleted, as a full-suite run of the 4-rank, 2-node test saw."""
+    import shutil
+
+    from feedline.loader.data.staging import exchange as stage_exchange
+
+    receiver = stage_exchange.StorageExchange(tmp_path, "k", node=0, nodes=2)
+    sender = stage_exchange.StorageExchange(tmp_path, "k", node=1, nodes=2)
+    receiver.publish("p", 3, {"bucket_rows": 5})
+    sender.send("p", 3, 0).commit()
+    assert sender.delivered("p", 3, 0) and receiver.layout("p", 3, 0, timeout=None)
+    seen = []
+    remove = shutil.rmtree
+
+    def watched(path, *args, **kwargs):
+        seen.append(receiver.layout("p", 3, 0, timeout=None))  # what a sender sees then
+        remove(path, *args, **kwargs)
+
+    monkeypatch.setattr(stage_exchange.shutil, "rmtree", watched)
+    receiver.release("p", 3)
+    assert seen == [None]
+    assert not sender.delivered("p", 3, 0)

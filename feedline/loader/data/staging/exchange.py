@@ -563,8 +563,13 @@ class StorageExchange:
 
     def release(self, plan: str, epoch: int) -> None:
         """Drop the rows and markers addressed to this node in ``epoch`` of ``plan`` (the
-        caller holds that epoch's lock: no process of the node is staging it)."""
+        caller holds that epoch's lock: no process of the node is staging it). Its layout goes
+        first: a sender sends only to a node whose layout is there and whose marker from it is
+        not, so none starts sending (reading its share again for nothing) while the markers
+        are being deleted."""
         folder = self._epoch(plan, epoch)
+        with contextlib.suppress(OSError):
+            (folder / f"to{self.node}" / "layout.json").unlink()
         shutil.rmtree(folder / f"to{self.node}", ignore_errors=True)
         for empty in (folder, folder.parent):
             with contextlib.suppress(OSError):
