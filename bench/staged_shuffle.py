@@ -24,7 +24,9 @@ Readers (batches of 256, numpy, ``--epochs`` epochs or ``--seconds``, whichever 
   read; with several, from the dataset).
 
 Setups: ``1 node`` (world_size 1) and ``2 nodes`` (world_size 2, one rank per node, each in
-its own cgroup with its own cache folder; the staged ranks share an exchange folder).
+its own cgroup with its own cache folder; the staged ranks share an exchange folder); with
+``--ranks-per-node R``, each node's R ranks share its cgroup (``--memory`` for the node, set
+by its first rank) and its cache folder, as local ranks of one machine do.
 
 Reported per rank: samples/s over the epochs read and after epoch 0 (``steady``: the
 staged path stages epoch 0 before its first batch, later ones while the one before is
@@ -143,19 +145,24 @@ def reader(args: argparse.Namespace, name: str, rank: int, world: int, group_pat
     fl.open(args.data).count()
     cgroup = Path(group_path)
     (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-    base = int((cgroup / "memory.usage_in_bytes").read_text())
-    limit = base + int(args.memory * 1e6)
-    (cgroup / "memory.limit_in_bytes").write_text(str(limit))
+    if rank % args.ranks_per_node == 0:  # the node's first rank caps the node's cgroup
+        base = int((cgroup / "memory.usage_in_bytes").read_text())
+        (cgroup / "memory.limit_in_bytes").write_text(str(base + int(args.memory * 1e6)))
+    else:
+        time.sleep(0.5)
+    limit = int((cgroup / "memory.limit_in_bytes").read_text())
     ds = fl.open(args.data)
     rows = ds.count()
     kw: dict[str, Any] = {"batch_size": BATCH, "seed": SEED, "format": "numpy",
                           "rank": rank, "world_size": world, "cache_dir": cache_dir}  # fmt: skip
     if name == "staged":
-        kw |= {"cache": "staged", "ranks_per_node": 1, "stage_dir": stage_dir}
+        kw |= {"cache": "staged", "ranks_per_node": args.ranks_per_node, "stage_dir": stage_dir}
     else:
         kw |= {"cache": name}
     loader = ds.loader(**kw)
-    evict(sorted(Path(args.data).glob("*.parquet")) + sorted(Path(cache_dir).rglob("*.flcache")))
+    if rank % args.ranks_per_node == 0:
+        data_files = sorted(Path(args.data).glob("*.parquet"))
+        evict(data_files + sorted(Path(cache_dir).rglob("*.flcache")))
     io0, start = _io(), time.perf_counter()
     first, seen, batches, epochs = None, 0, [], 0
     epoch_ends: list[tuple[float, int]] = []  # (seconds, samples) at each epoch's end
@@ -231,22 +238,26 @@ def reader(args: argparse.Namespace, name: str, rank: int, world: int, group_pat
 
 
 def run_setup(args: argparse.Namespace, name: str, world: int, work: Path) -> list[dict]:
-    """``world`` readers of ``name`` at once, each in its own cgroup; their reports."""
+    """``world`` readers of ``name`` at once, each node's (``--ranks-per-node`` of them) in
+    its own cgroup with its own cache folder; their reports."""
     stage_dir = work / f"exchange-{name}-{world}"
     shutil.rmtree(stage_dir, ignore_errors=True)
+    per_node = args.ranks_per_node
     with contextlib.ExitStack() as stack:
         procs = []
         for rank in range(world):
-            group = stack.enter_context(memory_cgroup(f"{name}-{world}-{rank}"))
-            cache_dir = work / f"node{rank}"
-            if name == "staged":
+            node = rank // per_node
+            if rank % per_node == 0:
+                group = stack.enter_context(memory_cgroup(f"{name}-{world}-{node}"))
+            cache_dir = work / f"node{node}"
+            if name == "staged" and rank % per_node == 0:
                 shutil.rmtree(cache_dir / "staged", ignore_errors=True)
             command = [sys.executable, __file__, "--step-ms", str(args.step_ms), "--data",
                        str(args.data), "--memory",
                        str(args.memory), "--epochs", str(args.epochs), "--seconds",
-                       str(args.seconds), "--group", str(args.group), "--reader", name,
-                       str(rank), str(world), str(group), str(cache_dir),
-                       str(stage_dir)]  # fmt: skip
+                       str(args.seconds), "--group", str(args.group), "--ranks-per-node",
+                       str(per_node), "--reader", name, str(rank), str(world), str(group),
+                       str(cache_dir), str(stage_dir)]  # fmt: skip
             procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
         results = []
         for rank, proc in enumerate(procs):
@@ -276,6 +287,8 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=0.0,
                         help="a training step per batch (sleep), ms")  # fmt: skip
     parser.add_argument("--worlds", default="1,2")
+    parser.add_argument("--ranks-per-node", type=int, default=1,
+                        help="ranks sharing a node (its cgroup, its cache folder)")  # fmt: skip
     parser.add_argument("--work", default="/tmp/bench/staged_shuffle")
     parser.add_argument("--data", default=None)
     parser.add_argument("--reader", nargs=6, help=argparse.SUPPRESS)
@@ -300,9 +313,9 @@ def main() -> None:
     if "node" in args.readers:  # filled outside the cgroups, one copy per simulated node
         first = work / "node0"
         fl.open(data).loader(cache="node", cache_dir=first, batch_size=BATCH).stats()
-        for rank in range(1, max(worlds)):
-            if not (work / f"node{rank}" / "node").exists():
-                shutil.copytree(first / "node", work / f"node{rank}" / "node")
+        for node in range(1, max(worlds) // args.ranks_per_node):
+            if not (work / f"node{node}" / "node").exists():
+                shutil.copytree(first / "node", work / f"node{node}" / "node")
     results: dict[str, Any] = {"rows": rows, "data_bytes": rows * ROW_BYTES,
                                "memory_mb": args.memory, "runs": []}  # fmt: skip
     for world in worlds:
