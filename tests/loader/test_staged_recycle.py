@@ -135,6 +135,27 @@ def test_a_failing_router_falls_back_to_the_dataset(write, tmp_path, monkeypatch
 
 
 @pytest.mark.timeout(120)
+def test_a_recycled_epoch_commits_with_its_own_bucket_size(write, tmp_path, monkeypatch):
+    """Another loader on the same folder (another memory_budget) that published its bucket
+    size for the epoch being recycled, then stopped before committing (cancelled), does not
+    leave its size on the epoch this loader commits: the epoch is read as it was cut."""
+    ds = write(301, rows_per_shard=100, row_group_rows=23)
+    staged = ds.loader(cache="staged", **staged_options(tmp_path, seed=2))
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=2)
+    source = staged._prepare().source
+    commit = recycle.Recycler._commit
+
+    def another_loader_published_first(self):
+        plan = source.planner(self.epoch)
+        source.exchange.publish(plan.key, self.epoch, {"bucket_rows": 53})
+        commit(self)
+
+    monkeypatch.setattr(recycle.Recycler, "_commit", another_loader_published_first)
+    for _ in range(3):
+        same(batches(staged), batches(memory))
+    assert _sources(staged)[1:3] == ["epoch before", "epoch before"]
+
+
 def test_an_inbox_of_the_older_format_is_staged_again(write, tmp_path):
     """A complete inbox whose marker names no bucket-file format (an earlier feedline's)
     is dropped and staged again, not misread."""

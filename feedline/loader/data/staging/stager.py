@@ -510,10 +510,13 @@ class StagedEpochs:
         lock = self._lock_path(target.key, target.epoch)
 
         def settle(commit: Callable[[], None]) -> bool:
-            """Commit, unless another loader on this folder stages the epoch or did."""
+            """Commit, unless another loader on this folder stages the epoch or did; the
+            layout published again first (one that published its own meanwhile and stopped
+            before committing cut its buckets otherwise)."""
             with locked(lock, wait=False) as got:
                 if not got or self.exchange.complete(target.key, target.epoch):
                     return False
+                self.exchange.publish(target.key, target.epoch, {"bucket_rows": self.bucket_rows})
                 commit()
                 return True
 
