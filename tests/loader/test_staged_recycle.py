@@ -156,6 +156,30 @@ def test_a_recycled_epoch_commits_with_its_own_bucket_size(write, tmp_path, monk
     assert _sources(staged)[1:3] == ["epoch before", "epoch before"]
 
 
+def test_starting_to_recycle_an_epoch_publishes_no_bucket_size(write, tmp_path, monkeypatch):
+    """A loader staging the next epoch from the dataset on the same folder publishes its
+    bucket size and sends by it under the epoch's lock; this loader's recycler, started
+    without that lock, must not replace it (it publishes its own when it commits)."""
+    ds = write(301, rows_per_shard=100, row_group_rows=23)
+    staged = ds.loader(cache="staged", **staged_options(tmp_path, seed=2))
+    memory = ds.loader(cache="memory", batch_size=8, format="numpy", seed=2)
+    source = staged._prepare().source
+    source.planner = staged._stage_plan
+    nxt = source.planner(1)
+    source.exchange.publish(nxt.key, 1, {"bucket_rows": 53})  # the other loader's
+    seen = []
+    prepare = recycle.Recycler.prepare
+
+    def watched(self, *args, **kwargs):
+        seen.append(source.exchange.layout(nxt.key, 1, 0, timeout=None))
+        return prepare(self, *args, **kwargs)
+
+    monkeypatch.setattr(recycle.Recycler, "prepare", watched)
+    for _ in range(2):
+        same(batches(staged), batches(memory))
+    assert seen[0] == {"bucket_rows": 53}
+
+
 def test_an_inbox_of_the_older_format_is_staged_again(write, tmp_path):
     """A complete inbox whose marker names no bucket-file format (an earlier feedline's)
     is dropped and staged again, not misread."""

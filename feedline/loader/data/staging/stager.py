@@ -504,15 +504,16 @@ class StagedEpochs:
         target = self.planner(plan.epoch + 1)
         if self.exchange.complete(target.key, target.epoch):
             return None
-        self.exchange.publish(target.key, target.epoch, {"bucket_rows": self.bucket_rows})
+        # its bucket size is published when it commits, under the epoch's lock: published
+        # now, it could replace the size of a loader staging that epoch from the dataset
         buffer = self._write_buffer(target, {self.node: self.bucket_rows}, ALONE_WRITE_SHARE)
         outbox = self.exchange.send(target.key, target.epoch, self.node, buffer, aside=True)
         lock = self._lock_path(target.key, target.epoch)
 
         def settle(commit: Callable[[], None]) -> bool:
-            """Commit, unless another loader on this folder stages the epoch or did; the
-            layout published again first (one that published its own meanwhile and stopped
-            before committing cut its buckets otherwise)."""
+            """Commit, unless another loader on this folder stages the epoch or did, with
+            this loader's bucket size published (another that published its own and stopped
+            before committing may have left that one)."""
             with locked(lock, wait=False) as got:
                 if not got or self.exchange.complete(target.key, target.epoch):
                     return False
