@@ -276,13 +276,14 @@ class _FileOutbox:
 class _Writer:
     """Writes buffers to their files at their offsets (``pwrite``) in :data:`_WRITERS`
     threads of their own, so that routing the next rows overlaps the disk and the disk sees
-    several writes at once; at most ``spare`` buffers wait or are being written (each
-    ``size`` bytes, page-aligned: anonymous maps)."""
+    several writes at once; at most :data:`IN_FLIGHT` buffers wait or are being written
+    (each ``size`` bytes, page-aligned: anonymous maps; the stager counts them in the write
+    buffers' share of the budget)."""
 
-    def __init__(self, size: int, spare: int = 0) -> None:
+    def __init__(self, size: int) -> None:
         self.size = size
         self._free: list[mmap.mmap] = []
-        self._slots = threading.Semaphore(spare or IN_FLIGHT)
+        self._slots = threading.Semaphore(IN_FLIGHT)
         self._queue: queue.Queue[tuple[int, mmap.mmap, int, int] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._threads: list[threading.Thread] = []

@@ -81,7 +81,7 @@ from feedline.host import memory_room
 from feedline.loader.data.file_cache_checks import check_file_cache
 from feedline.loader.data.memory_cache import FileLayout
 from feedline.loader.data.packed_columns import Packing
-from feedline.loader.data.staging.buckets import Buckets, order_bucket
+from feedline.loader.data.staging.buckets import AHEAD, Buckets, order_bucket
 from feedline.loader.data.staging.exchange import (
     IN_FLIGHT,
     WAIT_TIMEOUT,
@@ -589,8 +589,9 @@ class StagedEpochs:
             for m in cuts:
                 outboxes[m] = ex.send(plan.key, plan.epoch, m, buffer)
             spill = spill_rank(self.world_size) if self._recycles else None
-            # row groups held: a share of what the buckets being read leave
-            held = 3 * self.bucket_rows * self.row_bytes if reading else 0
+            # row groups held: a share of what the buckets being read leave (the one served,
+            # and each read ahead twice over while its file is read)
+            held = (1 + 2 * AHEAD) * self.bucket_rows * self.row_bytes if reading else 0
             send_share(self.layout, self.packing, plan, self.share, outboxes, cuts, report,
                        self._check_cancelled, max(1, self.budget - held), spill)  # fmt: skip
             for box in outboxes.values():
