@@ -148,9 +148,11 @@ def reader(args: argparse.Namespace, name: str, rank: int, world: int, group_pat
     if rank % args.ranks_per_node == 0:  # the node's first rank caps the node's cgroup
         base = int((cgroup / "memory.usage_in_bytes").read_text())
         (cgroup / "memory.limit_in_bytes").write_text(str(base + int(args.memory * 1e6)))
-    else:
-        time.sleep(0.5)
-    limit = int((cgroup / "memory.limit_in_bytes").read_text())
+    deadline = time.monotonic() + 60  # the others wait for the cap (reported below)
+    while (limit := int((cgroup / "memory.limit_in_bytes").read_text())) >= 1 << 60:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {rank}: the node's first rank did not cap {cgroup}")
+        time.sleep(0.05)
     ds = fl.open(args.data)
     rows = ds.count()
     kw: dict[str, Any] = {"batch_size": BATCH, "seed": SEED, "format": "numpy",
